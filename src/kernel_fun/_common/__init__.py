@@ -1,0 +1,1 @@
+"""Machinery every family shares; never op logic."""
