@@ -8,3 +8,42 @@ they need when they are imported.
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict:
+    """kernel_fun, python, torch, triton, fla, CUDA, and the GPU with its sm when present.
+
+    Imports torch (for CUDA and the device) only when it is installed; never triton or fla.
+    """
+    import platform
+
+    out = {
+        "kernel_fun": __version__,
+        "python": platform.python_version(),
+        "torch": _dist_version("torch"),
+        "triton": _dist_version("triton"),
+        "fla": _dist_version("fla-core") or _dist_version("flash-linear-attention"),
+        "cuda": None,
+        "device": None,
+    }
+    if out["torch"] is not None:
+        try:
+            import torch
+
+            out["torch"] = torch.__version__
+            out["cuda"] = torch.version.cuda
+            if torch.cuda.is_available():
+                major, minor = torch.cuda.get_device_capability()
+                out["device"] = f"{torch.cuda.get_device_name()} (sm{major}{minor})"
+        except Exception as exc:  # a broken torch must not break a version report
+            out["device"] = f"unknown ({type(exc).__name__}: {exc})"
+    return out

@@ -1,0 +1,168 @@
+"""The fla internals kernel-fun calls, as data, and the drift check over them.
+
+Every fla symbol a family calls is listed in ``FLA_CALLS`` with the keywords we pass it (and,
+for a raw Triton kernel we launch ourselves, its ordered argument names). ``check_fla()``
+imports each one and compares: a moved symbol or a renamed keyword is found at ``warmup()``
+(or at a family's first call), not at step 40,000. Families fetch fla objects only through
+``fla_symbol()``, which refuses a symbol that is not listed here.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import warnings
+from dataclasses import dataclass
+
+from . import support
+
+TESTED_FLA_VERSIONS = ("0.6.0",)
+INSTALL_HINT = "pip install 'fla-core>=0.6.0,<0.7'"
+
+
+@dataclass(frozen=True)
+class FlaCall:
+    """One fla symbol we call: where it lives, the keywords we pass, and (for a raw Triton
+    kernel) its ordered argument names."""
+
+    module: str
+    symbol: str
+    keywords: tuple = ()
+    kernel_args: tuple | None = None
+
+
+FLA_CALLS: tuple = (
+    # cconv: the public op we route to.
+    FlaCall("fla.modules.causal_conv1d", "causal_conv1d", (
+        "x", "weight", "bias", "residual", "initial_state", "output_final_state", "activation",
+        "backend", "cu_seqlens", "cu_seqlens_cpu", "chunk_indices", "cp_context")),
+    # kda: the public op we route to, and the stage functions of its chain that we call.
+    FlaCall("fla.ops.kda", "chunk_kda", (
+        "q", "k", "v", "g", "beta", "scale", "initial_state", "output_final_state",
+        "use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
+        "allow_neg_eigval", "safe_gate", "lower_bound", "disable_recompute",
+        "return_intermediate_states", "state_v_first", "cu_seqlens", "cu_seqlens_cpu",
+        "cp_context", "use_graph", "max_num_seqs")),
+)
+
+
+class FlaDriftError(RuntimeError):
+    """An fla symbol or keyword that kernel-fun calls has moved."""
+
+
+class FlaMissingError(ImportError):
+    """fla is not installed: there is nothing to fall back to."""
+
+
+@dataclass
+class FlaStatus:
+    version: str | None
+    tested: bool
+    problems: list
+
+
+_status: FlaStatus | None = None
+_warned: set = set()
+
+
+def _fla_version() -> str | None:
+    from .. import _dist_version
+
+    return _dist_version("fla-core") or _dist_version("flash-linear-attention")
+
+
+def _kernel_arg_names(obj) -> tuple | None:
+    # Autotuner/Heuristics wrap a JITFunction in .fn; the JITFunction knows arg_names.
+    seen = 0
+    while obj is not None and seen < 8:
+        names = getattr(obj, "arg_names", None)
+        if names is not None:
+            return tuple(names)
+        obj = getattr(obj, "fn", None)
+        seen += 1
+    return None
+
+
+def _check_call(call: FlaCall) -> list:
+    where = f"{call.module}.{call.symbol}"
+    try:
+        mod = importlib.import_module(call.module)
+    except Exception as exc:  # ImportError, or an import-time crash inside fla
+        return [f"{call.module}: cannot import ({type(exc).__name__}: {exc})"]
+    if not hasattr(mod, call.symbol):
+        return [f"{where}: symbol missing"]
+    obj = getattr(mod, call.symbol)
+    problems = []
+    if call.kernel_args is not None:
+        names = _kernel_arg_names(obj)
+        if names != tuple(call.kernel_args):
+            problems.append(f"{where}: kernel arguments changed (expected {call.kernel_args}, got {names})")
+    if call.keywords:
+        try:
+            params = inspect.signature(obj).parameters
+        except (TypeError, ValueError):
+            return [f"{where}: no inspectable signature"]
+        for kw in call.keywords:
+            if kw not in params:
+                problems.append(f"{where}: keyword '{kw}' missing")
+    return problems
+
+
+def check_fla(refresh: bool = False) -> FlaStatus:
+    """Import every listed fla symbol and check its keywords; cached per process.
+
+    Raises ``FlaMissingError`` when fla is not installed, ``FlaDriftError`` naming what moved
+    (a warning instead under ``KERNEL_FUN_FALLBACK=1``, and the families then route to fla).
+    Warns once when fla's version is outside the tested set.
+    """
+    global _status
+    if _status is None or refresh:
+        version = _fla_version()
+        if version is None:
+            raise FlaMissingError(f"kernel-fun needs fla (flash-linear-attention): {INSTALL_HINT}")
+        problems = []
+        for call in FLA_CALLS:
+            problems.extend(_check_call(call))
+        _status = FlaStatus(version, version in TESTED_FLA_VERSIONS, problems)
+    st = _status
+    if not st.tested and ("version", st.version) not in _warned:
+        _warned.add(("version", st.version))
+        warnings.warn(
+            f"kernel-fun was tested with fla {', '.join(TESTED_FLA_VERSIONS)}; found fla {st.version}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    if st.problems:
+        msg = "fla drift: " + "; ".join(st.problems)
+        if not support.fallback_on_drift():
+            raise FlaDriftError(msg + " (set KERNEL_FUN_FALLBACK=1 to route to fla instead)")
+        if ("drift", msg) not in _warned:
+            _warned.add(("drift", msg))
+            warnings.warn(msg + "; KERNEL_FUN_FALLBACK=1: routing to fla", RuntimeWarning, stacklevel=2)
+    return st
+
+
+def drift_gate() -> tuple[bool, str]:
+    """(ok, reason) for the families: fla present and undrifted (raises unless FALLBACK)."""
+    st = check_fla()
+    if st.problems:
+        return False, "fla drift (KERNEL_FUN_FALLBACK=1): " + "; ".join(st.problems)
+    return True, ""
+
+
+def reset() -> None:
+    global _status
+    _status = None
+    _warned.clear()
+
+
+def fla_symbol(module: str, symbol: str):
+    """The fla object ``module.symbol``; it must be listed in ``FLA_CALLS``."""
+    if not any(c.module == module and c.symbol == symbol for c in FLA_CALLS):
+        raise KeyError(f"{module}.{symbol} is not listed in kernel_fun._common.compat.FLA_CALLS")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        if _fla_version() is None:
+            raise FlaMissingError(f"kernel-fun needs fla (flash-linear-attention): {INSTALL_HINT}") from exc
+        raise
+    return getattr(mod, symbol)

@@ -1,0 +1,66 @@
+"""The package root and the doctor."""
+import subprocess
+import sys
+
+import kernel_fun
+from kernel_fun import __main__ as cli
+from kernel_fun._common import compat
+
+
+def test_import_is_cheap():
+    code = ("import sys, kernel_fun; "
+            "heavy = [m for m in ('torch', 'triton', 'fla') if m in sys.modules]; "
+            "print(heavy); assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_versions():
+    v = kernel_fun.versions()
+    assert v["kernel_fun"] == kernel_fun.__version__
+    for key in ("python", "torch", "triton", "fla", "cuda", "device"):
+        assert key in v
+    assert v["fla"] == "0.6.0"
+
+
+def test_doctor_on_this_machine(capsys):
+    compat.reset()
+    rc = cli.main(["doctor"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "fla drift check: ok" in out
+    assert kernel_fun.__version__ in out
+    import torch
+
+    if not torch.cuda.is_available():
+        assert "no CUDA device" in out
+
+
+def test_doctor_without_fla_exits_nonzero(monkeypatch, capsys):
+    monkeypatch.setattr(compat, "_fla_version", lambda: None)
+    compat.reset()
+    try:
+        rc = cli.main(["doctor"])
+    finally:
+        monkeypatch.undo()
+        compat.reset()
+    out = capsys.readouterr().out
+    assert rc == 1 and "pip install" in out
+
+
+def test_doctor_with_drift_exits_nonzero(monkeypatch, capsys):
+    import fla.ops.kda
+
+    monkeypatch.delattr(fla.ops.kda, "chunk_kda")
+    compat.reset()
+    try:
+        rc = cli.main(["doctor"])
+    finally:
+        monkeypatch.undo()
+        compat.reset()
+    assert rc == 2 and "chunk_kda" in capsys.readouterr().out
+
+
+def test_console_script_entry():
+    out = subprocess.run([sys.executable, "-m", "kernel_fun", "doctor"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "families:" in out.stdout

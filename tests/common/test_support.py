@@ -1,0 +1,159 @@
+"""The gates of the call contract: switches, probes, tensor and capture gates, logging."""
+import logging
+import warnings
+
+import pytest
+import torch
+
+from kernel_fun._common import support
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    for k in list(__import__("os").environ):
+        if k.startswith("KERNEL_FUN_"):
+            monkeypatch.delenv(k)
+    support._warned.clear()
+    support.reset_probes()
+    support.reset_warm()
+    support.reset_logged()
+    yield
+    support.reset_probes()
+    support.reset_warm()
+    support.reset_logged()
+
+
+# ----------------------------------------------------------------------------- switches
+def test_disable_switches_are_read_per_call(monkeypatch):
+    assert support.disabled_reason("kda") is None
+    monkeypatch.setenv("KERNEL_FUN_KDA_DISABLE", "1")
+    assert support.disabled_reason("kda") == "disabled by KERNEL_FUN_KDA_DISABLE=1"
+    assert support.disabled_reason("cconv") is None
+    monkeypatch.setenv("KERNEL_FUN_KDA_DISABLE", "0")
+    assert support.disabled_reason("kda") is None
+    monkeypatch.setenv("KERNEL_FUN_DISABLE", "true")
+    assert support.disabled_reason("cconv") == "disabled by KERNEL_FUN_DISABLE=1"
+    monkeypatch.delenv("KERNEL_FUN_DISABLE")
+    assert support.disabled_reason("cconv") is None
+
+
+def test_malformed_flag_warns_once_and_uses_default(monkeypatch):
+    monkeypatch.setenv("KERNEL_FUN_DISABLE", "yes please")
+    with pytest.warns(RuntimeWarning, match="KERNEL_FUN_DISABLE"):
+        assert support.disabled_reason("kda") is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert support.disabled_reason("kda") is None  # second time: no warning
+
+
+def test_min_ctas_parsing(monkeypatch):
+    assert support.min_ctas("kda", 64) == 64
+    monkeypatch.setenv("KERNEL_FUN_KDA_MIN_CTAS", "128")
+    assert support.min_ctas("kda", 64) == 128
+    monkeypatch.setenv("KERNEL_FUN_KDA_MIN_CTAS", "12x")
+    with pytest.warns(RuntimeWarning, match="KERNEL_FUN_KDA_MIN_CTAS"):
+        assert support.min_ctas("kda", 64) == 64
+    monkeypatch.setenv("KERNEL_FUN_KDA_MIN_CTAS", "-3")
+    with pytest.warns(RuntimeWarning):
+        assert support.min_ctas("kda", 64) == 64
+
+
+def test_debug_and_fallback_flags(monkeypatch):
+    assert not support.debug() and not support.fallback_on_drift()
+    monkeypatch.setenv("KERNEL_FUN_DEBUG", "1")
+    monkeypatch.setenv("KERNEL_FUN_FALLBACK", "ON")
+    assert support.debug() and support.fallback_on_drift()
+
+
+def test_unknown_family_switch_is_ignored(monkeypatch):
+    monkeypatch.setenv("KERNEL_FUN_KDAA_DISABLE", "1")
+    assert support.disabled_reason("kda") is None
+    assert support.unknown_variables() == ["KERNEL_FUN_KDAA_DISABLE"]
+
+
+# ----------------------------------------------------------------------------- probes
+@pytest.mark.parametrize("cap,ok", [((9, 0), True), ((10, 0), True), ((10, 3), True),
+                                    ((8, 0), False), ((8, 9), False), ((12, 0), False)])
+def test_device_gate_by_capability(monkeypatch, cap, ok):
+    monkeypatch.setattr(support, "_read_capability", lambda index: cap)
+    got, reason = support.device_gate(0)
+    assert got is ok
+    if not ok:
+        assert f"sm{cap[0]}{cap[1]}" in reason
+
+
+def test_probe_is_cached_and_resettable(monkeypatch):
+    calls = []
+    monkeypatch.setattr(support, "_read_capability", lambda index: calls.append(index) or (9, 0))
+    support.device_gate(0)
+    support.device_gate(0)
+    assert calls == [0]
+    support.reset_probes()
+    support.device_gate(0)
+    assert calls == [0, 0]
+
+
+def test_cpu_tensor_needs_interpreter(monkeypatch):
+    x = torch.zeros(2)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert support.tensor_gate(x) == (False, "not a CUDA tensor")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert support.tensor_gate(x) == (True, "")
+    assert support.tensor_gate(x, None) == (True, "")
+
+
+def test_tensors_on_two_devices_refused():
+    a, b = torch.zeros(1), torch.zeros(1, device="meta")
+    ok, reason = support.tensor_gate(a, b)
+    assert not ok and "different devices" in reason
+
+
+# ----------------------------------------------------------------------------- capture gate
+def test_capture_gate(monkeypatch):
+    sig = ("shape", (2, 3), torch.float16)
+    assert support.capture_gate("kda", sig, needs_grad=True) == (True, "")  # not capturing
+    monkeypatch.setattr(support, "_capturing", lambda: True)
+    ok, reason = support.capture_gate("kda", sig, needs_grad=False)
+    assert not ok and "capture" in reason and "fwd" in reason
+    support.mark_warm("kda", sig, "fwd")
+    assert support.capture_gate("kda", sig, needs_grad=False)[0]
+    ok, reason = support.capture_gate("kda", sig, needs_grad=True)
+    assert not ok and "bwd" in reason
+    support.mark_warm("kda", sig, "bwd")
+    assert support.capture_gate("kda", sig, needs_grad=True)[0]
+    # another family or signature is still cold
+    assert not support.capture_gate("cconv", sig, needs_grad=False)[0]
+    assert not support.capture_gate("kda", ("other",), needs_grad=False)[0]
+
+
+# ----------------------------------------------------------------------------- logging
+def test_report_logs_once_per_reason(caplog):
+    caplog.set_level(logging.INFO, logger="kernel_fun")
+    for _ in range(3):
+        support.report("kda", True, "")
+        support.report("kda", False, "reason A")
+        support.report("kda", False, "reason B")
+    msgs = [r.getMessage() for r in caplog.records]
+    assert msgs.count("kernel-fun kda: engaged") == 1
+    assert msgs.count("kernel-fun kda: falling back to fla: reason A") == 1
+    assert msgs.count("kernel-fun kda: falling back to fla: reason B") == 1
+    assert sum(m.startswith("kernel-fun versions:") for m in msgs) == 1
+
+
+def test_debug_logs_every_call(monkeypatch, caplog):
+    monkeypatch.setenv("KERNEL_FUN_DEBUG", "1")
+    caplog.set_level(logging.DEBUG, logger="kernel_fun")
+    for _ in range(3):
+        support.report("cconv", False, "reason C", detail="x[2,3]")
+    debug = [r for r in caplog.records if r.levelno == logging.DEBUG]
+    assert len(debug) == 3 and "x[2,3]" in debug[0].getMessage()
+
+
+def test_decide_order(monkeypatch):
+    monkeypatch.setenv("KERNEL_FUN_CCONV_DISABLE", "1")
+    hit = []
+    ok, reason = support.decide("cconv", lambda: hit.append(1) or (True, ""))
+    assert not ok and "KERNEL_FUN_CCONV_DISABLE" in reason and not hit
+    monkeypatch.delenv("KERNEL_FUN_CCONV_DISABLE")
+    ok, reason = support.decide("cconv", lambda: (True, ""), lambda: (False, "second"), lambda: 1 / 0)
+    assert (ok, reason) == (False, "second")
