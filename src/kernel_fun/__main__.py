@@ -76,13 +76,93 @@ def doctor() -> int:
     return status
 
 
+# Families with a benchmark/check module under kernel_fun.bench.
+BENCH_FAMILIES = [f for f in FAMILY_MODULES if importlib.util.find_spec(f"kernel_fun.bench.{f}") is not None]
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check(families: list[str]) -> int:
+    """The interpreted correctness check of every family present, at small shapes, against
+    the references. Exit 0 when all pass."""
+    import importlib
+
+    device = "cuda" if _has_cuda() else "cpu"
+    if device == "cpu":
+        # Before any kernel module is imported: triton.jit reads it at decoration time.
+        os.environ["TRITON_INTERPRET"] = "1"
+    failures = []
+    for fam in families:
+        mod = importlib.import_module(f"kernel_fun.bench.{fam}")
+        fails = mod.check(device)
+        print(f"check {fam}: {'ok' if not fails else 'FAILED'} ({device}"
+              f"{', interpreted' if device == 'cpu' else ''})")
+        for f in fails:
+            print(f"  {f}")
+        failures += fails
+    return 1 if failures else 0
+
+
+def bench(families: list[str], overrides: dict, json_path: str | None) -> int:
+    """Ours and fla's side by side on this GPU; on a machine without CUDA, the check instead."""
+    import importlib
+
+    if not _has_cuda():
+        print("kernel-fun bench: timings need a CUDA GPU; none here, so running `kernel-fun check` "
+              "(the interpreted correctness check) instead.")
+        return check(families)
+    from .bench import harness
+
+    ceilings = harness.measure_ceilings()
+    print(f"ceilings: copy {ceilings['copy_TBps']} TB/s, bf16 matmul {ceilings['bf16_matmul_TFLOPs']} TFLOP/s",
+          flush=True)
+    print(harness.header(), flush=True)
+    rows = []
+    for fam in families:
+        mod = importlib.import_module(f"kernel_fun.bench.{fam}")
+        for case in mod.cases(overrides):
+            rows += harness.run_case(case, ceilings)
+            del case
+    harness.write_record(harness.record(rows, ceilings), json_path)
+    return 0 if all(r["engaged"] for r in rows) else 3
+
+
+def _parse_shape(text: str | None) -> dict:
+    if not text:
+        return {}
+    out = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        if not key or not value:
+            raise SystemExit(f"--shape: expected KEY=VALUE[,KEY=VALUE...], got {text!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kernel-fun", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="versions, device, which families would engage here, fla drift")
+    for name, text in (("bench", "ours vs fla side by side on the GPU (the check without one)"),
+                       ("check", "interpreted correctness check of every family, small shapes")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--family", action="append", choices=BENCH_FAMILIES,
+                       help="restrict to a family (repeatable); default: all present")
+        if name == "bench":
+            p.add_argument("--shape", help="override the production shapes, e.g. B=8,T=4096,D=2048")
+            p.add_argument("--json", help="record path (default bench/records/<date>-<gpu>-<sha>.json)")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         return doctor()
+    families = args.family or BENCH_FAMILIES
+    if args.command == "check":
+        return check(families)
+    if args.command == "bench":
+        return bench(families, _parse_shape(args.shape), args.json)
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -1,0 +1,122 @@
+"""cconv benchmark cases (production shapes by default) and its interpreted check."""
+from __future__ import annotations
+
+import importlib.util
+
+from .harness import Case, Direction
+
+PROD = dict(B=16, T=8192, W=4)
+
+
+def _inputs(B, T, D, W, layout="contiguous", dtype="bfloat16", device="cuda", seed=0):
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    dt = getattr(torch, dtype)
+    if layout == "contiguous":
+        x = torch.randn(B, T, D, device=device, dtype=dt, generator=g)
+    elif layout == "column_slice":  # x = proj[..., :D] of a wider projection [B, T, 3D]
+        x = torch.randn(B, T, 3 * D, device=device, dtype=dt, generator=g)[..., D:2 * D]
+    elif layout == "transposed":  # a contiguous [B, D, T] buffer viewed as [B, T, D]
+        x = torch.randn(B, D, T, device=device, dtype=dt, generator=g).transpose(1, 2)
+    else:
+        raise ValueError(layout)
+    x.requires_grad_(True)
+    w = (torch.randn(D, W, device=device, dtype=torch.float32, generator=g) / W).requires_grad_(True)
+    return x, w
+
+
+def _case(name, B, T, D, W=4, layout="contiguous", cu_seqlens=None, backend="triton", note=""):
+    import torch
+
+    from .. import cconv
+    from .._common.compat import fla_symbol
+
+    fla_conv = fla_symbol("fla.modules.causal_conv1d", "causal_conv1d")
+    x, w = _inputs(B, T, D, W, layout)
+    dy = torch.randn(B, T, D, device="cuda", dtype=x.dtype)
+    kw = dict(activation="silu", cu_seqlens=cu_seqlens)
+
+    def ours_fwd():
+        return cconv.causal_conv1d(x, w, **kw)[0]
+
+    def fla_fwd():
+        return fla_conv(x, w, backend=backend, **kw)[0]
+
+    y_ours, y_fla = ours_fwd(), fla_fwd()
+    elt = x.element_size()
+    n = B * T * D
+    dirs = [
+        Direction("fwd", ours_fwd, fla_fwd, nbytes=2 * n * elt),
+        Direction("bwd", lambda: torch.autograd.grad(y_ours, (x, w), dy, retain_graph=True),
+                  lambda: torch.autograd.grad(y_fla, (x, w), dy, retain_graph=True), nbytes=3 * n * elt),
+        Direction("fwdbwd", lambda: torch.autograd.grad(ours_fwd(), (x, w), dy),
+                  lambda: torch.autograd.grad(fla_fwd(), (x, w), dy), nbytes=5 * n * elt),
+    ]
+    shape = dict(B=B, T=T, D=D, W=W, dtype=str(x.dtype).replace("torch.", ""), weight_dtype="float32",
+                 activation="silu", layout=layout, fla_backend=backend)
+    if cu_seqlens is not None:
+        shape["cu_seqlens"] = cu_seqlens.tolist()
+    return Case("cconv", name, shape, dirs, witness="cconv.", note=note)
+
+
+def _random_cu_seqlens(T, n_docs, seed=0):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    cuts = torch.randperm(T - 1, generator=g)[: n_docs - 1].add(1).sort().values
+    return torch.cat([torch.tensor([0]), cuts, torch.tensor([T])]).to("cuda")
+
+
+def cases(overrides: dict | None = None):
+    """Production cases, or one ``custom`` case when ``--shape`` overrides are given."""
+    if overrides:
+        p = dict(PROD, D=2048, layout="contiguous")
+        p.update(overrides)
+        yield _case("custom", int(p["B"]), int(p["T"]), int(p["D"]), int(p["W"]), p["layout"])
+        return
+    yield _case("prod_d2048", D=2048, **PROD)
+    yield _case("prod_d4096", D=4096, **PROD)
+    yield _case("varlen_16docs", 1, 131072, 2048, cu_seqlens=_random_cu_seqlens(131072, 16))
+    yield _case("column_slice_d2048", 8, 8192, 2048, layout="column_slice")
+    yield _case("latency_b1_t2048", 1, 2048, 2048)
+    if importlib.util.find_spec("causal_conv1d") is not None:  # Dao's kernels, via fla's cuda backend
+        yield _case("prod_d2048_vs_fla_cuda", D=2048, backend="cuda", **PROD)
+
+
+def check(device: str = "cpu") -> list[str]:
+    """Interpreted correctness check at small shapes against the fp64 reference; returns failures."""
+    import torch
+
+    from .. import cconv
+    from .._common.witness import launches
+    from ..cconv.reference import causal_conv1d_ref
+
+    failures = []
+    gen = torch.Generator().manual_seed(0)
+    configs = [
+        dict(B=2, T=19, D=24, W=4, dtype=torch.float32, act="silu", bias=True, cu=None),
+        dict(B=1, T=3, D=7, W=4, dtype=torch.float16, act=None, bias=False, cu=None),
+        dict(B=1, T=40, D=16, W=3, dtype=torch.float32, act="silu", bias=True, cu=[0, 1, 9, 30, 40]),
+    ]
+    for c in configs:
+        x = torch.randn(c["B"], c["T"], c["D"], generator=gen).to(c["dtype"]).to(device).requires_grad_()
+        w = torch.randn(c["D"], c["W"], generator=gen).to(device).requires_grad_()
+        b = torch.randn(c["D"], generator=gen).to(device).requires_grad_() if c["bias"] else None
+        cu = torch.tensor(c["cu"], device=device) if c["cu"] is not None else None
+        before = launches("cconv.")
+        y, _ = cconv.causal_conv1d(x, w, b, activation=c["act"], cu_seqlens=cu)
+        dy = torch.randn_like(y)
+        grads = torch.autograd.grad(y, [t for t in (x, w, b) if t is not None], dy)
+        if launches("cconv.") - before < 2:
+            failures.append(f"cconv {c}: our kernels did not run")
+            continue
+        ref_in = [t.detach().double().requires_grad_() if t is not None else None for t in (x, w, b)]
+        y_ref = causal_conv1d_ref(ref_in[0], ref_in[1], ref_in[2], c["act"], cu)
+        ref_grads = torch.autograd.grad(y_ref, [t for t in ref_in if t is not None], dy.double())
+        tol = 1e-5 if c["dtype"] == torch.float32 else 3e-3
+        for name, a, r in [("y", y, y_ref)] + list(zip(("dx", "dw", "db"), grads, ref_grads)):
+            err = ((a.double() - r).norm() / r.norm().clamp_min(1e-30)).item()
+            if not err <= tol:
+                failures.append(f"cconv {c}: {name} relative error {err:.2e} > {tol:.0e}")
+    return failures
