@@ -1,0 +1,442 @@
+"""Forward state scan of the chunked delta rule, with the output computed inside the scan.
+
+Replaces fla 0.6.0's pair ``chunk_gated_delta_rule_fwd_h`` (fla/ops/common/chunk_delta_h.py)
++ ``chunk_gla_fwd_o_gk`` (KDA, fla/ops/gla/chunk.py) or + ``chunk_fwd_o`` (GDN,
+fla/ops/common/chunk_o.py). fla's fwd_h writes every chunk's state h ``[B, NT, HV, K, V]``
+and v_new ``[B, T, HV, V]`` only for fwd_o to read them back; here one program keeps the fp32
+state of one (sequence, value head, V-block) in registers, walks the chunks, and per chunk
+computes, with ``S`` the state before the chunk:
+
+    v_new = u - w S
+    o     = scale * (q * exp2(G)) S + Aqk v_new           (per-channel gate, KDA)
+    o     = scale * exp2(G) * (q S) + scale * Lower(q k^T * exp2(G_i - G_j)) v_new   (scalar, GDN)
+    S     = diag(exp2(G_last)) S + kg^T v_new                                        (KDA)
+    S     = exp2(G_last) S + k^T (v_new * exp2(G_last - G))                           (GDN)
+
+h and v_new are written only when asked (the backward's recompute path). Rounding follows
+fla's chain: the state enters every product as the input dtype (fla stores h in it), v_new is
+rounded to the input dtype before both products that use it, and the accumulation is fp32.
+
+Numbers to beat: B=8, T=8192, H=HV=16, K=128, V=256 bf16, one H200 (2026-11-30): fla's fwd_h
+0.89 ms + chunk_gla_fwd_o_gk 0.82 ms. The bytes this kernel must move there (q, k, w, gk,
+Aqk, u in; o out) are about 2.55 GB: about 0.6 ms at 4.24 TB/s.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernel_fun._common.tuning import autotune_configs, interpreting
+from kernel_fun._common.witness import record_launch
+
+
+def _interpreter_index_shim() -> None:
+    """Let the interpreter run ``for i in range(n)`` with a runtime ``n``.
+
+    Triton 3.6's interpreter holds scalars as 1-element arrays and converts them with
+    ``int(array)``, which NumPy 2.4 rejects ("only 0-dimensional arrays can be converted"):
+    every loop with a runtime bound fails under TRITON_INTERPRET=1. Idempotent; interpreter
+    only. (It belongs in ``_common`` once a second kernel needs it.)
+    """
+    from triton.runtime import interpreter as interp
+
+    if getattr(interp, "_kernel_fun_index_shim", False) or not hasattr(interp, "_patch_lang_tensor"):
+        return
+    original = interp._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interp._patch_lang_tensor = patch_lang_tensor
+    interp._kernel_fun_index_shim = True
+
+
+if interpreting():
+    _interpreter_index_shim()
+
+# Gate kinds (constexpr GATE).
+GATE_NONE, GATE_SCALAR, GATE_CHANNEL = 0, 1, 2
+
+# (BV, num_warps, num_stages). The first one is the only one the interpreter runs: BV=32 so
+# that the CPU tests (V = 32/64) exercise the V split. BV=128 leaves 256 CTAs at the bench
+# shape (2 per SM), BV=64 512, BV=32 1024 (but each V-block re-reads q, k, w and gk from L2).
+_CONFIG_TUPLES = [
+    (32, 4, 2),
+    (32, 4, 3),
+    (64, 4, 1),
+    (64, 4, 2),
+    (64, 4, 3),
+    (64, 8, 2),
+    (128, 4, 2),
+    (128, 8, 1),
+    (128, 8, 2),
+]
+CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns) for bv, nw, ns in _CONFIG_TUPLES]
+
+
+def _prune(configs, named_args, **kwargs):
+    """Drop V-blocks wider than V (all masked lanes); keep at least one configuration."""
+    V = kwargs.get("V", named_args.get("V"))
+    kept = [c for c in configs if c.kwargs["BV"] <= max(V, 32)]
+    return kept or list(configs[:1])
+
+
+@triton.jit(do_not_specialize=["T", "T_total", "N"])
+def state_scan_fwd_kernel(
+    q,  # [B, T, HQ, K]
+    k,  # [B, T, HK, K]  (kg for the per-channel gate)
+    w,  # [B, T, HV, K]
+    u,  # [B, T, HV, V]
+    g,  # [B, T, HV] (GATE == 1) | gk [B, T, HV, K] (GATE == 2) | unused
+    Aqk,  # [B, T, HV, BT] | unused
+    h0,  # [N, HV, K, V] (or [N, HV, V, K] with STATE_V_FIRST) | unused
+    o,  # [B, T, HV, V]
+    ht,  # [N, HV, K, V] fp32 | unused
+    h,  # [B, NT, HV, K, V] | unused
+    v_new,  # [B, T, HV, V] | unused
+    cu_seqlens,  # [N + 1] | unused
+    chunk_offsets,  # [N + 1] | unused
+    scale,
+    T,
+    T_total,
+    N,
+    HQ: tl.constexpr,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE: tl.constexpr,
+    HAS_AQK: tl.constexpr,
+    USE_H0: tl.constexpr,
+    STORE_HT: tl.constexpr,
+    SAVE_H: tl.constexpr,
+    SAVE_V_NEW: tl.constexpr,
+    STATE_V_FIRST: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # One program per (V-block, value head, sequence); the V-blocks of one head are adjacent
+    # program ids, so they run together and share q, k, w and the gate through L2.
+    pid = tl.program_id(0).to(tl.int64)
+    NV: tl.constexpr = (V + BV - 1) // BV
+    i_v = pid % NV
+    i_nh = pid // NV
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    i_hq = i_hv // (HV // HQ)
+    i_hk = i_hv // (HV // HK)
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        T = (eos - bos).to(tl.int32)
+        if SAVE_H:
+            boh = tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
+        bos = i_n * T
+        eos = bos + T
+        if SAVE_H:
+            boh = i_n * tl.cdiv(T, BT)
+    NT = tl.cdiv(T, BT)
+
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    o_i = tl.arange(0, BT)
+    m_kv = m_k[:, None] & m_v[None, :]
+    if STATE_V_FIRST:
+        s_off = o_v[None, :] * K + o_k[:, None]  # [BK, BV] tile of a [V, K] state
+    else:
+        s_off = o_k[:, None] * V + o_v[None, :]  # [BK, BV] tile of a [K, V] state
+
+    # Per-head base pointers, in int64 (B*T*HV*V passes 2**31 at production shapes). Inside
+    # the loop they advance by one chunk per step, so every offset computed from them stays
+    # within one chunk and fits in int32.
+    q += (bos * HQ + i_hq) * K
+    k += (bos * HK + i_hk) * K
+    w += (bos * HV + i_hv) * K
+    u += (bos * HV + i_hv) * V
+    o += (bos * HV + i_hv) * V
+    o_seq = o
+    if GATE == 1:
+        g += bos * HV + i_hv
+    if GATE == 2:
+        g += (bos * HV + i_hv) * K
+    if HAS_AQK:
+        Aqk += (bos * HV + i_hv) * BT
+    if SAVE_V_NEW:
+        v_new += (bos * HV + i_hv) * V
+    if SAVE_H:
+        h += (boh * HV + i_hv) * K * V
+
+    b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        b_s += tl.load(h0 + i_nh * K * V + s_off, mask=m_kv, other=0.0).to(tl.float32)
+
+    m_lower = o_i[:, None] >= o_i[None, :]
+    for i_t in range(NT):
+        n_t = T - i_t * BT  # tokens left in the sequence from this chunk on
+        m_t = o_i < n_t
+        m_tk = m_t[:, None] & m_k[None, :]
+        m_tv = m_t[:, None] & m_v[None, :]
+        last = tl.minimum(n_t, BT) - 1  # the chunk's last token, chunk-local
+
+        # The state before this chunk, as a product operand (fla stores h in this dtype).
+        b_sc = b_s.to(w.dtype.element_ty)
+        if SAVE_H:
+            tl.store(h + s_off, b_sc.to(h.dtype.element_ty), mask=m_kv)
+
+        # v_new = u - w S
+        b_w = tl.load(w + o_i[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.0)
+        b_vn = tl.load(u + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
+        b_vn -= tl.dot(b_w, b_sc, input_precision=DOT_PRECISION)
+        if SAVE_V_NEW:
+            tl.store(v_new + o_i[:, None] * (HV * V) + o_v[None, :], b_vn.to(v_new.dtype.element_ty), mask=m_tv)
+        b_vnc = b_vn.to(w.dtype.element_ty)
+
+        # Inter-chunk output: the queries against the state before the chunk.
+        b_q = tl.load(q + o_i[:, None] * (HQ * K) + o_k[None, :], mask=m_tk, other=0.0)
+        if GATE == 2:
+            b_gk = tl.load(g + o_i[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
+            b_qg = (b_q * tl.exp2(b_gk)).to(b_q.dtype)
+            b_o = tl.dot(b_qg, b_sc, input_precision=DOT_PRECISION)
+        else:
+            b_o = tl.dot(b_q, b_sc, input_precision=DOT_PRECISION)
+        if GATE == 1:
+            b_g = tl.load(g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
+            b_o *= tl.exp2(b_g)[:, None]
+        b_o *= scale
+
+        # k^T as [BK, BT], loaded transposed from memory (never a transposed product: the
+        # Triton 3.4-3.7.0 Hopper miscompile, fla issue #640).
+        b_kt = tl.load(k + o_i[None, :] * (HK * K) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.0)
+
+        # Intra-chunk output. Masks are applied with where or as load masks, never by
+        # multiplying: Aqk's upper triangle is unwritten memory, and exp2(G_i - G_j) overflows
+        # above the diagonal.
+        m_causal = m_lower & m_t[:, None]
+        if HAS_AQK:
+            b_a = tl.load(Aqk + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_causal, other=0.0)
+            b_o += tl.dot(b_a.to(b_vnc.dtype), b_vnc, input_precision=DOT_PRECISION)
+        else:
+            b_a = tl.dot(b_q, b_kt, input_precision=DOT_PRECISION)
+            if GATE == 1:
+                b_a *= tl.exp2(tl.where(m_causal, b_g[:, None] - b_g[None, :], 0.0))
+            b_a = tl.where(m_causal, b_a, 0.0)
+            b_o += tl.dot(b_a.to(b_vnc.dtype), b_vnc, input_precision=DOT_PRECISION) * scale
+        tl.store(o + o_i[:, None] * (HV * V) + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
+
+        # State update to the end of the chunk.
+        if GATE == 2:
+            b_gl = tl.load(g + last * (HV * K) + o_k, mask=m_k, other=0.0).to(tl.float32)
+            b_s *= tl.exp2(b_gl)[:, None]
+            b_s = tl.dot(b_kt, b_vnc, b_s, input_precision=DOT_PRECISION)
+        elif GATE == 1:
+            b_gl = tl.load(g + last * HV).to(tl.float32)
+            b_vg = b_vn * tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)[:, None]
+            b_s *= tl.exp2(b_gl)
+            b_s = tl.dot(b_kt, b_vg.to(b_vnc.dtype), b_s, input_precision=DOT_PRECISION)
+        else:
+            b_s = tl.dot(b_kt, b_vnc, b_s, input_precision=DOT_PRECISION)
+
+        # Next chunk.
+        q += BT * HQ * K
+        k += BT * HK * K
+        w += BT * HV * K
+        u += BT * HV * V
+        o += BT * HV * V
+        if GATE == 1:
+            g += BT * HV
+        if GATE == 2:
+            g += BT * HV * K
+        if HAS_AQK:
+            Aqk += BT * HV * BT
+        if SAVE_V_NEW:
+            v_new += BT * HV * V
+        if SAVE_H:
+            h += HV * K * V
+
+    if STORE_HT:
+        tl.store(ht + i_nh * K * V + s_off, b_s.to(ht.dtype.element_ty), mask=m_kv)
+
+    if IS_VARLEN:
+        # fla's KDA chain returns zeros for the padding tokens after the last sequence.
+        if i_n == N - 1:
+            for i_p in range(tl.cdiv(T_total - eos, BT)):
+                o_p = (eos - bos) + i_p * BT + o_i  # rows after the sequence, int64
+                m_p = (o_p < T_total - bos)[:, None] & m_v[None, :]
+                tl.store(o_seq + o_p[:, None] * (HV * V) + o_v[None, :],
+                         tl.zeros([BT, BV], dtype=tl.float32).to(o.dtype.element_ty), mask=m_p)
+
+
+_AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "HAS_AQK", "USE_H0", "STORE_HT",
+                 "SAVE_H", "SAVE_V_NEW", "STATE_V_FIRST", "IS_VARLEN"]
+state_scan_fwd_kernel_tuned = triton.autotune(
+    configs=autotune_configs(CONFIGS),
+    key=_AUTOTUNE_KEY,
+    prune_configs_by={"early_config_prune": _prune},
+)(state_scan_fwd_kernel)
+
+
+# Every output is allocated through this name, so that tests can poison outputs with NaN.
+_alloc = torch.empty
+
+
+def _chunk_offsets(cu_seqlens: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    lens = torch.diff(cu_seqlens.long())
+    return torch.nn.functional.pad(triton.cdiv(lens, chunk_size), (1, 0)).cumsum(-1)
+
+
+def state_scan_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    g: torch.Tensor | None = None,
+    gk: torch.Tensor | None = None,
+    Aqk: torch.Tensor | None = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    chunk_indices: torch.LongTensor | None = None,
+    chunk_offsets: torch.LongTensor | None = None,
+    chunk_size: int = 64,
+    save_h: bool = False,
+    save_v_new: bool = False,
+    state_v_first: bool = False,
+    *,
+    config: triton.Config | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """The forward state scan of the chunked delta rule, with the output made inside it.
+
+    One launch replaces fla's ``chunk_gated_delta_rule_fwd_h`` + ``chunk_gla_fwd_o_gk`` (KDA)
+    or + ``chunk_fwd_o`` (GDN) and, unless asked, writes neither h nor v_new.
+
+    Which tensors it expects (names as in fla 0.6.0's chains):
+
+    KDA (``fla/ops/kda/chunk_fwd.py``: ``gk=`` given, ``g=None``):
+        q   ``[B, T, H, K]``   the raw queries, exactly what fla passes to ``chunk_gla_fwd_o_gk``
+            (after the l2norm when ``use_qk_l2norm_in_kernel``); NOT ``qg``.
+        k   ``[B, T, HV, K]``  ``kg`` = k * exp2(gk_last - gk), what fla passes to fwd_h as
+            ``k`` (returned by ``chunk_kda_fwd_intra``); NOT the raw keys.
+        w   ``[B, T, HV, K]``, u ``[B, T, HV, V]``: from ``chunk_kda_fwd_intra``.
+        gk  ``[B, T, HV, K]`` (fp32): the chunk-local cumulative gate in log2 space (the ``g``
+            after ``kda_gate_chunk_cumsum``/``chunk_local_cumsum(scale=RCP_LN2)``), the same
+            tensor both fla stages receive.
+        Aqk ``[B, T, HV, BT]``: from ``chunk_kda_fwd_intra`` (scale and gate included);
+            required. Only its lower triangle (diagonal included) is read.
+    GDN (``fla/ops/gated_delta_rule/chunk.py``: ``g=`` given, ``gk=None``):
+        q   ``[B, T, H, K]`` raw queries, k ``[B, T, H, K]`` raw keys (the tensors fla passes
+            to both fwd_h and ``chunk_fwd_o``); w, u from ``chunk_gated_delta_rule_fwd_intra``;
+        g   ``[B, T, HV]`` (fp32): chunk-local cumulative gate in log2 space.
+        Aqk None: the intra scores ``scale * Lower(q k^T * exp2(g_i - g_j))`` are formed in the
+            kernel as ``chunk_fwd_o`` does (a precomputed Aqk is also accepted and then used).
+    With neither gate: the plain delta rule (Aqk optional as for GDN).
+
+    scale: float, required (fla's ``scale``; with a given Aqk it only scales the inter part).
+    initial_state ``[N, HV, K, V]`` (any float dtype, read as fp32; ``[N, HV, V, K]`` with
+    ``state_v_first``). cu_seqlens ``[N + 1]`` (then ``B == 1``). chunk_indices is only used
+    for the number of chunks of ``h`` (saves a host sync when ``save_h``); chunk_offsets
+    ``[N + 1]`` (fla's ``prepare_chunk_offsets``) is computed when needed and not given.
+    ``config`` forces one autotune configuration (a ``triton.Config`` from ``CONFIGS``).
+
+    Returns ``(o, final_state, h, v_new)``:
+        o           ``[B, T, HV, V]`` in u's dtype: what fla's fwd_o returns, before the
+                    chain's ``.type_as(q)``; zero on padding tokens after ``cu_seqlens[-1]``.
+        final_state ``[N, HV, K, V]`` fp32 if ``output_final_state`` else None.
+        h           ``[B, NT, HV, K, V]`` in k's dtype (the state before each chunk, as fla's
+                    fwd_h returns it; NT summed over sequences when varlen) if ``save_h``.
+        v_new       ``[B, T, HV, V]`` in u's dtype (``u - w h``, before any gating) if
+                    ``save_v_new``.
+    """
+    if scale is None:
+        raise TypeError("state_scan_fwd: scale is required")
+    if g is not None and gk is not None:
+        raise ValueError("state_scan_fwd: pass g (scalar gate) or gk (per-channel gate), not both")
+    if gk is not None and Aqk is None:
+        raise ValueError("state_scan_fwd: a per-channel gate (gk) needs Aqk from the intra stage")
+    B, T, HQ, K = q.shape
+    HK = k.shape[2]
+    HV, V = u.shape[2], u.shape[3]
+    BT = chunk_size
+    if k.shape[:2] != (B, T) or k.shape[3] != K or tuple(w.shape) != (B, T, HV, K) or u.shape[:2] != (B, T):
+        raise ValueError(f"state_scan_fwd: shapes q {tuple(q.shape)} k {tuple(k.shape)} "
+                         f"w {tuple(w.shape)} u {tuple(u.shape)} do not agree")
+    if HV % HQ or HV % HK:
+        raise ValueError(f"state_scan_fwd: HV={HV} must be a multiple of HQ={HQ} and HK={HK}")
+    if K > 256 or BT < 16 or BT & (BT - 1):
+        raise ValueError(f"state_scan_fwd: needs K <= 256 and a power-of-two chunk_size >= 16 (K={K}, BT={BT})")
+    if gk is not None and tuple(gk.shape) != (B, T, HV, K):
+        raise ValueError(f"state_scan_fwd: gk {tuple(gk.shape)} must be {(B, T, HV, K)}")
+    if g is not None and tuple(g.shape) != (B, T, HV):
+        raise ValueError(f"state_scan_fwd: g {tuple(g.shape)} must be {(B, T, HV)}")
+    if Aqk is not None and tuple(Aqk.shape) != (B, T, HV, BT):
+        raise ValueError(f"state_scan_fwd: Aqk {tuple(Aqk.shape)} must be {(B, T, HV, BT)}")
+    is_varlen = cu_seqlens is not None
+    if is_varlen and B != 1:
+        raise ValueError("state_scan_fwd: varlen (cu_seqlens) needs B == 1")
+    N = cu_seqlens.numel() - 1 if is_varlen else B
+    state_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+    if initial_state is not None and tuple(initial_state.shape) != state_shape:
+        raise ValueError(f"state_scan_fwd: initial_state {tuple(initial_state.shape)} must be {state_shape}")
+
+    q, k, w, u = (x.contiguous() for x in (q, k, w, u))
+    gate = gk if gk is not None else g
+    gate_kind = GATE_CHANNEL if gk is not None else (GATE_SCALAR if g is not None else GATE_NONE)
+    if gate is not None:
+        gate = gate.contiguous()
+    if Aqk is not None:
+        Aqk = Aqk.contiguous()
+    if initial_state is not None:
+        initial_state = initial_state.contiguous()
+
+    o = _alloc((B, T, HV, V), dtype=u.dtype, device=u.device)
+    final_state = _alloc(state_shape, dtype=torch.float32, device=u.device) if output_final_state else None
+    v_new = _alloc(tuple(u.shape), dtype=u.dtype, device=u.device) if save_v_new else None
+    h = None
+    if save_h:
+        if is_varlen:
+            if chunk_offsets is None:
+                chunk_offsets = _chunk_offsets(cu_seqlens, BT)
+            NT = len(chunk_indices) if chunk_indices is not None else int(chunk_offsets[-1])
+        else:
+            NT = triton.cdiv(T, BT)
+        h_shape = (B, NT, HV, V, K) if state_v_first else (B, NT, HV, K, V)
+        h = _alloc(h_shape, dtype=k.dtype, device=k.device)
+
+    dummy = o  # pointer for arguments a constexpr switch leaves unused
+    args = dict(
+        q=q, k=k, w=w, u=u,
+        g=gate if gate is not None else dummy,
+        Aqk=Aqk if Aqk is not None else dummy,
+        h0=initial_state if initial_state is not None else dummy,
+        o=o,
+        ht=final_state if final_state is not None else dummy,
+        h=h if h is not None else dummy,
+        v_new=v_new if v_new is not None else dummy,
+        cu_seqlens=cu_seqlens if is_varlen else dummy,
+        chunk_offsets=chunk_offsets if (is_varlen and save_h) else dummy,
+        scale=float(scale), T=T, T_total=T, N=N,
+        HQ=HQ, HK=HK, HV=HV, K=K, V=V, BT=BT, BK=max(16, triton.next_power_of_2(K)),
+        GATE=gate_kind, HAS_AQK=Aqk is not None, USE_H0=initial_state is not None,
+        STORE_HT=output_final_state, SAVE_H=save_h, SAVE_V_NEW=save_v_new,
+        STATE_V_FIRST=state_v_first, IS_VARLEN=is_varlen,
+        # fp32 inputs: exact fp32 products (the GPU default would be tf32); ignored for 16-bit.
+        DOT_PRECISION="ieee",
+    )
+
+    def grid(meta):
+        return (triton.cdiv(V, meta["BV"]) * N * HV,)
+
+    if config is not None:
+        state_scan_fwd_kernel[grid](**args, **config.all_kwargs())
+    else:
+        state_scan_fwd_kernel_tuned[grid](**args)
+    record_launch("delta.state_scan_fwd")
+    return o, final_state, h, v_new

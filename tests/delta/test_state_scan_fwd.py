@@ -1,0 +1,193 @@
+"""The forward state scan (o inside the scan) against the plain-torch reference.
+
+CPU tier: the kernel runs through Triton's interpreter on CPU tensors (fp16/fp32; the
+interpreter's bf16 dot is wrong, bf16 is checked on the GPU). Inputs are built from raw
+q, k, v, beta and gates by the reference intra stage, so they have the structure the scan
+meets in the chains (w, u from the WY inverse, kg, Aqk with the gate and scale inside).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernel_fun._common.witness import launches
+from kernel_fun._delta import reference as ref
+from kernel_fun._delta._kernels import state_scan_fwd as mod
+from kernel_fun._delta._kernels.state_scan_fwd import CONFIGS, state_scan_fwd
+
+BT = 64
+SCALE = 0.3
+
+
+def _raw(B, T, HQ, HV, K, V, gate, decay=2.0, seed=0):
+    """Raw inputs: l2-normalized q/k, beta in (0, 2), natural-log gates (<= 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = F.normalize(torch.randn(B, T, HQ, K, generator=gen, dtype=torch.float64), dim=-1)
+    k = F.normalize(torch.randn(B, T, HQ, K, generator=gen, dtype=torch.float64), dim=-1)
+    v = torch.randn(B, T, HV, V, generator=gen, dtype=torch.float64)
+    beta = 2 * torch.rand(B, T, HV, generator=gen, dtype=torch.float64)
+    graw = None
+    if gate == "gk":
+        graw = decay * F.logsigmoid(torch.randn(B, T, HV, K, generator=gen, dtype=torch.float64))
+    elif gate in ("g", "g_aqk"):
+        graw = decay * F.logsigmoid(torch.randn(B, T, HV, generator=gen, dtype=torch.float64))
+    return q, k, v, beta, graw, gen
+
+
+def _stage_inputs(gate, dtype, B=2, T=130, HQ=1, HV=2, K=32, V=64, cu_seqlens=None, decay=2.0,
+                  with_h0=True, seed=0):
+    """The scan's inputs (in ``dtype``) and the same values in fp64 for the reference."""
+    q, k, v, beta, graw, gen = _raw(B, T, HQ, HV, K, V, gate, decay, seed)
+    G = None if graw is None else ref.chunk_local_cumsum_ref(graw, BT, cu_seqlens, dtype=torch.float32)
+    gate_kw = {"gk": G} if gate == "gk" else ({"g": G} if G is not None else {})
+    it = ref.intra_ref(q, k, v, beta, scale=SCALE, chunk_size=BT, cu_seqlens=cu_seqlens, **gate_kw)
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    h0 = torch.randn(N, HV, K, V, generator=gen, dtype=torch.float32) if with_h0 else None
+    x = {
+        "q": q.to(dtype),
+        "k": (it["kg"] if gate == "gk" else k).to(dtype),
+        "w": it["w"].to(dtype),
+        "u": it["u"].to(dtype),
+        "Aqk": it["Aqk"].to(dtype) if gate in ("gk", "g_aqk") else None,
+        **gate_kw,
+    }
+    return x, h0
+
+
+def _reference(x, h0, cu_seqlens, state_v_first=False):
+    o, ht, h, vn = ref.state_scan_fwd_ref(
+        x["q"], x["k"], x["w"], x["u"], g=x.get("g"), gk=x.get("gk"), Aqk=x["Aqk"], scale=SCALE,
+        initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens, chunk_size=BT)
+    if state_v_first:
+        ht, h = ht.transpose(-1, -2), h.transpose(-1, -2)
+    return o, ht, h, vn
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Every output the launcher allocates starts as NaN: an unwritten element fails."""
+    def nan_empty(*shape, dtype=None, device=None, **kw):
+        return torch.full(*shape, float("nan"), dtype=dtype, device=device)
+    monkeypatch.setattr(mod, "_alloc", nan_empty)
+
+
+def _check(name, out, expect, tol, rows=None):
+    assert out is not None, name
+    assert tuple(out.shape) == tuple(expect.shape), (name, out.shape, expect.shape)
+    if rows is not None:  # only these tokens are defined (varlen v_new)
+        out, expect = out[:, rows], expect[:, rows]
+    assert torch.isfinite(out).all(), f"{name}: non-finite (unwritten?) elements"
+    err = ref.rel_rms(out, expect)
+    assert err < tol, f"{name}: rel rms {err:.2e} >= {tol:.0e}"
+    # and element-wise, so that a few wrong elements cannot hide in the norm
+    worst = float((out.double() - expect.double()).abs().max() / expect.double().abs().max().clamp_min(1e-30))
+    assert worst < 20 * tol, f"{name}: max abs error {worst:.2e} of max |ref|"
+
+
+TOL = {torch.float16: 3e-3, torch.float32: 2e-5}
+CU = torch.tensor([0, 37, 100, 164, 170], dtype=torch.int32)
+
+
+def _run(gate, dtype, cu_seqlens=None, T=130, B=2, state_v_first=False, config=None, **kw):
+    if cu_seqlens is not None:
+        B = 1
+    x, h0 = _stage_inputs(gate, dtype, B=B, T=T, cu_seqlens=cu_seqlens, **kw)
+    o_ref, ht_ref, h_ref, vn_ref = _reference(x, h0, cu_seqlens, state_v_first)
+    if state_v_first and h0 is not None:
+        h0 = h0.transpose(-1, -2).contiguous()
+    before = launches("delta.state_scan_fwd")
+    o, ht, h, vn = state_scan_fwd(
+        x["q"], x["k"], x["w"], x["u"], g=x.get("g"), gk=x.get("gk"), Aqk=x["Aqk"], scale=SCALE,
+        initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens, chunk_size=BT,
+        save_h=True, save_v_new=True, state_v_first=state_v_first, config=config)
+    assert launches("delta.state_scan_fwd") == before + 1
+    assert o.dtype == x["u"].dtype and ht.dtype == torch.float32
+    assert h.dtype == x["k"].dtype and vn.dtype == x["u"].dtype
+    tol = TOL[dtype]
+    _check("o", o, o_ref, tol)
+    _check("final_state", ht, ht_ref, tol)
+    _check("h", h, h_ref, tol)
+    rows = None if cu_seqlens is None else slice(0, int(cu_seqlens[-1]))
+    _check("v_new", vn, vn_ref, tol, rows=rows)
+    return o
+
+
+@pytest.mark.parametrize("gate", ["gk", "g", "g_aqk", "none"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_fixed_length(poisoned, gate, dtype):
+    """T = 130 (two full chunks and a partial one), grouped values (HQ = 1, HV = 2)."""
+    _run(gate, dtype)
+
+
+@pytest.mark.parametrize("gate", ["gk", "g"])
+def test_varlen_with_padding_tail(poisoned, gate):
+    """Four documents (one shorter than a chunk, one of 6 tokens) and 10 padding tokens."""
+    o = _run(gate, torch.float16, cu_seqlens=CU, T=180)
+    assert (o[:, int(CU[-1]):] == 0).all(), "padding tokens after the last sequence must be zero"
+
+
+@pytest.mark.parametrize("gate", ["gk", "g"])
+def test_strong_decay(poisoned, gate):
+    """Per-token log-gates down to about -20: exp2 of the cumulative gate underflows."""
+    _run(gate, torch.float16, decay=8.0, seed=3)
+
+
+@pytest.mark.parametrize("gate", ["gk", "g"])
+def test_state_v_first(poisoned, gate):
+    """fla's ``state_v_first``: h0, the final state and h stored as [V, K]."""
+    _run(gate, torch.float16, state_v_first=True, cu_seqlens=CU[:4], T=164)
+
+
+@pytest.mark.parametrize("bv", sorted({c.kwargs["BV"] for c in CONFIGS}))
+def test_each_v_block_width(poisoned, bv):
+    """Every BV of the autotune space (the interpreter otherwise runs only the first)."""
+    config = next(c for c in CONFIGS if c.kwargs["BV"] == bv)
+    _run("gk", torch.float16, config=config, K=64, V=64)
+
+
+def test_k64_v128_ungrouped(poisoned):
+    _run("gk", torch.float16, B=1, HQ=2, HV=2, K=64, V=128, T=100)
+
+
+def test_without_optional_outputs():
+    """No initial state, no final state, nothing saved: only o comes back."""
+    x, _ = _stage_inputs("gk", torch.float16, with_h0=False)
+    o_ref, *_ = _reference(x, None, None)
+    o, ht, h, vn = state_scan_fwd(x["q"], x["k"], x["w"], x["u"], gk=x["gk"], Aqk=x["Aqk"], scale=SCALE)
+    assert ht is None and h is None and vn is None
+    _check("o", o, o_ref, TOL[torch.float16])
+
+
+def test_argument_errors():
+    x, _ = _stage_inputs("gk", torch.float16)
+    with pytest.raises(ValueError, match="needs Aqk"):
+        state_scan_fwd(x["q"], x["k"], x["w"], x["u"], gk=x["gk"], scale=SCALE)
+    with pytest.raises(ValueError, match="not both"):
+        state_scan_fwd(x["q"], x["k"], x["w"], x["u"], g=x["gk"][..., 0], gk=x["gk"], Aqk=x["Aqk"], scale=SCALE)
+    with pytest.raises(TypeError, match="scale"):
+        state_scan_fwd(x["q"], x["k"], x["w"], x["u"], gk=x["gk"], Aqk=x["Aqk"])
+    with pytest.raises(ValueError, match="B == 1"):
+        state_scan_fwd(x["q"], x["k"], x["w"], x["u"], gk=x["gk"], Aqk=x["Aqk"], scale=SCALE, cu_seqlens=CU)
+
+
+# The reference itself: the chunked stages agree with the token-by-token recurrence.
+
+@pytest.mark.parametrize("gate", ["gk", "g", "none"])
+@pytest.mark.parametrize("varlen", [False, True])
+def test_chunked_reference_matches_recurrence(gate, varlen):
+    cu = CU if varlen else None
+    B, T = (1, 170) if varlen else (2, 130)
+    q, k, v, beta, graw, gen = _raw(B, T, 1, 2, 16, 8, gate, decay=4.0)
+    G = None if graw is None else ref.chunk_local_cumsum_ref(graw, BT, cu)
+    gkw = {"gk": G} if gate == "gk" else ({"g": G} if G is not None else {})
+    N = B if cu is None else cu.numel() - 1
+    h0 = torch.randn(N, 2, 16, 8, generator=gen, dtype=torch.float64)
+    it = ref.intra_ref(q, k, v, beta, scale=SCALE, chunk_size=BT, cu_seqlens=cu, **gkw)
+    o, ht, _, _ = ref.state_scan_fwd_ref(
+        q, it["kg"] if gate == "gk" else k, it["w"], it["u"], Aqk=it["Aqk"] if gate == "gk" else None,
+        scale=SCALE, initial_state=h0, output_final_state=True, cu_seqlens=cu, chunk_size=BT, **gkw)
+    rkw = {"gk": graw} if gate == "gk" else ({"g": graw} if graw is not None else {})
+    o2, ht2 = ref.naive_recurrence_ref(q, k, v, beta, scale=SCALE, initial_state=h0,
+                                      output_final_state=True, cu_seqlens=cu, **rkw)
+    assert ref.rel_rms(o, o2) < 1e-10 and ref.rel_rms(ht, ht2) < 1e-10
