@@ -1,0 +1,1 @@
+"""Triton kernels of the cconv family: `fwd` (the convolution) and `bwd` (dx, dw, db)."""

@@ -1,0 +1,253 @@
+"""cconv backward: dx, dw, db in one pass over x and dy, plus a tiny deterministic dw/db reduce.
+
+With pre[t] = bias + sum_i weight[:, i] x[t-(W-1)+i] and dpre = dy * silu'(pre) (or dy):
+    dx[t]    = sum_i weight[:, i] * dpre[t + (W-1) - i]   (same document only)
+    dw[:, i] = sum_t dpre[t] * x[t - (W-1) + i]
+    db       = sum_t dpre[t]
+
+Same work layout as `fwd`: a program owns BD channels x a chunk of TC rows of one batch row
+and walks "lead" rows u = t_begin .. t_end + W - 2 in order. At lead row u it loads x[u] and
+dy[u] once, rebuilds pre[u] from the x window in registers (no forward re-run), forms
+dpre[u] once (one sigmoid per element: recomputing it for W shifted rows would cost 8 MUFU
+ops per element, ~0.5 ms at [16, 8192, 2048] on H200, more than the whole memory floor),
+keeps the last W dpre rows in registers and emits dx[u - (W-1)]. Rows past t_end only feed
+dx (their dpre belongs to the next chunk's dw). dw/db accumulate per thread in fp32 over the
+whole chunk and land in an fp32 partial buffer [n_chunks_total, W (+1 for db), D], which
+`dw_reduce_kernel` sums in a fixed order: deterministic, no atomics.
+
+Floor (H200, bf16 [16, 8192, 2048]): x + dy in, dx out = 1.61 GB = 0.375 ms at 4.24 TB/s.
+Compute ~30 fp32 ops + 2 MUFU per element (~0.2 ms of issue, overlapped). The partials are
+B x n_chunks x (W+1) x D x 4 B: with ~8 single-warp programs per SM (`_WARPS_PER_SM_BWD`),
+n_chunks = 9 there, i.e. 144 x 5 x 2048 x 4 B = 5.9 MB written + read once (~3 us), 1% of
+the floor. Not yet measured on a GPU.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernel_fun._common.tuning import autotune_configs
+from kernel_fun._common.witness import record_launch
+
+from .fwd import conv_row, load_halo, load_taps, seq_advance, seq_locate, time_chunks, varlen_args
+
+# Test-only hook (see fwd._alloc): tests swap in a NaN-filling allocator.
+_alloc = torch.empty
+
+# bwd moves 2 tensors in per trip, so half fwd's programs keep the same bytes in flight, and
+# fewer programs mean a smaller dw partial buffer. Min rows per chunk bounds the partial
+# buffer at small B x D (B=1, T=2048, D=2048: 64 chunks, ~2.6 MB of partials).
+_WARPS_PER_SM_BWD = 8
+_MIN_ROWS_BWD = 32
+
+_BWD_CONFIGS = [
+    # BD channels per program, R rows per loop trip. State per thread: 4 x-window, 4
+    # dpre-window, 4 taps, W+1 accumulators, bias: ~18 fp32 per channel, so 8 channels per
+    # thread (BD=256, 1 warp) is ~150 live registers before the R loaded rows: watch spills.
+    triton.Config({"BD": 256, "R": 4}, num_warps=1),
+    triton.Config({"BD": 256, "R": 8}, num_warps=2),
+    triton.Config({"BD": 512, "R": 4}, num_warps=4),
+    triton.Config({"BD": 128, "R": 8}, num_warps=1),
+    triton.Config({"BD": 1024, "R": 8}, num_warps=8),
+]
+
+
+@triton.autotune(
+    configs=autotune_configs(_BWD_CONFIGS),
+    key=["D", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_UNIT_D", "DY_UNIT_D"],
+)
+@triton.jit
+def conv_bwd_kernel(
+    x, weight, bias, dy, dx, part, cu_seqlens,
+    T, D, TC, N_SEQ, N_STEPS,
+    s_xb, s_xt, s_xd, s_gb, s_gt, s_gd, s_wd, s_wi,
+    W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
+    X_UNIT_D: tl.constexpr, DY_UNIT_D: tl.constexpr,  # autotune key only
+    BD: tl.constexpr, R: tl.constexpr,
+):
+    pid_d = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    pid_b = tl.program_id(2).to(tl.int64)
+    cols = pid_d * BD + tl.arange(0, BD)
+    cmask = cols < D
+    cols64 = cols.to(tl.int64)
+    t_begin = pid_c * TC
+    t_end = tl.minimum(t_begin + TC, T)
+
+    px = x + pid_b * s_xb + cols64 * s_xd
+    pg = dy + pid_b * s_gb + cols64 * s_gd
+    pdx = dx + pid_b * T * D + cols64  # dx is contiguous [B, T, D]
+    c0, c1, c2, c3 = load_taps(weight, cols64, cmask, s_wd, s_wi, W)
+    b = tl.zeros_like(c0)
+    if HAS_BIAS:
+        b = tl.load(bias + cols64, mask=cmask, other=0.0).to(tl.float32)
+    x1, x2, x3 = load_halo(px, t_begin, s_xt, cmask, W)
+
+    # d_j = dpre[u - j]; a_k = sum of dpre[u] x[u-k] over own rows (-> dw[:, W-1-k]).
+    d1 = tl.zeros_like(c0)
+    d2 = tl.zeros_like(c0)
+    d3 = tl.zeros_like(c0)
+    a0 = tl.zeros_like(c0)
+    a1 = tl.zeros_like(c0)
+    a2 = tl.zeros_like(c0)
+    a3 = tl.zeros_like(c0)
+    ab = tl.zeros_like(c0)
+
+    # st_j = start of the document of row u - j (varlen): dpre[u-j] reaches dx[u-(W-1)] only
+    # when both rows are in one document, i.e. st_j == st_{W-1}.
+    s = t_begin * 0
+    start = s
+    end = s + T
+    st1 = s
+    st2 = s
+    st3 = s
+    if IS_VARLEN:
+        s, start, end = seq_locate(cu_seqlens, N_SEQ, N_STEPS, t_begin)
+
+    for u0 in range(t_begin, t_end + (W - 1), R):
+        for r in tl.static_range(R):
+            u = u0 + r
+            ld = cmask & (u < T) & (u < t_end + (W - 1))
+            u64 = u.to(tl.int64)
+            x0 = tl.load(px + u64 * s_xt, mask=ld, other=0.0).to(tl.float32)
+            g = tl.load(pg + u64 * s_gt, mask=ld, other=0.0).to(tl.float32)
+            if IS_VARLEN:
+                s, start, end = seq_advance(cu_seqlens, s, start, end, tl.minimum(u, T - 1))
+                x1 = tl.where(u - 1 >= start, x1, 0.0)
+                x2 = tl.where(u - 2 >= start, x2, 0.0)
+                x3 = tl.where(u - 3 >= start, x3, 0.0)
+            if SILU:
+                pre = conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W, HAS_BIAS)
+                sg = tl.sigmoid(pre)
+                d0 = g * sg * (1.0 + pre * (1.0 - sg))
+            else:
+                d0 = g
+            # Rows past t_end belong to the next chunk's dw/db.
+            dw_row = tl.where(u < t_end, d0, 0.0)
+            ab += dw_row
+            a0 += dw_row * x0
+            if W >= 2:
+                a1 += dw_row * x1
+            if W >= 3:
+                a2 += dw_row * x2
+            if W >= 4:
+                a3 += dw_row * x3
+            # dx[u-(W-1)] = sum_j weight[:, j] dpre[u-j] = sum_j c_{W-1-j} d_j, where with
+            # packed documents d_j counts only if row u-j shares a document with row u-(W-1).
+            # (Masked copies only: the same d_j may count for the next rows' dx.)
+            if W == 1:
+                gx = c0 * d0
+            elif W == 2:
+                e0 = d0
+                if IS_VARLEN:
+                    e0 = tl.where(start == st1, d0, 0.0)
+                gx = c1 * e0 + c0 * d1
+            elif W == 3:
+                e0 = d0
+                e1 = d1
+                if IS_VARLEN:
+                    e0 = tl.where(start == st2, d0, 0.0)
+                    e1 = tl.where(st1 == st2, d1, 0.0)
+                gx = c2 * e0 + c1 * e1 + c0 * d2
+            else:
+                e0 = d0
+                e1 = d1
+                e2 = d2
+                if IS_VARLEN:
+                    e0 = tl.where(start == st3, d0, 0.0)
+                    e1 = tl.where(st1 == st3, d1, 0.0)
+                    e2 = tl.where(st2 == st3, d2, 0.0)
+                gx = c3 * e0 + c2 * e1 + c1 * e2 + c0 * d3
+            t = u - (W - 1)
+            tl.store(pdx + t.to(tl.int64) * D, gx.to(dx.dtype.element_ty),
+                     mask=cmask & (t >= t_begin) & (t < t_end))
+            d3 = d2
+            d2 = d1
+            d1 = d0
+            st3 = st2
+            st2 = st1
+            st1 = start
+            x3 = x2
+            x2 = x1
+            x1 = x0
+
+    # Partials: [n_chunks_total, W + HAS_BIAS, D] fp32, row W-1-k holds sum dpre[u] x[u-k].
+    NROW: tl.constexpr = W + HAS_BIAS
+    pp = part + (pid_b * tl.num_programs(1) + pid_c) * (NROW * D) + cols64
+    tl.store(pp + (W - 1) * D, a0, mask=cmask)
+    if W >= 2:
+        tl.store(pp + (W - 2) * D, a1, mask=cmask)
+    if W >= 3:
+        tl.store(pp + (W - 3) * D, a2, mask=cmask)
+    if W >= 4:
+        tl.store(pp + (W - 4) * D, a3, mask=cmask)
+    if HAS_BIAS:
+        tl.store(pp + W * D, ab, mask=cmask)
+
+
+@triton.jit
+def dw_reduce_kernel(part, dw, db, n_part, D, W: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     BP: tl.constexpr, BM: tl.constexpr):
+    """dw[d, i] (and db[d]) = sum over the n_part partial rows, in a fixed order: each lane
+    sums its rows p = lane, lane + BP, ... in sequence, then a fixed-shape tree over BP."""
+    M = (W + HAS_BIAS) * D
+    offs = tl.program_id(0) * BM + tl.arange(0, BM)
+    m = offs < M
+    rows = tl.arange(0, BP)
+    acc = tl.zeros((BP, BM), dtype=tl.float32)
+    for p0 in range(0, n_part, BP):
+        p = p0 + rows
+        ptr = part + p.to(tl.int64)[:, None] * M + offs[None, :]
+        acc += tl.load(ptr, mask=(p < n_part)[:, None] & m[None, :], other=0.0)
+    tot = tl.sum(acc, axis=0)
+    i = offs // D
+    d = offs - i * D
+    tl.store(dw + d * W + i, tot.to(dw.dtype.element_ty), mask=m & (i < W))
+    if HAS_BIAS:
+        tl.store(db + d, tot.to(db.dtype.element_ty), mask=m & (i == W))
+
+
+def conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dy: torch.Tensor,
+             silu: bool, cu_seqlens: torch.Tensor | None = None):
+    """(dx, dw, db): dx `[B, T, D]` contiguous in x.dtype, dw `[D, W]` in weight.dtype, db `[D]`
+    in bias.dtype or None without a bias. x and dy any strides; fp32 accumulation throughout;
+    dw/db bitwise reproducible run to run (fixed-order reduction, no atomics)."""
+    B, T, D = x.shape
+    W = weight.shape[1]
+    assert weight.shape[0] == D and 1 <= W <= 4, (tuple(x.shape), tuple(weight.shape))
+    assert tuple(dy.shape) == (B, T, D), (tuple(dy.shape), tuple(x.shape))
+    assert cu_seqlens is None or B == 1, "cu_seqlens needs B == 1"
+    has_bias = bias is not None
+    dx = _alloc((B, T, D), dtype=x.dtype, device=x.device)
+    dw = _alloc((D, W), dtype=weight.dtype, device=x.device)
+    db = _alloc((D,), dtype=bias.dtype, device=x.device) if has_bias else None
+    if x.numel() == 0:
+        dw.zero_()
+        if db is not None:
+            db.zero_()
+        return dx, dw, db
+    n_chunks, rows = time_chunks(B, T, D, x.device, _WARPS_PER_SM_BWD, _MIN_ROWS_BWD)
+    n_part = B * n_chunks
+    part = _alloc((n_part, W + int(has_bias), D), dtype=torch.float32, device=x.device)
+    n_seq, n_steps = varlen_args(cu_seqlens)
+    conv_bwd_kernel[lambda meta: (triton.cdiv(D, meta["BD"]), n_chunks, B)](
+        x, weight, bias if has_bias else weight, dy, dx, part,
+        cu_seqlens if cu_seqlens is not None else weight,
+        T, D, rows, n_seq, n_steps,
+        x.stride(0), x.stride(1), x.stride(2), dy.stride(0), dy.stride(1), dy.stride(2),
+        weight.stride(0), weight.stride(1),
+        W=W, HAS_BIAS=has_bias, SILU=bool(silu), IS_VARLEN=cu_seqlens is not None,
+        X_UNIT_D=x.stride(2) == 1, DY_UNIT_D=dy.stride(2) == 1,
+    )
+    record_launch("cconv.bwd")
+    # [64 partial rows x 128 columns] per program: (W+1) x D / 128 programs, each summing
+    # n_part / 64 tiles (3 trips at B=16, T=8192, D=2048). Fixed config: the summation order,
+    # hence the bits of dw, must not depend on an autotune pick.
+    BM = 128
+    dw_reduce_kernel[(triton.cdiv((W + int(has_bias)) * D, BM),)](
+        part, dw, db if has_bias else dw, n_part, D, W=W, HAS_BIAS=has_bias, BP=64, BM=BM,
+        num_warps=4,
+    )
+    record_launch("cconv.dw_reduce")
+    return dx, dw, db
