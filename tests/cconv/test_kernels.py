@@ -1,0 +1,225 @@
+"""cconv kernels through Triton's interpreter (CPU) against the fp64 reference.
+
+Every output is allocated NaN-poisoned (the launchers' `_alloc` hook), so an element a kernel
+forgets to write fails the comparison. `tiny_chunks` shrinks the time chunks to 8 rows so
+that chunk seams (halo rows, the dw split between chunks, the document search at each chunk
+start) are crossed many times even at these small shapes.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_fun._common.witness import launch_counts
+from kernel_fun.cconv._kernels import bwd as bwd_mod
+from kernel_fun.cconv._kernels import fwd as fwd_mod
+from kernel_fun.cconv._kernels.bwd import conv_bwd
+from kernel_fun.cconv._kernels.fwd import conv_fwd
+from kernel_fun.cconv.reference import conv_ref, conv_ref_bwd
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in fp64 (NaN anywhere in out gives NaN, which fails `<`)."""
+    out, ref = out.double(), ref.double()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def _nan_empty(size, dtype=None, device=None):
+    return torch.full(size, float("nan"), dtype=dtype, device=device)
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    monkeypatch.setattr(fwd_mod, "_alloc", _nan_empty)
+    monkeypatch.setattr(bwd_mod, "_alloc", _nan_empty)
+
+
+@pytest.fixture(params=["default", "tiny"])
+def chunking(request, monkeypatch):
+    if request.param == "tiny":  # as many chunks as possible: 8 rows each (the row alignment)
+        monkeypatch.setattr(fwd_mod, "_WARPS_PER_SM_FWD", 10**6)
+        monkeypatch.setattr(fwd_mod, "_MIN_ROWS_FWD", 1)
+        monkeypatch.setattr(bwd_mod, "_WARPS_PER_SM_BWD", 10**6)
+        monkeypatch.setattr(bwd_mod, "_MIN_ROWS_BWD", 1)
+    return request.param
+
+
+def _make(shape, dtype, layout, gen):
+    """A [B, T, D] tensor of `dtype` laid out as `layout`: contiguous, a column slice of a
+    wider buffer, or a transposed [B, D, T] buffer."""
+    B, T, D = shape
+    if layout == "contig":
+        return torch.randn(B, T, D, generator=gen).to(dtype)
+    if layout == "slice":
+        big = torch.randn(B, T, 3 * D + 5, generator=gen).to(dtype)
+        return big[..., D + 3: 2 * D + 3]
+    if layout == "transposed":
+        return torch.randn(B, D, T, generator=gen).to(dtype).transpose(1, 2)
+    raise ValueError(layout)
+
+
+def _check(B, T, D, W, *, bias=True, silu=True, dtype=torch.float32, wdtype=torch.float32,
+           x_layout="contig", dy_layout="contig", cu=None, seed=0, backward=True):
+    gen = torch.Generator().manual_seed(seed)
+    x = _make((B, T, D), dtype, x_layout, gen)
+    weight = torch.randn(D, W, generator=gen).to(wdtype)
+    b = torch.randn(D, generator=gen).to(wdtype) if bias else None
+    tol = TOL[dtype]
+
+    before = launch_counts("cconv.")
+    y = conv_fwd(x, weight, b, silu, cu)
+    after = launch_counts("cconv.")
+    assert after.get("cconv.fwd", 0) == before.get("cconv.fwd", 0) + 1
+    assert y.shape == (B, T, D) and y.dtype == x.dtype and y.is_contiguous()
+    assert torch.isfinite(y).all(), "unwritten (NaN-poisoned) or non-finite y"
+    err = rel_err(y, conv_ref(x, weight, b, silu, cu))
+    assert err < tol, f"y rel err {err:.3e}"
+    if not backward:
+        return
+
+    dy = _make((B, T, D), dtype, dy_layout, gen)
+    before = launch_counts("cconv.")
+    dx, dw, db = conv_bwd(x, weight, b, dy, silu, cu)
+    after = launch_counts("cconv.")
+    for stage in ("cconv.bwd", "cconv.dw_reduce"):
+        assert after.get(stage, 0) == before.get(stage, 0) + 1, stage
+    rdx, rdw, rdb = conv_ref_bwd(x, weight, b, dy, silu, cu)
+    assert dx.shape == (B, T, D) and dx.dtype == x.dtype and dx.is_contiguous()
+    assert dw.shape == (D, W) and dw.dtype == weight.dtype
+    for name, out, ref in (("dx", dx, rdx), ("dw", dw, rdw)) + ((("db", db, rdb),) if bias else ()):
+        assert torch.isfinite(out).all(), f"unwritten (NaN-poisoned) or non-finite {name}"
+        err = rel_err(out, ref)
+        limit = max(tol, TOL[out.dtype])  # dw/db are rounded to the weight's dtype
+        assert err < limit, f"{name} rel err {err:.3e}"
+    if bias:
+        assert db.shape == (D,) and db.dtype == b.dtype
+    else:
+        assert db is None
+
+
+# (B, T, D, W): T = 1, T < W, T = W, odd D, D above one 256-channel block, several chunks.
+SHAPES = [
+    (2, 1, 37, 4),
+    (1, 2, 37, 4),
+    (3, 3, 5, 3),
+    (2, 4, 7, 4),
+    (2, 45, 37, 4),
+    (1, 29, 300, 2),
+    (2, 33, 16, 1),
+    (1, 40, 33, 3),
+]
+
+
+@pytest.mark.parametrize("B,T,D,W", SHAPES)
+def test_fwd_bwd_shapes(B, T, D, W, chunking):
+    _check(B, T, D, W, seed=B * 1000 + T + D + W)
+
+
+@pytest.mark.parametrize("W", [1, 2, 3, 4])
+@pytest.mark.parametrize("bias,silu", [(False, False), (True, False), (False, True)])
+def test_bias_activation(W, bias, silu):
+    _check(2, 21, 13, W, bias=bias, silu=silu, seed=W)
+
+
+@pytest.mark.parametrize("dtype,wdtype", [(torch.float16, torch.float32), (torch.float16, torch.float16),
+                                          (torch.float32, torch.float16)])
+def test_dtypes(dtype, wdtype, chunking):
+    _check(2, 37, 24, 4, dtype=dtype, wdtype=wdtype, seed=7)
+
+
+@pytest.mark.parametrize("x_layout,dy_layout", [("slice", "contig"), ("transposed", "transposed"),
+                                                ("contig", "transposed"), ("slice", "slice")])
+def test_strided_inputs(x_layout, dy_layout, chunking):
+    _check(2, 26, 19, 4, x_layout=x_layout, dy_layout=dy_layout, seed=11)
+
+
+def test_strided_weight():
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 17, 9, generator=gen)
+    w = torch.randn(4, 9, generator=gen).t()  # [D, W] view with strides (1, D)
+    b = torch.randn(9, generator=gen)
+    y = conv_fwd(x, w, b, True)
+    assert rel_err(y, conv_ref(x, w, b, True)) < 1e-5
+    dy = torch.randn(1, 17, 9, generator=gen)
+    dx, dw, db = conv_bwd(x, w, b, dy, True)
+    for out, ref in zip((dx, dw, db), conv_ref_bwd(x, w, b, dy, True)):
+        assert rel_err(out, ref) < 1e-5
+
+
+def _cu(lengths):
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    return torch.tensor(cu, dtype=torch.int64)
+
+
+VARLEN = [
+    [1] * 9,                           # only length-1 documents
+    [1, 2, 1, 5, 1, 1, 3, 20, 1, 2],   # many short documents, lengths < W among them
+    [17, 0, 1, 0, 0, 9, 3],            # empty documents (repeated offsets)
+    [40],                              # one document: same as no cu_seqlens
+    [3, 4, 5, 6, 7, 8, 9, 10],         # boundaries at every phase modulo the 8-row chunks
+]
+
+
+@pytest.mark.parametrize("lengths", VARLEN, ids=[f"docs{i}" for i in range(len(VARLEN))])
+@pytest.mark.parametrize("W", [2, 4])
+def test_varlen(lengths, W, chunking):
+    cu = _cu(lengths)
+    _check(1, int(cu[-1]), 21, W, cu=cu, seed=len(lengths) + W)
+
+
+@pytest.mark.parametrize("W", [1, 3])
+def test_varlen_int32_offsets_fp16(W):
+    cu = _cu([2, 1, 1, 6, 1, 9, 1]).to(torch.int32)
+    _check(1, int(cu[-1]), 10, W, cu=cu, dtype=torch.float16, x_layout="slice", seed=3)
+
+
+def test_varlen_matches_separate_calls():
+    """Packed documents give exactly what separate calls give (dw/db summed over documents)."""
+    gen = torch.Generator().manual_seed(9)
+    lengths = [5, 1, 12, 2]
+    cu = _cu(lengths)
+    T, D, W = int(cu[-1]), 11, 4
+    x = torch.randn(1, T, D, generator=gen)
+    w = torch.randn(D, W, generator=gen)
+    b = torch.randn(D, generator=gen)
+    dy = torch.randn(1, T, D, generator=gen)
+    y = conv_fwd(x, w, b, True, cu)
+    dx, dw, db = conv_bwd(x, w, b, dy, True, cu)
+    dw_sum, db_sum = torch.zeros_like(dw), torch.zeros_like(db)
+    for s in range(len(lengths)):
+        lo, hi = int(cu[s]), int(cu[s + 1])
+        ys = conv_fwd(x[:, lo:hi], w, b, True)
+        dxs, dws, dbs = conv_bwd(x[:, lo:hi], w, b, dy[:, lo:hi], True)
+        assert rel_err(y[:, lo:hi], ys) < 1e-6
+        assert rel_err(dx[:, lo:hi], dxs) < 1e-6
+        dw_sum += dws
+        db_sum += dbs
+    assert rel_err(dw, dw_sum) < 1e-5 and rel_err(db, db_sum) < 1e-5
+
+
+def test_bwd_deterministic(chunking):
+    gen = torch.Generator().manual_seed(13)
+    x = torch.randn(3, 50, 29, generator=gen)
+    w = torch.randn(29, 4, generator=gen)
+    b = torch.randn(29, generator=gen)
+    dy = torch.randn(3, 50, 29, generator=gen)
+    first = conv_bwd(x, w, b, dy, True)
+    second = conv_bwd(x, w, b, dy, True)
+    for a, c in zip(first, second):
+        assert torch.equal(a, c)
+
+
+def test_outputs_are_fresh():
+    """Each call returns new storage (no aliasing across calls or with the inputs)."""
+    x = torch.randn(1, 9, 8)
+    w = torch.randn(8, 3)
+    y1 = conv_fwd(x, w, None, False)
+    y2 = conv_fwd(x, w, None, False)
+    assert y1.data_ptr() != y2.data_ptr() and y1.data_ptr() != x.data_ptr()
+    dx1, dw1, _ = conv_bwd(x, w, None, y1, False)
+    dx2, dw2, _ = conv_bwd(x, w, None, y1, False)
+    assert dx1.data_ptr() != dx2.data_ptr() and dw1.data_ptr() != dw2.data_ptr()
