@@ -10,6 +10,7 @@ import torch
 from .._common import classify as C
 from .._common import support
 from .._common.compat import fla_symbol
+from .._common.varlen import check_cu_seqlens
 
 FAMILY = "cconv"
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
@@ -55,28 +56,6 @@ def _validate(x, weight, bias) -> None:
             raise ValueError(f"cconv: {name} must be a float tensor, got {t.dtype}")
 
 
-def _check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, T: int) -> None:
-    """Malformed cu_seqlens raise where that costs no device sync (CPU copies, or DEBUG)."""
-    host = cu_seqlens_cpu
-    if host is None and cu_seqlens.device.type == "cpu":
-        host = cu_seqlens
-    if host is None and support.debug():
-        host = cu_seqlens.cpu()
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-        raise ValueError(f"cconv: cu_seqlens must be 1-D [N+1] with N >= 1, got shape {tuple(cu_seqlens.shape)}")
-    if cu_seqlens.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"cconv: cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
-    if host is None:
-        return
-    h = host.tolist()
-    if h[0] != 0:
-        raise ValueError(f"cconv: cu_seqlens must start at 0, got {h[0]}")
-    if any(b < a for a, b in zip(h, h[1:])):
-        raise ValueError("cconv: cu_seqlens must be non-decreasing")
-    if h[-1] != T:
-        raise ValueError(f"cconv: cu_seqlens must end at T={T}, got {h[-1]}")
-
-
 def _signature(x, weight, bias, silu, cu_seqlens):
     return (tuple(x.shape), tuple(x.stride()), x.dtype, weight.shape[1], weight.dtype,
             None if bias is None else bias.dtype, silu, cu_seqlens is not None)
@@ -94,7 +73,7 @@ def _box(x, weight, bias, cu_seqlens, cu_seqlens_cpu):
     if cu_seqlens is not None:
         if x.shape[0] != 1:
             return False, f"cu_seqlens with batch size {x.shape[0]} (packed documents need B == 1)"
-        _check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, x.shape[1])
+        check_cu_seqlens(FAMILY, cu_seqlens, cu_seqlens_cpu, x.shape[1])
     return True, ""
 
 

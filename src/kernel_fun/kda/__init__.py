@@ -1,0 +1,7 @@
+"""kda: Kimi Delta Attention, chunked, forward and backward.
+
+Drop-in for fla 0.6.0 ``fla.ops.kda.chunk_kda``.
+"""
+from .ops import chunk_kda, is_supported
+
+__all__ = ["chunk_kda", "is_supported"]

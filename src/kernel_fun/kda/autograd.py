@@ -1,0 +1,57 @@
+"""The autograd.Function of KDA.
+
+Saved for backward: the l2-normalized q and k with their rstd, v, the raw gate g (the
+cumulative gate is recomputed, as fla does, so no fp32 [B, T, HV, K] tensor is kept), raw and
+activated beta, A_log, dt_bias, the initial state, and the two [B, T, HV, 64] intra-chunk
+matrices Aqk and Akk. w, u, h and v_new are recomputed in the backward.
+"""
+from __future__ import annotations
+
+import torch
+
+from .._common import support
+from . import chain
+
+
+class ChunkKDAFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, A_log, dt_bias, initial_state, scale, output_final_state,
+                use_qk_l2norm, use_gate_in_kernel, use_beta_sigmoid, allow_neg_eigval,
+                cu_seqlens, cu_seqlens_cpu, signature):
+        q_rstd = k_rstd = None
+        dtype = q.dtype
+        if use_qk_l2norm:
+            q, q_rstd = chain.l2norm_fwd(q)
+            k, k_rstd = chain.l2norm_fwd(k)
+        beta_raw = beta
+        beta_scale = 2.0 if allow_neg_eigval else 1.0
+        if use_beta_sigmoid:
+            beta = chain.beta_sigmoid_fwd(beta_raw, beta_scale)
+        o, final_state, Aqk, Akk, chunk_indices, chunk_offsets = chain.forward(
+            q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
+            use_gate_in_kernel, cu_seqlens, cu_seqlens_cpu)
+        ctx.save_for_backward(q, q_rstd, k, k_rstd, v, g, beta_raw, beta, A_log, dt_bias,
+                              initial_state, Aqk, Akk, cu_seqlens, chunk_indices, chunk_offsets)
+        ctx.flags = (scale, use_qk_l2norm, use_gate_in_kernel, use_beta_sigmoid, beta_scale)
+        ctx.signature = signature
+        if not support.is_capturing():
+            support.mark_warm("kda", signature, "fwd")
+        return o.to(dtype), final_state
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        (q, q_rstd, k, k_rstd, v, g, beta_raw, beta, A_log, dt_bias, initial_state, Aqk, Akk,
+         cu_seqlens, chunk_indices, chunk_offsets) = ctx.saved_tensors
+        scale, use_qk_l2norm, use_gate_in_kernel, use_beta_sigmoid, beta_scale = ctx.flags
+        dq, dk, dv, db, dg, dh0, dA_log, ddt_bias = chain.backward(
+            q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, do.contiguous(),
+            dht, use_gate_in_kernel, cu_seqlens, chunk_indices, chunk_offsets, chain.STAGES)
+        if use_qk_l2norm:
+            dq = chain.l2norm_bwd(q, q_rstd, dq)
+            dk = chain.l2norm_bwd(k, k_rstd, dk)
+        if use_beta_sigmoid:
+            db = chain.beta_sigmoid_bwd(beta_raw, db, beta_scale)
+        if not support.is_capturing():
+            support.mark_warm("kda", ctx.signature, "bwd")
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), db.to(beta_raw.dtype),
+                dA_log, ddt_bias, dh0, None, None, None, None, None, None, None, None, None)

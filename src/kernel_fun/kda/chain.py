@@ -1,0 +1,116 @@
+"""The KDA chain: the forward and backward as a list of stages, each ours or fla's own stage
+function (fla's are fetched through ``_common/compat.py`` so drift is caught at warmup).
+
+Shapes: q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``; g ``[B, T, HV, K]``; beta ``[B, T, HV]``;
+states ``[N, HV, K, V]`` fp32. Gates are chunk-local cumulative sums in log2 space.
+Which stages are ours is the table ``STAGES`` at the bottom of this module; the README's kda
+section has the measured per-stage times.
+"""
+from __future__ import annotations
+
+from .._common.compat import fla_symbol
+
+RCP_LN2 = 1.4426950408889634  # log2(e): fla's gates are cumsummed in log2 space
+BT = 64  # chunk size
+
+
+def _fla(module: str, symbol: str):
+    return fla_symbol(module, symbol)
+
+
+def chunk_meta(cu_seqlens, cu_seqlens_cpu):
+    """(chunk_indices, chunk_offsets) for packed documents, or (None, None)."""
+    if cu_seqlens is None:
+        return None, None
+    idx = _fla("fla.ops.utils.index", "prepare_chunk_indices")(cu_seqlens, BT, cu_seqlens_cpu=cu_seqlens_cpu)
+    off = _fla("fla.ops.utils.index", "prepare_chunk_offsets")(cu_seqlens, BT)
+    return idx, off
+
+
+def gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices):
+    """Chunk-local cumulative log2-space gate ``[B, T, HV, K]`` fp32 (gate function fused in)."""
+    if use_gate_in_kernel:
+        return _fla("fla.ops.kda.gate", "kda_gate_chunk_cumsum")(
+            g=g, A_log=A_log, dt_bias=dt_bias, scale=RCP_LN2, chunk_size=BT,
+            cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
+    return _fla("fla.ops.utils.cumsum", "chunk_local_cumsum")(
+        g=g, scale=RCP_LN2, chunk_size=BT, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
+
+
+def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
+            use_gate_in_kernel, cu_seqlens, cu_seqlens_cpu):
+    """q, k already l2-normalized and beta already activated where the call asks.
+    Returns (o, final_state, Aqk, Akk, chunk_indices, chunk_offsets)."""
+    chunk_indices, chunk_offsets = chunk_meta(cu_seqlens, cu_seqlens_cpu)
+    gc = gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices)
+    w, u, _, kg, Aqk, Akk = _fla("fla.ops.kda.chunk_intra", "chunk_kda_fwd_intra")(
+        q=q, k=k, v=v, gk=gc, beta=beta, scale=scale, cu_seqlens=cu_seqlens, chunk_size=BT,
+        chunk_indices=chunk_indices)
+    h, v_new, final_state = _fla("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_fwd_h")(
+        k=kg, w=w, u=u, gk=gc, initial_state=initial_state, output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, chunk_indices=chunk_indices,
+        chunk_offsets=chunk_offsets, chunk_size=BT)
+    o = _fla("fla.ops.gla.chunk", "chunk_gla_fwd_o_gk")(
+        q=q, v=v_new, g=gc, A=Aqk, h=h, scale=scale, cu_seqlens=cu_seqlens, chunk_size=BT,
+        chunk_indices=chunk_indices)
+    return o, final_state, Aqk, Akk, chunk_indices, chunk_offsets
+
+
+def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, do, dht,
+             use_gate_in_kernel, cu_seqlens, chunk_indices, chunk_offsets, stages):
+    """Gradients w.r.t. the (normalized) q, k, v, the raw gate g, the (activated) beta, the
+    initial state, and A_log / dt_bias when the gate is in the op.
+
+    ``stages`` maps a stage name to ours (a callable) where ours replaces fla's."""
+    H, HV = q.shape[2], v.shape[2]
+    gc = gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices)
+    w, u, qg, kg = _fla("fla.ops.kda.wy_fast", "recompute_w_u_fwd")(
+        q=q, k=k, v=v, beta=beta, A=Akk, gk=gc, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
+    h, v_new, _ = _fla("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_fwd_h")(
+        k=kg, w=w, u=u, gk=gc, initial_state=initial_state, output_final_state=False,
+        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT)
+    dAqk, dv = _fla("fla.ops.kda.chunk_bwd", "chunk_kda_bwd_dAv")(
+        q=q, k=k, v=v_new, do=do, A=Aqk, scale=scale, cu_seqlens=cu_seqlens, chunk_size=BT,
+        chunk_indices=chunk_indices)
+    dh, dh0, dv = _fla("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_bwd_dhu")(
+        q=qg, k=kg, w=w, gk=gc, h0=initial_state, dht=dht, do=do, dv=dv, scale=scale,
+        cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
+    wy = stages.get("wy_bwd") or _fla("fla.ops.kda.chunk_bwd", "chunk_kda_bwd_wy_dqkg_fused")
+    dq, dk, dv, db, dg, dAkk = wy(
+        q=q, k=k, v=v, v_new=v_new, g=gc, beta=beta, A=Akk, h=h, do=do, dh=dh, dv=dv, scale=scale,
+        cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
+    intra = stages.get("intra_bwd") or _fla("fla.ops.kda.chunk_intra", "chunk_kda_bwd_intra")
+    dq, dk, db, dg = intra(
+        q=q, k=k, g=gc, beta=beta, dAqk=dAqk, dAkk=dAkk, dq=dq, dk=dk, db=db, dg=dg,
+        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
+    if HV > H:  # grouped values: dq, dk come out per value head
+        dq = dq.view(*dq.shape[:2], H, HV // H, dq.shape[-1]).sum(dim=3)
+        dk = dk.view(*dk.shape[:2], H, HV // H, dk.shape[-1]).sum(dim=3)
+    dg = _fla("fla.ops.utils.cumsum", "chunk_local_cumsum")(
+        g=dg, chunk_size=BT, reverse=True, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
+    dA_log = ddt_bias = None
+    if use_gate_in_kernel:
+        dg, dA_log, ddt_bias = _fla("fla.ops.kda.gate", "kda_gate_bwd")(
+            g=g, A_log=A_log, dt_bias=dt_bias, dyg=dg)
+    return dq, dk, dv, db, dg, dh0, dA_log, ddt_bias
+
+
+def l2norm_fwd(x):
+    return _fla("fla.modules.norm.l2norm", "l2norm_fwd")(x)
+
+
+def l2norm_bwd(y, rstd, dy):
+    return _fla("fla.modules.norm.l2norm", "l2norm_bwd")(y, rstd, dy)
+
+
+def beta_sigmoid_fwd(x, scale):
+    return _fla("fla.ops.common.gate", "fused_beta_sigmoid_fwd")(x, scale=scale)
+
+
+def beta_sigmoid_bwd(x, dy, scale):
+    return _fla("fla.ops.common.gate", "fused_beta_sigmoid_bwd")(x, dy, scale=scale)
+
+
+# Where ours replaces fla's stage function (same arguments, same returns). Filled from the
+# stage kernels under kda/_kernels as each one lands with its GPU record.
+STAGES: dict = {}

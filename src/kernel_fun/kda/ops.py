@@ -1,0 +1,190 @@
+"""The public entry of kda: classify the call, run our chain or fla's (and say why), log once.
+
+Drop-in for fla 0.6.0 ``fla.ops.kda.chunk_kda``; returns ``(o, final_state)``.
+"""
+from __future__ import annotations
+
+import torch
+
+from .._common import classify as C
+from .._common import support
+from .._common.compat import fla_symbol
+from .._common.varlen import check_cu_seqlens
+
+FAMILY = "kda"
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _chunk_size(value, call):
+    return None if value == 64 else f"chunk_size={value!r} (ours: 64)"
+
+
+# One rule per parameter of fla's signature and per keyword fla reads from **kwargs.
+RULES = {
+    "q": C.ours(), "k": C.ours(), "v": C.ours(), "g": C.ours(), "beta": C.ours(),
+    "scale": C.ours(),
+    "initial_state": C.ours(),
+    "output_final_state": C.ours(),
+    "use_qk_l2norm_in_kernel": C.ours(),
+    "use_gate_in_kernel": C.ours(),
+    "use_beta_sigmoid_in_kernel": C.ours(),
+    "allow_neg_eigval": C.ours(),
+    "safe_gate": C.only(False, "safe_gate (a different gate function)"),
+    "lower_bound": C.only(None, "lower_bound (a different gate function)"),
+    "disable_recompute": C.only(False, "disable_recompute"),
+    "return_intermediate_states": C.only(False, "return_intermediate_states"),
+    "state_v_first": C.only(False, "state_v_first"),
+    "cu_seqlens": C.ours(),
+    "cu_seqlens_cpu": C.ours(),
+    "cp_context": C.only(None, "cp_context"),
+    "use_graph": C.only(False, "use_graph"),
+    "max_num_seqs": C.only(None, "max_num_seqs"),
+    # read by fla from **kwargs
+    "A_log": C.ours(),
+    "dt_bias": C.ours(),
+    "chunk_size": C.check(_chunk_size),
+    "transpose_state_layout": C.check(lambda v, call: "transpose_state_layout (deprecated alias of state_v_first)"),
+}
+
+
+def _box(call: dict, extra: dict):
+    q, k, v, g, beta = (call[n] for n in ("q", "k", "v", "g", "beta"))
+    if any(not isinstance(t, torch.Tensor) for t in (q, k, v, g, beta)):
+        raise ValueError("kda: q, k, v, g, beta must be tensors")
+    if q.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"kda: q, k must be [B, T, H, K] and v [B, T, HV, V]; got q {tuple(q.shape)}, v {tuple(v.shape)}")
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if tuple(k.shape) != tuple(q.shape) or v.shape[:2] != q.shape[:2]:
+        raise ValueError(f"kda: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} disagree")
+    if HV % H:
+        raise ValueError(f"kda: HV={HV} value heads must be a multiple of H={H}")
+    if tuple(g.shape) != (B, T, HV, K) or tuple(beta.shape) != (B, T, HV):
+        raise ValueError(f"kda: g must be [B, T, HV, K]={[B, T, HV, K]} and beta [B, T, HV]; "
+                         f"got g {tuple(g.shape)}, beta {tuple(beta.shape)}")
+    if call["allow_neg_eigval"] and not call["use_beta_sigmoid_in_kernel"]:
+        return False, "allow_neg_eigval without use_beta_sigmoid_in_kernel (fla raises)"
+    if call["use_gate_in_kernel"] and extra.get("A_log") is None:
+        return False, "use_gate_in_kernel without A_log (fla raises)"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in _HALF:
+            return False, f"{name} dtype {t.dtype} (ours: bfloat16, float16)"
+    if not (q.dtype == k.dtype == v.dtype):
+        return False, f"mixed q/k/v dtypes {q.dtype}, {k.dtype}, {v.dtype}"
+    if K not in (64, 128):
+        return False, f"K={K} (ours: 64, 128)"
+    if V not in (64, 128, 256):
+        return False, f"V={V} (ours: 64, 128, 256)"
+    if T == 0 or B == 0:
+        return False, "empty input"
+    cu = call["cu_seqlens"]
+    N = B
+    if cu is not None:
+        if B != 1:
+            return False, f"cu_seqlens with batch size {B} (packed documents need B == 1; fla raises)"
+        check_cu_seqlens(FAMILY, cu, call["cu_seqlens_cpu"], T)
+        N = cu.numel() - 1
+    h0 = call["initial_state"]
+    if h0 is not None:
+        if h0.dtype != torch.float32:
+            return False, f"initial_state dtype {h0.dtype} (fla asserts float32)"
+        if tuple(h0.shape) != (N, HV, K, V):
+            raise ValueError(f"kda: initial_state must be [N, HV, K, V]={[N, HV, K, V]}, got {tuple(h0.shape)}")
+    return True, ""
+
+
+def _signature(call: dict, extra: dict):
+    q, v = call["q"], call["v"]
+    cu = call["cu_seqlens"]
+    flags = tuple(bool(call[n]) for n in ("output_final_state", "use_qk_l2norm_in_kernel",
+                                          "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
+                                          "allow_neg_eigval"))
+    return (tuple(q.shape), tuple(v.shape), q.dtype, call["g"].dtype, call["beta"].dtype,
+            None if cu is None else cu.numel(), call["initial_state"] is not None, flags)
+
+
+def _decide(call: dict, extra: dict):
+    def capture():
+        tensors = [call[n] for n in ("q", "k", "v", "g", "beta", "initial_state")]
+        tensors += [extra.get("A_log"), extra.get("dt_bias")]
+        needs_grad = torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+        return support.capture_gate(FAMILY, _signature(call, extra), needs_grad)
+
+    def tensors():
+        return support.tensor_gate(call["q"], call["k"], call["v"], call["g"], call["beta"],
+                                   call["initial_state"], call["cu_seqlens"],
+                                   extra.get("A_log"), extra.get("dt_bias"))
+
+    return support.decide(
+        FAMILY,
+        lambda: C.classify(RULES, call, extra),
+        lambda: _box(call, extra),
+        tensors,
+        capture,
+    )
+
+
+def is_supported(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                 use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                 use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False,
+                 lower_bound=None, disable_recompute=False, return_intermediate_states=False,
+                 state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, cp_context=None,
+                 use_graph=False, max_num_seqs=None, **kwargs):
+    """(ok, reason): would ``chunk_kda`` with these arguments run our chain?"""
+    call = dict(locals())
+    extra = call.pop("kwargs")
+    return _decide(call, extra)
+
+
+@torch.compiler.disable  # as fla's chunk_kda: the chain launches many autotuned kernels
+def chunk_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    lower_bound: float | None = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    cu_seqlens_cpu: torch.LongTensor | None = None,
+    cp_context=None,
+    use_graph: bool = False,
+    max_num_seqs: int | None = None,
+    **kwargs,
+):
+    """Kimi Delta Attention, chunked (64), forward and backward.
+
+    Args: q, k ``[B, T, H, K]``; v ``[B, T, HV, V]`` (HV a multiple of H); g ``[B, T, HV, K]``
+    (log-space decay, or the raw gate input with ``use_gate_in_kernel`` and ``A_log [HV]``,
+    ``dt_bias [HV*K]`` passed as keywords); beta ``[B, T, HV]``; initial_state fp32
+    ``[N, HV, K, V]``; cu_seqlens ``[N+1]`` for packed documents (B == 1).
+    Returns ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``. Calls outside our box go
+    to fla's ``chunk_kda`` verbatim (see ``is_supported`` and the INFO log for why).
+    """
+    call = dict(locals())
+    kwargs = call.pop("kwargs")
+    ok, reason = _decide(call, kwargs)
+    support.report(FAMILY, ok, reason,
+                   detail=f"q {tuple(q.shape)} v {tuple(v.shape)}" if hasattr(q, "shape") else "")
+    if not ok:
+        return fla_symbol("fla.ops.kda", "chunk_kda")(**call, **kwargs)
+    from .autograd import ChunkKDAFunction
+
+    K = q.shape[-1]
+    return ChunkKDAFunction.apply(
+        q, k, v, g, beta, kwargs.get("A_log") if use_gate_in_kernel else None,
+        kwargs.get("dt_bias") if use_gate_in_kernel else None, initial_state,
+        K ** -0.5 if scale is None else scale, output_final_state, use_qk_l2norm_in_kernel,
+        use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
+        cu_seqlens_cpu, _signature(call, kwargs))

@@ -1,0 +1,190 @@
+"""cconv's public entry: classification, routing with reasons, bad input, switches, the check.
+
+Kernels run through Triton's interpreter on CPU tensors (tests/conftest.py); where a call
+routes to fla, fla's entry is replaced by a recorder (fla's kernels do not interpret).
+"""
+import logging
+
+import pytest
+import torch
+
+from kernel_fun import cconv
+from kernel_fun._common import compat, support
+from kernel_fun._common.classify import signature_problems
+from kernel_fun._common.witness import launches
+from kernel_fun.cconv import ops
+from kernel_fun.cconv.reference import conv_ref, conv_ref_bwd
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    for k in list(__import__("os").environ):
+        if k.startswith("KERNEL_FUN_"):
+            monkeypatch.delenv(k)
+    support.reset_logged()
+    support.reset_warm()
+    compat.reset()
+
+
+@pytest.fixture
+def fla_calls(monkeypatch):
+    """Replace fla's causal_conv1d with a recorder; returns the list of recorded kwargs."""
+    calls = []
+
+    def fake(**kw):
+        calls.append(kw)
+        return "fla-result", None
+
+    monkeypatch.setattr(ops, "fla_symbol", lambda mod, sym: fake)
+    return calls
+
+
+def _inputs(B=2, T=21, D=12, W=4, dtype=torch.float32, bias=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, D, generator=g).to(dtype).requires_grad_()
+    w = torch.randn(D, W, generator=g).requires_grad_()
+    b = torch.randn(D, generator=g).requires_grad_() if bias else None
+    return x, w, b
+
+
+def _rel(a, r):
+    return ((a.double() - r.double()).norm() / r.double().norm()).item()
+
+
+def test_signature_matches_installed_fla():
+    fla_fn = compat.fla_symbol("fla.modules.causal_conv1d", "causal_conv1d")
+    assert signature_problems(ops.causal_conv1d, fla_fn, ops.RULES) == []
+    assert signature_problems(ops.is_supported, fla_fn, ops.RULES) == []
+
+
+def test_engaged_end_to_end_matches_reference(caplog):
+    caplog.set_level(logging.INFO, logger="kernel_fun")
+    x, w, b = _inputs()
+    before = launches("cconv.")
+    y, final = cconv.causal_conv1d(x, w, b, activation="silu")
+    assert final is None
+    dy = torch.randn_like(y)
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), dy)
+    assert launches("cconv.") - before >= 2  # fwd and bwd were ours
+    assert "kernel-fun cconv: engaged" in caplog.text
+    y_ref = conv_ref(x.detach(), w.detach(), b.detach(), True)
+    rdx, rdw, rdb = conv_ref_bwd(x, w, b, dy, True)
+    assert _rel(y, y_ref) < 1e-5
+    for got, ref in ((dx, rdx), (dw, rdw), (db, rdb)):
+        assert _rel(got, ref) < 1e-5
+    assert dw.dtype == w.dtype and db.dtype == b.dtype and dx.dtype == x.dtype
+
+
+def test_swish_is_silu_and_varlen_through_entry():
+    x, w, b = _inputs(B=1, T=30)
+    cu = torch.tensor([0, 4, 5, 17, 30])
+    y, _ = cconv.causal_conv1d(x, w, b, activation="swish", cu_seqlens=cu)
+    assert _rel(y, conv_ref(x.detach(), w.detach(), b.detach(), True, cu)) < 1e-5
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(residual="R"), "residual"),
+    (dict(initial_state="S"), "initial_state"),
+    (dict(output_final_state=True), "output_final_state=True"),
+    (dict(backend="cuda"), "backend='cuda'"),
+    (dict(cp_context="CP"), "cp_context"),
+    (dict(activation="relu"), "activation='relu'"),
+    (dict(seq_idx="S"), "'seq_idx' is not classified"),
+])
+def test_routed_arguments_fall_back_with_reason(fla_calls, caplog, kwargs, needle):
+    caplog.set_level(logging.INFO, logger="kernel_fun")
+    x, w, b = _inputs()
+    ok, reason = cconv.is_supported(x, w, b, **kwargs)
+    assert not ok and needle in reason
+    before = launches("cconv.")
+    out = cconv.causal_conv1d(x, w, b, **kwargs)
+    assert out == ("fla-result", None)
+    assert launches("cconv.") == before
+    assert fla_calls[-1]["x"] is x
+    for k, v in kwargs.items():
+        assert fla_calls[-1][k] == v  # forwarded verbatim
+    assert f"falling back to fla: {reason}" in caplog.text
+
+
+def test_box_limits_route(fla_calls):
+    x, w, b = _inputs(W=4)
+    assert not cconv.is_supported(x.double(), w)[0]
+    w5 = torch.randn(x.shape[-1], 5)
+    ok, reason = cconv.is_supported(x, w5)
+    assert not ok and "W=5" in reason
+    ok, reason = cconv.is_supported(torch.randn(2, 10, 12), w, cu_seqlens=torch.tensor([0, 10]))
+    assert not ok and "B == 1" in reason
+
+
+def test_switches_route_per_call(fla_calls, monkeypatch):
+    x, w, b = _inputs()
+    monkeypatch.setenv("KERNEL_FUN_CCONV_DISABLE", "1")
+    assert cconv.causal_conv1d(x, w, b)[0] == "fla-result"
+    monkeypatch.setenv("KERNEL_FUN_CCONV_DISABLE", "0")
+    assert isinstance(cconv.causal_conv1d(x, w, b)[0], torch.Tensor)
+    monkeypatch.setenv("KERNEL_FUN_DISABLE", "1")
+    ok, reason = cconv.is_supported(x, w, b)
+    assert not ok and "KERNEL_FUN_DISABLE" in reason
+
+
+def test_cpu_tensor_without_interpreter_routes(fla_calls, monkeypatch):
+    x, w, b = _inputs()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert cconv.is_supported(x, w, b) == (False, "not a CUDA tensor")
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: (torch.randn(2, 9, 12), torch.randn(10, 4)), "disagree on D"),
+    (lambda: (torch.randn(2, 9, 12), torch.randn(12, 4, 1)), r"weight must be \[D, W\]"),
+    (lambda: (torch.randint(0, 5, (2, 9, 12)), torch.randn(12, 4)), "float tensor"),
+    (lambda: (torch.randn(9, 12), torch.randn(12, 4)), r"x must be \[B, T, D\]"),
+])
+def test_bad_input_is_a_clear_value_error(make, match):
+    x, w = make()
+    with pytest.raises(ValueError, match=match):
+        cconv.causal_conv1d(x, w)
+
+
+@pytest.mark.parametrize("cu,match", [
+    ([1, 5, 10], "start at 0"),
+    ([0, 6, 5, 10], "non-decreasing"),
+    ([0, 5, 9], "end at T=10"),
+])
+def test_malformed_cu_seqlens(cu, match):
+    x = torch.randn(1, 10, 8)
+    w = torch.randn(8, 4)
+    with pytest.raises(ValueError, match=match):
+        cconv.causal_conv1d(x, w, cu_seqlens=torch.tensor(cu))
+
+
+def test_capture_gate_routes_cold_signature(fla_calls, monkeypatch):
+    x, w, b = _inputs()
+    monkeypatch.setattr(support, "_capturing", lambda: True)
+    ok, reason = cconv.is_supported(x, w, b, activation="silu")
+    assert not ok and "capture" in reason
+    monkeypatch.setattr(support, "_capturing", lambda: False)
+    y, _ = cconv.causal_conv1d(x, w, b, activation="silu")  # eager fwd + bwd warm it
+    y.backward(torch.ones_like(y))
+    monkeypatch.setattr(support, "_capturing", lambda: True)
+    assert cconv.is_supported(x, w, b, activation="silu") == (True, "")
+    with torch.no_grad():
+        assert cconv.is_supported(x, w, b, activation="silu")[0]
+
+
+def test_drift_routes_under_fallback(fla_calls, monkeypatch):
+    import fla.ops.kda
+
+    monkeypatch.delattr(fla.ops.kda, "chunk_kda")
+    compat.reset()
+    x, w, b = _inputs()
+    with pytest.raises(compat.FlaDriftError):
+        cconv.causal_conv1d(x, w, b)
+    monkeypatch.setenv("KERNEL_FUN_FALLBACK", "1")
+    with pytest.warns(RuntimeWarning):
+        assert cconv.causal_conv1d(x, w, b)[0] == "fla-result"
+
+
+def test_interpreted_check_passes():
+    from kernel_fun.bench.cconv import check
+
+    assert check("cpu") == []

@@ -1,0 +1,117 @@
+"""kda's public entry: classification, routing with reasons, bad input (CPU; fla's kernels do
+not interpret, so routed calls reach a recorder in place of fla's chunk_kda)."""
+import logging
+
+import pytest
+import torch
+
+from kernel_fun import kda
+from kernel_fun._common import compat, support
+from kernel_fun._common.classify import signature_problems
+from kernel_fun.kda import ops
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    for k in list(__import__("os").environ):
+        if k.startswith("KERNEL_FUN_"):
+            monkeypatch.delenv(k)
+    support.reset_logged()
+    support.reset_warm()
+    compat.reset()
+
+
+@pytest.fixture
+def fla_calls(monkeypatch):
+    calls = []
+
+    def fake(**kw):
+        calls.append(kw)
+        return "fla-o", None
+
+    monkeypatch.setattr(ops, "fla_symbol", lambda mod, sym: fake)
+    return calls
+
+
+def _inputs(B=1, T=70, H=2, HV=4, K=64, V=64, dtype=torch.float16):
+    q = torch.randn(B, T, H, K, dtype=dtype)
+    k = torch.randn(B, T, H, K, dtype=dtype)
+    v = torch.randn(B, T, HV, V, dtype=dtype)
+    g = torch.randn(B, T, HV, K, dtype=dtype)
+    beta = torch.rand(B, T, HV, dtype=dtype)
+    return q, k, v, g, beta
+
+
+def test_signature_matches_installed_fla():
+    fla_fn = compat.fla_symbol("fla.ops.kda", "chunk_kda")
+    assert signature_problems(ops.chunk_kda, fla_fn, ops.RULES) == []
+    assert signature_problems(ops.is_supported, fla_fn, ops.RULES) == []
+
+
+def test_fla_kwargs_read_by_chunk_kda_are_classified():
+    # fla reads these from **kwargs; each has a rule (A_log, dt_bias ours; the rest route)
+    import inspect
+
+    src = inspect.getsource(compat.fla_symbol("fla.ops.kda", "chunk_kda"))
+    import re
+
+    read = set(re.findall(r"kwargs(?:\.get|\.pop)\(\s*['\"](\w+)['\"]", src))
+    read |= set(re.findall(r"['\"](\w+)['\"] in kwargs", src))
+    assert read and read <= set(ops.RULES), read - set(ops.RULES)
+
+
+def test_production_call_is_in_the_box():
+    q, k, v, g, beta = _inputs()
+    ok, reason = kda.is_supported(q, k, v, g, beta, A_log=torch.randn(4), dt_bias=torch.randn(4 * 64),
+                                  use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True)
+    assert ok, reason
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(safe_gate=True, lower_bound=-5.0), "safe_gate"),
+    (dict(lower_bound=-5.0), "lower_bound"),
+    (dict(state_v_first=True), "state_v_first"),
+    (dict(disable_recompute=True), "disable_recompute"),
+    (dict(return_intermediate_states=True), "return_intermediate_states"),
+    (dict(cp_context="CP"), "cp_context"),
+    (dict(use_graph=True), "use_graph"),
+    (dict(chunk_size=32), "chunk_size=32"),
+    (dict(transpose_state_layout=True), "transpose_state_layout"),
+    (dict(mystery=1), "'mystery' is not classified"),
+])
+def test_routed_arguments_fall_back_with_reason(fla_calls, caplog, kwargs, needle):
+    caplog.set_level(logging.INFO, logger="kernel_fun")
+    q, k, v, g, beta = _inputs()
+    ok, reason = kda.is_supported(q, k, v, g, beta, **kwargs)
+    assert not ok and needle in reason
+    assert kda.chunk_kda(q, k, v, g, beta, **kwargs) == ("fla-o", None)
+    for key, val in kwargs.items():
+        assert fla_calls[-1][key] == val
+    assert f"kernel-fun kda: falling back to fla: {reason}" in caplog.text
+
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(dtype=torch.float32), "dtype torch.float32"),
+    (dict(K=96), "K=96"),
+    (dict(V=32), "V=32"),
+])
+def test_box_limits_route(fla_calls, change, needle):
+    ok, reason = kda.is_supported(*_inputs(**change))
+    assert not ok and needle in reason
+
+
+def test_bad_shapes_raise():
+    q, k, v, g, beta = _inputs()
+    with pytest.raises(ValueError, match="multiple of H"):
+        kda.chunk_kda(q, k, v[:, :, :3], g[:, :, :3], beta[:, :, :3])
+    with pytest.raises(ValueError, match="g must be"):
+        kda.chunk_kda(q, k, v, g[..., :32], beta)
+    with pytest.raises(ValueError, match="initial_state"):
+        kda.chunk_kda(q, k, v, g, beta, initial_state=torch.zeros(2, 4, 64, 64))
+    with pytest.raises(ValueError, match="end at T"):
+        kda.chunk_kda(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 30, 60]))
+
+
+def test_switch_routes(fla_calls, monkeypatch):
+    monkeypatch.setenv("KERNEL_FUN_KDA_DISABLE", "1")
+    assert kda.chunk_kda(*_inputs())[0] == "fla-o"
