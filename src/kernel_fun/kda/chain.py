@@ -114,3 +114,6 @@ def beta_sigmoid_bwd(x, dy, scale):
 # Where ours replaces fla's stage function (same arguments, same returns). Filled from the
 # stage kernels under kda/_kernels as each one lands with its GPU record.
 STAGES: dict = {}
+# name -> selfcheck(device) -> error string or "" (small-shape check against the stage reference),
+# used by `kernel-fun check`.
+STAGE_CHECKS: dict = {}

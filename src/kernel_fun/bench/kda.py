@@ -1,0 +1,119 @@
+"""kda benchmark cases (the production call by default), peak memory, per-stage profile."""
+from __future__ import annotations
+
+from .harness import Case, Direction
+
+PROD = dict(T=8192, H=16, HV=16, K=128, V=256)
+
+
+def _inputs(B, T, H, HV, K, V, seed=0):
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def r(*s, dt=torch.bfloat16):
+        return torch.randn(*s, device="cuda", generator=gen).to(dt).requires_grad_()
+
+    return dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, HV, V), g=r(B, T, HV, K),
+                beta=torch.rand(B, T, HV, device="cuda", generator=gen).to(torch.bfloat16).requires_grad_(),
+                A_log=r(HV, dt=torch.float32), dt_bias=r(HV * K, dt=torch.float32))
+
+
+def _peak_mb(fn) -> float:
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
+
+
+def stage_profile(fn, reps: int = 3) -> dict:
+    """Kernel time per kernel name (ms per call) over ``reps`` calls, from torch.profiler."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    table = {}
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t:
+            table[e.key] = round(t / 1e3 / reps, 4)
+    return dict(sorted(table.items(), key=lambda kv: -kv[1]))
+
+
+def _case(name, B, T, H, HV, K, V, cu_seqlens=None, profile=False):
+    import torch
+
+    from .. import kda
+    from .._common.compat import fla_symbol
+
+    fla_kda = fla_symbol("fla.ops.kda", "chunk_kda")
+    t = _inputs(B, T, H, HV, K, V)
+    do = torch.randn(B, T, HV, V, device="cuda", dtype=torch.bfloat16)
+    leaves = [t[n] for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias")]
+
+    def call(fn):
+        return fn(t["q"], t["k"], t["v"], t["g"], t["beta"], A_log=t["A_log"], dt_bias=t["dt_bias"],
+                  use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, cu_seqlens=cu_seqlens)[0]
+
+    def fwdbwd(fn):
+        return lambda: torch.autograd.grad(call(fn), leaves, do)
+
+    # parity with fla on this shape (relative RMS of o and of each gradient)
+    o_ours, o_fla = call(kda.chunk_kda), call(fla_kda)
+    g_ours = torch.autograd.grad(o_ours, leaves, do)
+    g_fla = torch.autograd.grad(o_fla, leaves, do)
+
+    def rel(a, b):
+        return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+    parity = {"o": rel(o_ours, o_fla)}
+    for n, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias"), g_ours, g_fla):
+        parity[n] = rel(a, b)
+    del o_ours, o_fla, g_ours, g_fla
+    extra = {"rel_err_vs_fla": {k: float(f"{v:.3e}") for k, v in parity.items()},
+             "peak_MB": {"ours": _peak_mb(fwdbwd(kda.chunk_kda)), "fla": _peak_mb(fwdbwd(fla_kda))}}
+    if profile:
+        extra["stages_ms"] = {"ours": stage_profile(fwdbwd(kda.chunk_kda)),
+                              "fla": stage_profile(fwdbwd(fla_kda))}
+    # fwd is timed as in training (inputs require grad, so the forward saves for backward)
+    dirs = [Direction("fwd", lambda: call(kda.chunk_kda), lambda: call(fla_kda)), Direction("fwdbwd", fwdbwd(kda.chunk_kda), fwdbwd(fla_kda), extra=extra)]
+    shape = dict(B=B, T=T, H=H, HV=HV, K=K, V=V, dtype="bfloat16", use_qk_l2norm_in_kernel=True,
+                 use_gate_in_kernel=True)
+    if cu_seqlens is not None:
+        shape["cu_seqlens"] = cu_seqlens.tolist()
+    return Case("kda", name, shape, dirs, witness="kda.")
+
+
+def cases(overrides: dict | None = None):
+    from .cconv import _random_cu_seqlens
+
+    if overrides:
+        p = dict(PROD, B=8)
+        p.update({k: int(v) for k, v in overrides.items()})
+        yield _case("custom", **p)
+        return
+    yield _case("prod_b16", B=16, **PROD)
+    yield _case("prod_b8", B=8, **PROD, profile=True)
+    yield _case("varlen_16docs", 1, 65536, 16, 16, 128, 256, cu_seqlens=_random_cu_seqlens(65536, 16))
+    yield _case("grouped_h8_hv16", 8, 8192, 8, 16, 128, 256)
+    yield _case("latency_b1_t4096", 1, 4096, 16, 16, 128, 256)
+
+
+def check(device: str = "cpu") -> list[str]:
+    """Interpreted check of our KDA stage kernels against their references (small shapes)."""
+    from ..kda import chain
+
+    failures = []
+    for name, selfcheck in chain.STAGE_CHECKS.items():
+        err = selfcheck(device)
+        if err:
+            failures.append(f"kda {name}: {err}")
+    return failures

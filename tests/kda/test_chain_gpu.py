@@ -1,0 +1,164 @@
+"""kda end to end on the GPU: against the fp64 naive recurrence (fla's tolerances as the
+ceiling), against fla, and the runtime checks of the design (graphs, memory, aliasing,
+streams, determinism, launch witness)."""
+import pytest
+import torch
+
+from kernel_fun import kda
+from kernel_fun._common import compat
+from kernel_fun._common.witness import launches
+from kernel_fun.kda import chain
+from kernel_fun.kda.reference import chunk_kda_ref
+
+pytestmark = pytest.mark.gpu
+
+TOL = dict(o=5e-3, ht=5e-3, dq=8e-3, dk=8e-3, dv=8e-3, dh0=8e-3, dg=2e-2, dbeta=2e-2,
+           dA_log=2e-2, ddt_bias=2e-2)
+
+
+def _rel(a, r):
+    return ((a.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
+
+
+def _make(B, T, H, HV, K, V, h0=False, N=None, gate_in_kernel=True, beta_logits=False,
+          strong_decay=False, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def r(*s, dt=torch.bfloat16):
+        return torch.randn(*s, device="cuda", generator=gen).to(dt)
+
+    t = dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, HV, V))
+    if gate_in_kernel:
+        t["g"] = r(B, T, HV, K)
+        a = 2.0 if strong_decay else 0.0  # exp(A_log) up to ~e^3: per-token log decay down to ~-60
+        t["A_log"] = (torch.rand(HV, device="cuda", generator=gen) * 3 + a - 1.0)
+        t["dt_bias"] = r(HV * K, dt=torch.float32)
+    else:
+        t["g"] = torch.nn.functional.logsigmoid(r(B, T, HV, K, dt=torch.float32)).to(torch.bfloat16)
+    t["beta"] = r(B, T, HV) if beta_logits else torch.rand(B, T, HV, device="cuda", generator=gen).to(torch.bfloat16)
+    if h0:
+        t["initial_state"] = r(N or B, HV, K, V, dt=torch.float32)
+    for x in t.values():
+        x.requires_grad_(True)
+    return t
+
+
+def _run(fn, t, do, dht, **flags):
+    kw = {k: v for k, v in t.items() if k not in ("q", "k", "v", "g", "beta")}
+    o, ht = fn(t["q"], t["k"], t["v"], t["g"], t["beta"], **kw, **flags)
+    outs = [o] + ([ht] if ht is not None else [])
+    grads = [do] + ([dht] if ht is not None else [])
+    names = [n for n in t]
+    gs = torch.autograd.grad(outs, [t[n] for n in names], grads, allow_unused=True)
+    res = {"o": o, "ht": ht}
+    rename = dict(q="dq", k="dk", v="dv", g="dg", beta="dbeta", initial_state="dh0",
+                  A_log="dA_log", dt_bias="ddt_bias")
+    for n, gr in zip(names, gs):
+        res[rename[n]] = gr
+    return res
+
+
+CASES = {
+    "tail_grouped": dict(B=2, T=200, H=2, HV=4, K=128, V=128),
+    "h0_final": dict(B=1, T=130, H=2, HV=2, K=64, V=256, h0=True),
+    "varlen": dict(B=1, T=300, H=2, HV=4, K=128, V=64, h0=True, N=4,
+                   cu=[0, 37, 100, 250, 300]),
+    "strong_decay_negeig": dict(B=1, T=192, H=2, HV=2, K=128, V=128, strong_decay=True,
+                                beta_logits=True, neg=True),
+    "precomputed_gate": dict(B=1, T=150, H=2, HV=2, K=64, V=128, gate_in_kernel=False),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_against_fp64_naive_recurrence(name):
+    c = dict(CASES[name])
+    cu = c.pop("cu", None)
+    neg = c.pop("neg", False)
+    t = _make(**c)
+    cu_t = None if cu is None else torch.tensor(cu, device="cuda")
+    flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=c.get("gate_in_kernel", True),
+                 output_final_state=True, cu_seqlens=cu_t)
+    if c.get("beta_logits"):
+        flags.update(use_beta_sigmoid_in_kernel=True, allow_neg_eigval=neg)
+    extra = {k: v for k, v in t.items() if k not in ("q", "k", "v", "g", "beta")}
+    assert kda.is_supported(t["q"], t["k"], t["v"], t["g"], t["beta"], **extra, **flags)[0]
+    do = torch.randn_like(t["v"])
+    dht = torch.randn(len(cu) - 1 if cu else c["B"], c["HV"], c["K"], c["V"], device="cuda")
+    before = launches("kda.") + launches("delta.")
+    ours = _run(kda.chunk_kda, t, do, dht, **flags)
+    ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},
+               do.double(), dht.double(), **{k: v for k, v in flags.items()})
+    errs = {k: _rel(ours[k], ref[k]) for k in ours if ours[k] is not None and k in TOL}
+    print(name, {k: f"{v:.2e}" for k, v in errs.items()}, "our launches:", launches("kda.") + launches("delta.") - before)
+    for k, e in errs.items():
+        assert e <= TOL[k], (k, e)
+
+
+def test_against_fla_at_production_heads():
+    t = _make(1, 8192, 16, 16, 128, 256)
+    flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True)
+    do = torch.randn_like(t["v"])
+    ours = _run(kda.chunk_kda, t, do, None, **flags)
+    fla = _run(compat.fla_symbol("fla.ops.kda", "chunk_kda"), t, do, None, **flags)
+    errs = {k: _rel(ours[k], fla[k]) for k in ours if ours[k] is not None}
+    print("vs fla", {k: f"{v:.2e}" for k, v in errs.items()})
+    for k, e in errs.items():
+        assert e <= TOL[k], (k, e)
+
+
+def _step(t, do, flags):
+    return _run(kda.chunk_kda, t, do, None, **flags)
+
+
+def test_graph_capture_memory_aliasing_stream_determinism():
+    t = _make(2, 1024, 4, 4, 128, 128)
+    flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True)
+    do = torch.randn_like(t["v"])
+    eager = {k: v.clone() for k, v in _step(t, do, flags).items() if v is not None}
+    # determinism
+    again = _step(t, do, flags)
+    for k, v in eager.items():
+        assert torch.equal(v, again[k]), k
+    # no aliasing between calls
+    assert again["o"].data_ptr() != _step(t, do, flags)["o"].data_ptr()
+    # non-default stream
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(10_000_000)
+        on_s = _step(t, do, flags)
+    torch.cuda.current_stream().wait_stream(s)
+    for k, v in eager.items():
+        assert torch.equal(v, on_s[k]), k
+    # CUDA graph capture and replay, bit-identical to eager
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = _step(t, do, flags)
+    graph.replay()
+    torch.cuda.synchronize()
+    for k, v in eager.items():
+        assert torch.equal(static[k], v), k
+    del graph, static
+    # no memory growth
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    for _ in range(50):
+        _step(t, do, flags)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() <= base
+
+
+def test_launch_witness_replaced_fla_kernels_did_not_run():
+    replaced = {"intra_bwd": "chunk_kda_bwd_kernel_intra", "wy_bwd": "chunk_kda_bwd_kernel_wy_dqkg_fused",
+                "state_scan_fwd": "chunk_gated_delta_rule_fwd_kernel_h"}
+    t = _make(1, 512, 2, 2, 128, 128)
+    flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True)
+    do = torch.randn_like(t["v"])
+    _step(t, do, flags)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        _step(t, do, flags)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    for stage, fla_kernel in replaced.items():
+        if stage in chain.STAGES:
+            assert not any(n.startswith(fla_kernel) for n in names), (stage, names)
