@@ -1,0 +1,19 @@
+"""KDA's Triton kernels, one stage per file.
+
+- ``intra_bwd``: the intra-chunk backward (drop-in for fla's ``chunk_kda_bwd_intra``).
+- ``wy_bwd``: the WY / state-gradient backward (drop-in for fla's ``chunk_kda_bwd_wy_dqkg_fused``).
+
+Conventions shared with fla 0.6.0: token-major tensors ``[B, T, heads, D]`` (``B = 1`` with
+``cu_seqlens`` for variable-length batches), gates cumsummed inside each 64-token chunk in
+log2 units (``g = RCP_LN2 * cumsum(log decay)``, so ``exp2(g_i - g_j) = exp(G_i - G_j)``),
+grouped values ``HV = G * H`` with q/k at ``H`` heads and everything else at ``HV`` heads.
+"""
+from __future__ import annotations
+
+
+def chunk_indices_for(cu_seqlens, chunk_size: int):
+    """``[NT, 2]`` (sequence id, chunk id within the sequence) for a varlen batch: fla's own
+    ``prepare_chunk_indices`` (cached on the tensor), so our grid and fla's agree."""
+    from fla.ops.utils import prepare_chunk_indices
+
+    return prepare_chunk_indices(cu_seqlens, chunk_size)
