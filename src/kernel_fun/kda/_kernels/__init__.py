@@ -17,3 +17,13 @@ def chunk_indices_for(cu_seqlens, chunk_size: int):
     from fla.ops.utils import prepare_chunk_indices
 
     return prepare_chunk_indices(cu_seqlens, chunk_size)
+
+
+def launch(kernel, grid, config, *args, **kwargs):
+    """Launch an autotuned kernel, or, with ``config`` (a ``triton.Config``), the underlying
+    jit function with exactly that configuration (GPU tests check every configuration: Triton
+    3.4-3.7.0 miscompiles some dot patterns on Hopper, per configuration)."""
+    if config is None:
+        return kernel[grid](*args, **kwargs)
+    return kernel.fn[grid](*args, **kwargs, **config.kwargs, num_warps=config.num_warps,
+                           num_stages=config.num_stages)

@@ -46,6 +46,7 @@ import triton.language as tl
 
 from kernel_fun._common.tuning import autotune_configs
 from kernel_fun._common.witness import record_launch
+from kernel_fun.kda._kernels import chunk_indices_for, launch
 
 
 
@@ -54,7 +55,8 @@ def _alloc(size, dtype=None, device=None):
     return torch.empty(size, dtype=dtype, device=device)
 
 
-def _configs():
+def configs():
+    """Every configuration the autotuner may pick (the interpreter runs only the first)."""
     return [
         triton.Config({"BK": bk, "HOIST": hoist}, num_warps=w, num_stages=s)
         for bk, hoist, w, s in [
@@ -91,7 +93,7 @@ def _view_lhs(pA, o_i, o_r, v: tl.constexpr, n_valid, HVBT: tl.constexpr, BC: tl
     return tl.load(pA + row * HVBT + col, mask=row < n_valid, other=0.).to(tl.float32)
 
 
-@triton.autotune(configs=autotune_configs(_configs()), key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION"])
+@triton.autotune(configs=autotune_configs(configs()), key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION"])
 @triton.jit(do_not_specialize=["T"])
 def _intra_bwd_kernel(
     q, k, g, beta, dAqk, dAkk,
@@ -252,6 +254,7 @@ def intra_bwd(
     lower_bound: float | None = None,
     use_graph: bool = False,
     dot_precision: str = "tf32",
+    config=None,
 ):
     """Intra-chunk backward of KDA; drop-in for fla's ``chunk_kda_bwd_intra``.
 
@@ -271,6 +274,7 @@ def intra_bwd(
             in fla, not different math, and this kernel needs no bound on the gate.
         use_graph: fla's static-buffer capture mode; not supported (raises).
         dot_precision: ``tl.dot`` input precision for the fp32 gated products.
+        config: a ``triton.Config`` from ``configs()`` to run instead of autotuning (tests).
 
     Returns:
         ``(dq, dk, db, dg)``: new tensors (inputs are not modified) holding the inputs plus the
@@ -290,8 +294,6 @@ def intra_bwd(
     if cu_seqlens is not None and B != 1:
         raise ValueError("varlen (cu_seqlens) needs B == 1")
     if chunk_indices is None and cu_seqlens is not None:
-        from kernel_fun.kda._kernels import chunk_indices_for
-
         chunk_indices = chunk_indices_for(cu_seqlens, BT)
     NT = triton.cdiv(T, BT) if cu_seqlens is None else len(chunk_indices)
     q, k, g, beta, dAqk, dAkk, dq, dk, db, dg = (
@@ -304,7 +306,8 @@ def intra_bwd(
     if NT == 0:
         return dq_out, dk_out, db_out, dg_out
     grid = (NT, B * HV)
-    _intra_bwd_kernel[grid](
+    launch(
+        _intra_bwd_kernel, grid, config,
         q, k, g, beta, dAqk, dAkk,
         dq, dk, db, dg,
         dq_out, dk_out, db_out, dg_out,
