@@ -44,6 +44,11 @@ def _stage_inputs(gate, dtype, B=2, T=130, HQ=1, HV=2, K=32, V=64, cu_seqlens=No
     it = ref.intra_ref(q, k, v, beta, scale=SCALE, chunk_size=BT, cu_seqlens=cu_seqlens, **gate_kw)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     h0 = torch.randn(N, HV, K, V, generator=gen, dtype=torch.float32) if with_h0 else None
+    # fla leaves Aqk's upper triangle unwritten: make it NaN, the scan must never read it.
+    bounds = [int(c) for c in cu_seqlens] if cu_seqlens is not None else [0, T]
+    pos = torch.cat([torch.arange(e - s) % BT for s, e in zip(bounds[:-1], bounds[1:])])
+    upper = torch.arange(BT)[None, :] > pos[:, None]  # [T, BT]
+    it["Aqk"][:, : bounds[-1]].masked_fill_(upper[None, :, None, :], float("nan"))
     x = {
         "q": q.to(dtype),
         "k": (it["kg"] if gate == "gk" else k).to(dtype),
@@ -146,8 +151,33 @@ def test_each_v_block_width(poisoned, bv):
     _run("gk", torch.float16, config=config, K=64, V=64)
 
 
+def test_forced_config_with_maxnreg(poisoned):
+    config = next(c for c in CONFIGS if c.maxnreg is not None)
+    _run("g", torch.float16, config=config, V=32)
+
+
 def test_k64_v128_ungrouped(poisoned):
     _run("gk", torch.float16, B=1, HQ=2, HV=2, K=64, V=128, T=100)
+
+
+@pytest.mark.parametrize("gate", ["gk", "g"])
+def test_k128_two_state_slices(poisoned, gate):
+    """K = 128: the state is held as two 64-row slices."""
+    _run(gate, torch.float16, B=1, K=128, V=32, T=100)
+
+
+def test_q_gated(poisoned):
+    """KDA with qg = q * exp2(gk) precomputed ([B, T, HV, K]): same o, gk read at chunk ends only."""
+    x, h0 = _stage_inputs("gk", torch.float16, K=128, V=32)
+    o_ref, ht_ref, _, _ = _reference(x, h0, None)
+    HV = x["w"].shape[2]
+    qg = (x["q"].float().repeat_interleave(HV // x["q"].shape[2], dim=2) * torch.exp2(x["gk"])).to(x["q"].dtype)
+    o, ht, _, _ = state_scan_fwd(qg, x["k"], x["w"], x["u"], gk=x["gk"], Aqk=x["Aqk"], scale=SCALE,
+                                 initial_state=h0, output_final_state=True, q_gated=True)
+    _check("o", o, o_ref, TOL[torch.float16])
+    _check("final_state", ht, ht_ref, TOL[torch.float16])
+    with pytest.raises(ValueError, match="q_gated"):
+        state_scan_fwd(x["q"], x["k"], x["w"], x["u"], gk=x["gk"], Aqk=x["Aqk"], scale=SCALE, q_gated=True)
 
 
 def test_without_optional_outputs():

@@ -219,7 +219,7 @@ def state_scan_fwd_ref(
                 v_upd = vn
             if Aqk is not None:
                 A = Aqk[b, s:e, :, :nn].to(dtype).permute(1, 0, 2)          # [HV, nn, nn]
-                A = torch.tril(A)
+                A = torch.where(torch.ones(nn, nn, dtype=torch.bool, device=dev).tril(), A, 0)
             else:
                 A = torch.einsum("ihk,jhk->hij", qe[b, s:e], ke[b, s:e])
                 if g is not None:

@@ -59,21 +59,30 @@ if interpreting():
 # Gate kinds (constexpr GATE).
 GATE_NONE, GATE_SCALAR, GATE_CHANNEL = 0, 1, 2
 
-# (BV, num_warps, num_stages). The first one is the only one the interpreter runs: BV=32 so
-# that the CPU tests (V = 32/64) exercise the V split. BV=128 leaves 256 CTAs at the bench
-# shape (2 per SM), BV=64 512, BV=32 1024 (but each V-block re-reads q, k, w and gk from L2).
+# (BV, num_warps, num_stages, maxnreg). The first one is the only one the interpreter runs:
+# BV=32, so that the CPU tests (V = 32/64) exercise the V split.
+# Resources, from an offline sm_90a compile (ptxas -v) of the KDA kernel at K=128, V=256,
+# 2026-12 (not yet timed on a GPU): BV32/w4/s1 168 regs 28 KB -> 3 CTAs/SM; BV64/w4/s1 244
+# regs 40 KB -> 2/SM; BV64/w4/s2 226 regs 152 KB -> 1/SM; BV128/w8/s1 255 regs 64 KB -> 1/SM;
+# BV128/w8/s2 255 regs 184 KB -> 1/SM. num_stages=3 needs more than an SM's 227 KB at BV >= 64
+# and BV128/w4 spills, so neither is listed. The maxnreg rows trade spills for occupancy:
+# BV64/w4 at 128 registers fits 4 CTAs/SM, one wave of the 512 CTAs at B=8, HV=16, V=256.
+# At that shape BV=32 gives 1024 CTAs, BV=64 512, BV=128 256; every V-block re-reads q, k, w,
+# gk and Aqk (from L2 when its neighbours run alongside).
 _CONFIG_TUPLES = [
-    (32, 4, 2),
-    (32, 4, 3),
-    (64, 4, 1),
-    (64, 4, 2),
-    (64, 4, 3),
-    (64, 8, 2),
-    (128, 4, 2),
-    (128, 8, 1),
-    (128, 8, 2),
+    (32, 4, 1, None),
+    (32, 4, 2, None),
+    (64, 4, 1, None),
+    (64, 4, 2, None),
+    (64, 8, 1, None),
+    (64, 8, 2, None),
+    (128, 8, 1, None),
+    (128, 8, 2, None),
+    (64, 4, 1, 128),
+    (64, 4, 2, 168),
+    (128, 8, 1, 128),
 ]
-CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns) for bv, nw, ns in _CONFIG_TUPLES]
+CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns, maxnreg=mr) for bv, nw, ns, mr in _CONFIG_TUPLES]
 
 
 def _prune(configs, named_args, **kwargs):
@@ -83,9 +92,24 @@ def _prune(configs, named_args, **kwargs):
     return kept or list(configs[:1])
 
 
+@triton.jit
+def _gated_q(q, g, o_i, o_k, m_tk, HQ: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+             GATE: tl.constexpr, Q_GATED: tl.constexpr):
+    """One [BT, BK] K-slice of the queries that meet the state: q * exp2(gk) for the
+    per-channel gate (rounded to q's dtype, as fla's fwd_o does), else q itself."""
+    if Q_GATED:
+        b_q = tl.load(q + o_i[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.0)
+    else:
+        b_q = tl.load(q + o_i[:, None] * (HQ * K) + o_k[None, :], mask=m_tk, other=0.0)
+        if GATE == 2:
+            b_gk = tl.load(g + o_i[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
+            b_q = (b_q * tl.exp2(b_gk)).to(b_q.dtype)
+    return b_q
+
+
 @triton.jit(do_not_specialize=["T", "T_total", "N"])
 def state_scan_fwd_kernel(
-    q,  # [B, T, HQ, K]
+    q,  # [B, T, HQ, K] (or qg [B, T, HV, K] with Q_GATED)
     k,  # [B, T, HK, K]  (kg for the per-channel gate)
     w,  # [B, T, HV, K]
     u,  # [B, T, HV, V]
@@ -111,6 +135,7 @@ def state_scan_fwd_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     GATE: tl.constexpr,
+    Q_GATED: tl.constexpr,
     HAS_AQK: tl.constexpr,
     USE_H0: tl.constexpr,
     STORE_HT: tl.constexpr,
@@ -122,8 +147,12 @@ def state_scan_fwd_kernel(
 ):
     # One program per (V-block, value head, sequence); the V-blocks of one head are adjacent
     # program ids, so they run together and share q, k, w and the gate through L2.
+    # The [K, BV] fp32 state lives in registers as K-slices of BK = 64 rows (two for K = 128):
+    # every [BT, K] operand is then handled 64 columns at a time, which halves the transient
+    # registers of the query gating.
     pid = tl.program_id(0).to(tl.int64)
-    NV: tl.constexpr = (V + BV - 1) // BV
+    NV = tl.cdiv(V, BV)
+    TWO_K: tl.constexpr = K > BK
     i_v = pid % NV
     i_nh = pid // NV
     i_n = i_nh // HV
@@ -143,21 +172,29 @@ def state_scan_fwd_kernel(
             boh = i_n * tl.cdiv(T, BT)
     NT = tl.cdiv(T, BT)
 
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
+    o_k1 = tl.arange(0, BK)
+    m_k1 = o_k1 < K
+    o_k2 = BK + o_k1
+    m_k2 = o_k2 < K
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     o_i = tl.arange(0, BT)
-    m_kv = m_k[:, None] & m_v[None, :]
-    if STATE_V_FIRST:
-        s_off = o_v[None, :] * K + o_k[:, None]  # [BK, BV] tile of a [V, K] state
-    else:
-        s_off = o_k[:, None] * V + o_v[None, :]  # [BK, BV] tile of a [K, V] state
+    m_kv1 = m_k1[:, None] & m_v[None, :]
+    m_kv2 = m_k2[:, None] & m_v[None, :]
+    if STATE_V_FIRST:  # [BK, BV] tiles of a [V, K] state
+        s_off1 = o_v[None, :] * K + o_k1[:, None]
+        s_off2 = o_v[None, :] * K + o_k2[:, None]
+    else:  # [BK, BV] tiles of a [K, V] state
+        s_off1 = o_k1[:, None] * V + o_v[None, :]
+        s_off2 = o_k2[:, None] * V + o_v[None, :]
 
     # Per-head base pointers, in int64 (B*T*HV*V passes 2**31 at production shapes). Inside
     # the loop they advance by one chunk per step, so every offset computed from them stays
     # within one chunk and fits in int32.
-    q += (bos * HQ + i_hq) * K
+    if Q_GATED:
+        q += (bos * HV + i_hv) * K
+    else:
+        q += (bos * HQ + i_hq) * K
     k += (bos * HK + i_hk) * K
     w += (bos * HV + i_hv) * K
     u += (bos * HV + i_hv) * V
@@ -174,78 +211,104 @@ def state_scan_fwd_kernel(
     if SAVE_H:
         h += (boh * HV + i_hv) * K * V
 
-    b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    b_s1 = tl.zeros([BK, BV], dtype=tl.float32)
+    if TWO_K:
+        b_s2 = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
-        b_s += tl.load(h0 + i_nh * K * V + s_off, mask=m_kv, other=0.0).to(tl.float32)
+        b_s1 += tl.load(h0 + i_nh * K * V + s_off1, mask=m_kv1, other=0.0).to(tl.float32)
+        if TWO_K:
+            b_s2 += tl.load(h0 + i_nh * K * V + s_off2, mask=m_kv2, other=0.0).to(tl.float32)
 
     m_lower = o_i[:, None] >= o_i[None, :]
     for i_t in range(NT):
         n_t = T - i_t * BT  # tokens left in the sequence from this chunk on
         m_t = o_i < n_t
-        m_tk = m_t[:, None] & m_k[None, :]
+        m_tk1 = m_t[:, None] & m_k1[None, :]
+        m_tk2 = m_t[:, None] & m_k2[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
         last = tl.minimum(n_t, BT) - 1  # the chunk's last token, chunk-local
 
         # The state before this chunk, as a product operand (fla stores h in this dtype).
-        b_sc = b_s.to(w.dtype.element_ty)
+        b_s1c = b_s1.to(w.dtype.element_ty)
+        if TWO_K:
+            b_s2c = b_s2.to(w.dtype.element_ty)
         if SAVE_H:
-            tl.store(h + s_off, b_sc.to(h.dtype.element_ty), mask=m_kv)
+            tl.store(h + s_off1, b_s1c.to(h.dtype.element_ty), mask=m_kv1)
+            if TWO_K:
+                tl.store(h + s_off2, b_s2c.to(h.dtype.element_ty), mask=m_kv2)
 
         # v_new = u - w S
-        b_w = tl.load(w + o_i[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.0)
-        b_vn = tl.load(u + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
-        b_vn -= tl.dot(b_w, b_sc, input_precision=DOT_PRECISION)
+        b_w = tl.load(w + o_i[:, None] * (HV * K) + o_k1[None, :], mask=m_tk1, other=0.0)
+        b_wh = tl.dot(b_w, b_s1c, input_precision=DOT_PRECISION)
+        if TWO_K:
+            b_w = tl.load(w + o_i[:, None] * (HV * K) + o_k2[None, :], mask=m_tk2, other=0.0)
+            b_wh = tl.dot(b_w, b_s2c, b_wh, input_precision=DOT_PRECISION)
+        b_vn = tl.load(u + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32) - b_wh
         if SAVE_V_NEW:
             tl.store(v_new + o_i[:, None] * (HV * V) + o_v[None, :], b_vn.to(v_new.dtype.element_ty), mask=m_tv)
         b_vnc = b_vn.to(w.dtype.element_ty)
-
-        # Inter-chunk output: the queries against the state before the chunk.
-        b_q = tl.load(q + o_i[:, None] * (HQ * K) + o_k[None, :], mask=m_tk, other=0.0)
-        if GATE == 2:
-            b_gk = tl.load(g + o_i[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
-            b_qg = (b_q * tl.exp2(b_gk)).to(b_q.dtype)
-            b_o = tl.dot(b_qg, b_sc, input_precision=DOT_PRECISION)
-        else:
-            b_o = tl.dot(b_q, b_sc, input_precision=DOT_PRECISION)
         if GATE == 1:
+            # the scalar gate decays v_new to the chunk end before it enters the state
             b_g = tl.load(g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
+            b_gl = tl.load(g + last * HV).to(tl.float32)
+            b_vu = (b_vn * tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)[:, None]).to(w.dtype.element_ty)
+        else:
+            b_vu = b_vnc
+
+        # State update to the end of the chunk, issued before the output products, which
+        # only need the state before the chunk (already in b_s*c). k^T comes as [BK, BT]
+        # loaded transposed from memory, never as a transposed product (the Triton 3.4-3.7.0
+        # Hopper miscompile, fla issue #640).
+        b_k1t = tl.load(k + o_i[None, :] * (HK * K) + o_k1[:, None], mask=m_k1[:, None] & m_t[None, :], other=0.0)
+        if GATE == 2:
+            b_gl1 = tl.load(g + last * (HV * K) + o_k1, mask=m_k1, other=0.0).to(tl.float32)
+            b_s1 *= tl.exp2(b_gl1)[:, None]
+        if GATE == 1:
+            b_s1 *= tl.exp2(b_gl)
+        b_s1 = tl.dot(b_k1t, b_vu, b_s1, input_precision=DOT_PRECISION)
+        if TWO_K:
+            b_k2t = tl.load(k + o_i[None, :] * (HK * K) + o_k2[:, None], mask=m_k2[:, None] & m_t[None, :], other=0.0)
+            if GATE == 2:
+                b_gl2 = tl.load(g + last * (HV * K) + o_k2, mask=m_k2, other=0.0).to(tl.float32)
+                b_s2 *= tl.exp2(b_gl2)[:, None]
+            if GATE == 1:
+                b_s2 *= tl.exp2(b_gl)
+            b_s2 = tl.dot(b_k2t, b_vu, b_s2, input_precision=DOT_PRECISION)
+
+        # Output, inter-chunk part: the (gated) queries against the state before the chunk.
+        b_q1 = _gated_q(q, g, o_i, o_k1, m_tk1, HQ, HV, K, GATE, Q_GATED)
+        b_o = tl.dot(b_q1, b_s1c, input_precision=DOT_PRECISION)
+        if TWO_K:
+            b_q2 = _gated_q(q, g, o_i, o_k2, m_tk2, HQ, HV, K, GATE, Q_GATED)
+            b_o = tl.dot(b_q2, b_s2c, b_o, input_precision=DOT_PRECISION)
+        if GATE == 1:
             b_o *= tl.exp2(b_g)[:, None]
         b_o *= scale
 
-        # k^T as [BK, BT], loaded transposed from memory (never a transposed product: the
-        # Triton 3.4-3.7.0 Hopper miscompile, fla issue #640).
-        b_kt = tl.load(k + o_i[None, :] * (HK * K) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.0)
-
-        # Intra-chunk output. Masks are applied with where or as load masks, never by
-        # multiplying: Aqk's upper triangle is unwritten memory, and exp2(G_i - G_j) overflows
-        # above the diagonal.
+        # Output, intra-chunk part. Masks are applied with where, never by multiplying:
+        # Aqk's upper triangle is unwritten memory (NaN possible), and exp2(G_i - G_j)
+        # overflows above the diagonal. (Aqk is loaded with a row mask only, which keeps the
+        # load vectorized.)
         m_causal = m_lower & m_t[:, None]
         if HAS_AQK:
-            b_a = tl.load(Aqk + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_causal, other=0.0)
+            b_a = tl.load(Aqk + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0)
+            b_a = tl.where(m_causal, b_a, 0.0)
             b_o += tl.dot(b_a.to(b_vnc.dtype), b_vnc, input_precision=DOT_PRECISION)
         else:
-            b_a = tl.dot(b_q, b_kt, input_precision=DOT_PRECISION)
+            b_a = tl.dot(b_q1, b_k1t, input_precision=DOT_PRECISION)
+            if TWO_K:
+                b_a = tl.dot(b_q2, b_k2t, b_a, input_precision=DOT_PRECISION)
             if GATE == 1:
                 b_a *= tl.exp2(tl.where(m_causal, b_g[:, None] - b_g[None, :], 0.0))
             b_a = tl.where(m_causal, b_a, 0.0)
             b_o += tl.dot(b_a.to(b_vnc.dtype), b_vnc, input_precision=DOT_PRECISION) * scale
         tl.store(o + o_i[:, None] * (HV * V) + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
 
-        # State update to the end of the chunk.
-        if GATE == 2:
-            b_gl = tl.load(g + last * (HV * K) + o_k, mask=m_k, other=0.0).to(tl.float32)
-            b_s *= tl.exp2(b_gl)[:, None]
-            b_s = tl.dot(b_kt, b_vnc, b_s, input_precision=DOT_PRECISION)
-        elif GATE == 1:
-            b_gl = tl.load(g + last * HV).to(tl.float32)
-            b_vg = b_vn * tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)[:, None]
-            b_s *= tl.exp2(b_gl)
-            b_s = tl.dot(b_kt, b_vg.to(b_vnc.dtype), b_s, input_precision=DOT_PRECISION)
-        else:
-            b_s = tl.dot(b_kt, b_vnc, b_s, input_precision=DOT_PRECISION)
-
         # Next chunk.
-        q += BT * HQ * K
+        if Q_GATED:
+            q += BT * HV * K
+        else:
+            q += BT * HQ * K
         k += BT * HK * K
         w += BT * HV * K
         u += BT * HV * V
@@ -262,7 +325,9 @@ def state_scan_fwd_kernel(
             h += HV * K * V
 
     if STORE_HT:
-        tl.store(ht + i_nh * K * V + s_off, b_s.to(ht.dtype.element_ty), mask=m_kv)
+        tl.store(ht + i_nh * K * V + s_off1, b_s1.to(ht.dtype.element_ty), mask=m_kv1)
+        if TWO_K:
+            tl.store(ht + i_nh * K * V + s_off2, b_s2.to(ht.dtype.element_ty), mask=m_kv2)
 
     if IS_VARLEN:
         # fla's KDA chain returns zeros for the padding tokens after the last sequence.
@@ -274,7 +339,7 @@ def state_scan_fwd_kernel(
                          tl.zeros([BT, BV], dtype=tl.float32).to(o.dtype.element_ty), mask=m_p)
 
 
-_AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "HAS_AQK", "USE_H0", "STORE_HT",
+_AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "Q_GATED", "HAS_AQK", "USE_H0", "STORE_HT",
                  "SAVE_H", "SAVE_V_NEW", "STATE_V_FIRST", "IS_VARLEN"]
 state_scan_fwd_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS),
@@ -311,6 +376,7 @@ def state_scan_fwd(
     save_v_new: bool = False,
     state_v_first: bool = False,
     *,
+    q_gated: bool = False,
     config: triton.Config | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """The forward state scan of the chunked delta rule, with the output made inside it.
@@ -322,7 +388,8 @@ def state_scan_fwd(
 
     KDA (``fla/ops/kda/chunk_fwd.py``: ``gk=`` given, ``g=None``):
         q   ``[B, T, H, K]``   the raw queries, exactly what fla passes to ``chunk_gla_fwd_o_gk``
-            (after the l2norm when ``use_qk_l2norm_in_kernel``); NOT ``qg``.
+            (after the l2norm when ``use_qk_l2norm_in_kernel``); NOT ``qg`` (unless
+            ``q_gated``, below).
         k   ``[B, T, HV, K]``  ``kg`` = k * exp2(gk_last - gk), what fla passes to fwd_h as
             ``k`` (returned by ``chunk_kda_fwd_intra``); NOT the raw keys.
         w   ``[B, T, HV, K]``, u ``[B, T, HV, V]``: from ``chunk_kda_fwd_intra``.
@@ -338,6 +405,12 @@ def state_scan_fwd(
         Aqk None: the intra scores ``scale * Lower(q k^T * exp2(g_i - g_j))`` are formed in the
             kernel as ``chunk_fwd_o`` does (a precomputed Aqk is also accepted and then used).
     With neither gate: the plain delta rule (Aqk optional as for GDN).
+
+    ``q_gated=True`` (KDA only): q is ``qg [B, T, HV, K]`` = q * exp2(gk) rounded to q's dtype,
+    as ``chunk_kda_fwd_intra(..., disable_recompute=True)`` returns it (the same rounding fla's
+    fwd_o applies in-kernel, so o is unchanged); the scan then reads only the last row of gk
+    in each chunk instead of all of it (half the bytes of its biggest input, and no gating
+    registers).
 
     scale: float, required (fla's ``scale``; with a given Aqk it only scales the inter part).
     initial_state ``[N, HV, K, V]`` (any float dtype, read as fp32; ``[N, HV, V, K]`` with
@@ -370,8 +443,10 @@ def state_scan_fwd(
                          f"w {tuple(w.shape)} u {tuple(u.shape)} do not agree")
     if HV % HQ or HV % HK:
         raise ValueError(f"state_scan_fwd: HV={HV} must be a multiple of HQ={HQ} and HK={HK}")
-    if K > 256 or BT < 16 or BT & (BT - 1):
-        raise ValueError(f"state_scan_fwd: needs K <= 256 and a power-of-two chunk_size >= 16 (K={K}, BT={BT})")
+    if K > 128 or BT < 16 or BT & (BT - 1):
+        raise ValueError(f"state_scan_fwd: needs K <= 128 and a power-of-two chunk_size >= 16 (K={K}, BT={BT})")
+    if q_gated and (gk is None or HQ != HV):
+        raise ValueError("state_scan_fwd: q_gated needs gk and qg shaped [B, T, HV, K]")
     if gk is not None and tuple(gk.shape) != (B, T, HV, K):
         raise ValueError(f"state_scan_fwd: gk {tuple(gk.shape)} must be {(B, T, HV, K)}")
     if g is not None and tuple(g.shape) != (B, T, HV):
@@ -423,12 +498,13 @@ def state_scan_fwd(
         cu_seqlens=cu_seqlens if is_varlen else dummy,
         chunk_offsets=chunk_offsets if (is_varlen and save_h) else dummy,
         scale=float(scale), T=T, T_total=T, N=N,
-        HQ=HQ, HK=HK, HV=HV, K=K, V=V, BT=BT, BK=max(16, triton.next_power_of_2(K)),
-        GATE=gate_kind, HAS_AQK=Aqk is not None, USE_H0=initial_state is not None,
+        HQ=HQ, HK=HK, HV=HV, K=K, V=V, BT=BT, BK=min(64, max(16, triton.next_power_of_2(K))),
+        GATE=gate_kind, Q_GATED=q_gated, HAS_AQK=Aqk is not None, USE_H0=initial_state is not None,
         STORE_HT=output_final_state, SAVE_H=save_h, SAVE_V_NEW=save_v_new,
         STATE_V_FIRST=state_v_first, IS_VARLEN=is_varlen,
-        # fp32 inputs: exact fp32 products (the GPU default would be tf32); ignored for 16-bit.
-        DOT_PRECISION="ieee",
+        # fp32 inputs: exact fp32 products (the GPU default would be tf32); 16-bit inputs keep
+        # the default, which only concerns fp32 operands.
+        DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",
     )
 
     def grid(meta):
