@@ -16,10 +16,12 @@ whole chunk and land in an fp32 partial buffer [n_chunks_total, W (+1 for db), D
 `dw_reduce_kernel` sums in a fixed order: deterministic, no atomics.
 
 Floor (H200, bf16 [16, 8192, 2048]): x + dy in, dx out = 1.61 GB = 0.375 ms at 4.24 TB/s.
-Compute ~30 fp32 ops + 2 MUFU per element (~0.2 ms of issue, overlapped). The partials are
-B x n_chunks x (W+1) x D x 4 B: with ~8 single-warp programs per SM (`_WARPS_PER_SM_BWD`),
-n_chunks = 9 there, i.e. 144 x 5 x 2048 x 4 B = 5.9 MB written + read once (~3 us), 1% of
-the floor. Not yet measured on a GPU.
+Issue: ~33 instructions per element in the loop (ptxas, 4 channels per thread: ~12 FMA for
+pre/dx/dw, the sigmoid, 3 converts, masks) = 276 M warp-instructions, ~0.26 ms at 4 per
+clock per SM on 132 SMs; MUFU 2 per element, ~0.13 ms. So the backward is memory-bound
+with little to spare: overlap (PF, enough warps) matters as much as bytes. The partials are
+B x n_chunks x (W+1) x D x 4 B = 2.6 MB there (`_WARPS_PER_SM_BWD`), written and read once:
+~1.3 us, 0.3% of the floor. Not yet timed on a GPU.
 """
 from __future__ import annotations
 
@@ -30,26 +32,30 @@ import triton.language as tl
 from kernel_fun._common.tuning import autotune_configs
 from kernel_fun._common.witness import record_launch
 
-from .fwd import conv_row, load_halo, load_taps, seq_advance, seq_locate, time_chunks, varlen_args
+from .fwd import conv_row, load_halo, load_rows, load_taps, seq_advance, seq_locate, time_chunks, varlen_args
 
 # Test-only hook (see fwd._alloc): tests swap in a NaN-filling allocator.
 _alloc = torch.empty
 
-# bwd moves 2 tensors in per trip, so half fwd's programs keep the same bytes in flight, and
-# fewer programs mean a smaller dw partial buffer. Min rows per chunk bounds the partial
-# buffer at small B x D (B=1, T=2048, D=2048: 64 chunks, ~2.6 MB of partials).
+# bwd moves 2 tensors in per trip, so half fwd's warps keep the same bytes in flight
+# (8 warps/SM x 2 trips x R=8 rows x 2 tensors x 8 B x 32 threads = 64 KB per SM), and fewer
+# warps mean fewer dw partials: B=16, T=8192, D=2048 gets 4 chunks of 2048 rows, i.e.
+# 64 x 5 x 2048 x 4 B = 2.6 MB of partials. The margin below the ~11 warps/SM that 173
+# registers allow keeps the grid in one wave. `_MIN_ROWS_BWD` bounds the partials at small
+# B x D (B=1, T=2048, D=2048: 64 chunks, 2.6 MB).
 _WARPS_PER_SM_BWD = 8
 _MIN_ROWS_BWD = 32
 
 _BWD_CONFIGS = [
-    # BD channels per program, R rows per loop trip. State per thread: 4 x-window, 4
-    # dpre-window, 4 taps, W+1 accumulators, bias: ~18 fp32 per channel, so 8 channels per
-    # thread (BD=256, 1 warp) is ~150 live registers before the R loaded rows: watch spills.
-    triton.Config({"BD": 256, "R": 4}, num_warps=1),
-    triton.Config({"BD": 256, "R": 8}, num_warps=2),
-    triton.Config({"BD": 512, "R": 4}, num_warps=4),
-    triton.Config({"BD": 128, "R": 8}, num_warps=1),
-    triton.Config({"BD": 1024, "R": 8}, num_warps=8),
+    # BD channels per program (always 4 per thread: 8 per thread needs 255 registers and
+    # spills at R=8), R rows per trip, PF: prefetch the next trip's rows. Registers (ptxas
+    # sm_90, bf16, W=4, silu; varlen in brackets): 173 [168], 136 [156], 140 [167],
+    # 136 [156], 140 [167]. No spills.
+    triton.Config({"BD": 128, "R": 8, "PF": True}, num_warps=1),
+    triton.Config({"BD": 128, "R": 4, "PF": True}, num_warps=1),
+    triton.Config({"BD": 256, "R": 8, "PF": False}, num_warps=2),
+    triton.Config({"BD": 512, "R": 4, "PF": True}, num_warps=4),
+    triton.Config({"BD": 128, "R": 8, "PF": False}, num_warps=1),
 ]
 
 
@@ -64,7 +70,7 @@ def conv_bwd_kernel(
     s_xb, s_xt, s_xd, s_gb, s_gt, s_gd, s_wd, s_wi,
     W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
     X_UNIT_D: tl.constexpr, DY_UNIT_D: tl.constexpr,  # autotune key only
-    BD: tl.constexpr, R: tl.constexpr,
+    BD: tl.constexpr, R: tl.constexpr, PF: tl.constexpr,
 ):
     pid_d = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -105,13 +111,25 @@ def conv_bwd_kernel(
     if IS_VARLEN:
         s, start, end = seq_locate(cu_seqlens, N_SEQ, N_STEPS, t_begin)
 
+    # Loads of all R rows first, and with PF the next trip's rows before this trip's math
+    # (see fwd).
+    lim = tl.minimum(t_end + (W - 1), T)
+    if PF:
+        nx = load_rows(px, t_begin, s_xt, lim, cmask, R)
+        ng = load_rows(pg, t_begin, s_gt, lim, cmask, R)
     for u0 in range(t_begin, t_end + (W - 1), R):
+        if PF:
+            xs = nx
+            gs = ng
+            nx = load_rows(px, u0 + R, s_xt, lim, cmask, R)
+            ng = load_rows(pg, u0 + R, s_gt, lim, cmask, R)
+        else:
+            xs = load_rows(px, u0, s_xt, lim, cmask, R)
+            gs = load_rows(pg, u0, s_gt, lim, cmask, R)
         for r in tl.static_range(R):
             u = u0 + r
-            ld = cmask & (u < T) & (u < t_end + (W - 1))
-            u64 = u.to(tl.int64)
-            x0 = tl.load(px + u64 * s_xt, mask=ld, other=0.0).to(tl.float32)
-            g = tl.load(pg + u64 * s_gt, mask=ld, other=0.0).to(tl.float32)
+            x0 = xs[r].to(tl.float32)
+            g = gs[r].to(tl.float32)
             if IS_VARLEN:
                 s, start, end = seq_advance(cu_seqlens, s, start, end, tl.minimum(u, T - 1))
                 x1 = tl.where(u - 1 >= start, x1, 0.0)

@@ -6,9 +6,10 @@ time, R rows per loop trip. Each thread owns a few channels and keeps the last W
 for them in registers, so x is read once (plus W-1 halo rows per chunk, from L2) and every
 row is one coalesced [BD] load along the contiguous D axis: no shifted re-loads, no shared
 memory. Floor reasoning (H200, bf16 [16, 8192, 2048]): x in + y out = 1.07 GB = 0.25 ms at
-the 4.24 TB/s copy ceiling; compute is ~15 fp32 ops + 2 MUFU per element, far below it, so
-the kernel only has to keep enough bytes in flight: R rows x 16 B per thread per trip, and a
-grid sized to about `_WARPS_PER_SM_FWD` 256-channel programs per SM (`time_chunks`).
+the 4.24 TB/s copy ceiling; the loop issues ~15 instructions per element (~0.12 ms) and
+2 MUFU (~0.13 ms), below it, so the kernel has to keep enough bytes in flight: R rows per
+trip loaded before any math, the next trip's rows prefetched (PF), and a one-wave grid of
+about `_WARPS_PER_SM_FWD` warps per SM (`time_chunks`).
 
 Packed documents (`cu_seqlens`, B == 1): a program finds the document of its first row by a
 binary search over cu_seqlens, then advances document by document as its rows cross
@@ -53,9 +54,11 @@ if interpreting():
 # forgets to write fails the comparison. Production allocates with torch.empty.
 _alloc = torch.empty
 
-# Grid sizing, in programs of 256 channels. fwd keeps R x 16 B per thread in flight per loop
-# trip (x only); ~16 single-warp programs per SM keep >= 32 KB in flight per SM, about what
-# HBM3e latency x bandwidth needs (4.24 TB/s x ~1 us / 132 SMs). Not yet measured on a GPU.
+# Grid sizing: one wave of long chunks. The grid is sized in warps of 4 channels per thread
+# (every config but one: BD = 128 x num_warps) so that about `warps_per_sm` warps per SM run
+# at once, all co-resident (registers per config below: ptxas, sm_90, 2026-12; not yet timed).
+# fwd: 16 warps/SM x (2 trips x R=8 rows x 8 B per thread in flight with PF) = 64 KB per SM
+# in flight, about twice what 4.24 TB/s x ~1 us of HBM latency / 132 SMs needs.
 _WARPS_PER_SM_FWD = 16
 _MIN_ROWS_FWD = 16
 _ROW_ALIGN = 8  # chunk starts are multiples of 8 rows (every R in the configs divides 8)
@@ -74,13 +77,13 @@ def sm_count(device: torch.device) -> int:
 
 
 def time_chunks(B: int, T: int, D: int, device: torch.device, warps_per_sm: int, min_rows: int):
-    """(n_chunks, rows_per_chunk): split T so that B x n_chunks x ceil(D/256) programs of 256
-    channels come to about `warps_per_sm` per SM. Long chunks amortise the W-1 halo rows (and,
-    in the backward, shrink the dw partials); enough chunks fill the GPU when B x D is small
-    (B=1, T=2048, D=2048 gets 16-row chunks and ~1000 programs)."""
-    target = sm_count(device) * warps_per_sm
-    per_chunk = B * triton.cdiv(D, 256)
-    n = max(1, min(triton.cdiv(target, per_chunk), triton.cdiv(T, min_rows)))
+    """(n_chunks, rows_per_chunk): split T so that the B x n_chunks x D / 128 warps of the
+    grid (4 channels per thread) come to at most `warps_per_sm` per SM: one wave, no tail of
+    half-empty SMs. Long chunks amortise the W-1 halo rows and, in the backward, shrink the
+    dw partials (B x n_chunks rows); `min_rows` bounds the chunk count when B x D is small
+    (B=1, T=2048, D=2048: fwd 128 chunks of 16 rows, bwd 64 of 32)."""
+    warps_per_chunk = max(1, B * triton.cdiv(D, 128))
+    n = max(1, min(sm_count(device) * warps_per_sm // warps_per_chunk, triton.cdiv(T, min_rows)))
     rows = triton.cdiv(triton.cdiv(T, n), _ROW_ALIGN) * _ROW_ALIGN
     return triton.cdiv(T, rows), rows
 
@@ -152,6 +155,17 @@ def load_halo(px, t_begin, s_xt, cmask, W: tl.constexpr):
 
 
 @triton.jit
+def load_rows(p, u0, s_t, lim, cmask, R: tl.constexpr):
+    """R rows u0 .. u0+R-1 of a [.., T, D] tensor (raw dtype; rows >= lim read as 0), all
+    issued before any is used."""
+    rows = ()
+    for r in tl.static_range(R):
+        u = u0 + r
+        rows = rows + (tl.load(p + u.to(tl.int64) * s_t, mask=cmask & (u < lim), other=0.0),)
+    return rows
+
+
+@triton.jit
 def conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W: tl.constexpr, HAS_BIAS: tl.constexpr):
     """The pre-activation of one row: bias + sum_k c_k x[t-k]."""
     acc = c0 * x0
@@ -167,13 +181,14 @@ def conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W: tl.constexpr, HAS_BIAS: tl.co
 
 
 _FWD_CONFIGS = [
-    # BD channels per program, R rows per loop trip. 256 x 1 warp = 8 bf16 (one 16 B vector)
-    # per thread per row; the others trade channels per thread against warps per program.
-    triton.Config({"BD": 256, "R": 8}, num_warps=1),
-    triton.Config({"BD": 512, "R": 8}, num_warps=2),
-    triton.Config({"BD": 256, "R": 8}, num_warps=2),
-    triton.Config({"BD": 1024, "R": 4}, num_warps=4),
-    triton.Config({"BD": 128, "R": 8}, num_warps=1),
+    # BD channels per program, R rows per loop trip, PF: prefetch the next trip's rows.
+    # Registers (ptxas sm_90, bf16, W=4, silu; varlen in brackets): 96 [110], 96 [110],
+    # 132 [143] (8 channels per thread: 16 B loads), 74 [72], 86 [79]. No spills.
+    triton.Config({"BD": 128, "R": 8, "PF": True}, num_warps=1),
+    triton.Config({"BD": 256, "R": 8, "PF": True}, num_warps=2),
+    triton.Config({"BD": 256, "R": 4, "PF": True}, num_warps=1),
+    triton.Config({"BD": 512, "R": 4, "PF": True}, num_warps=4),
+    triton.Config({"BD": 128, "R": 8, "PF": False}, num_warps=1),
 ]
 
 
@@ -189,7 +204,7 @@ def conv_fwd_kernel(
     s_xb, s_xt, s_xd, s_wd, s_wi,
     W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
     X_UNIT_D: tl.constexpr,  # autotune key only: whether x is contiguous along D
-    BD: tl.constexpr, R: tl.constexpr,
+    BD: tl.constexpr, R: tl.constexpr, PF: tl.constexpr,
 ):
     pid_d = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -214,12 +229,21 @@ def conv_fwd_kernel(
     if IS_VARLEN:
         s, start, end = seq_locate(cu_seqlens, N_SEQ, N_STEPS, t_begin)
 
+    # Each loop trip loads its R rows before any math: a store between two loads would keep
+    # the next load from issuing (y may alias x as far as the compiler knows). With PF the
+    # rows of the next trip are loaded before this trip's math (double buffering in
+    # registers), so a warp keeps loads in flight while it computes.
+    if PF:
+        nxt = load_rows(px, t_begin, s_xt, t_end, cmask, R)
     for u0 in range(t_begin, t_end, R):
+        if PF:
+            xs = nxt
+            nxt = load_rows(px, u0 + R, s_xt, t_end, cmask, R)
+        else:
+            xs = load_rows(px, u0, s_xt, t_end, cmask, R)
         for r in tl.static_range(R):
             u = u0 + r
-            live = u < t_end
-            u64 = u.to(tl.int64)
-            x0 = tl.load(px + u64 * s_xt, mask=cmask & live, other=0.0).to(tl.float32)
+            x0 = xs[r].to(tl.float32)
             if IS_VARLEN:
                 # x before the start of u's own document does not exist for u (zeroing the
                 # window in place is safe: a later row's document starts no earlier).
@@ -230,7 +254,7 @@ def conv_fwd_kernel(
             acc = conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W, HAS_BIAS)
             if SILU:
                 acc = acc * tl.sigmoid(acc)
-            tl.store(py + u64 * D, acc.to(y.dtype.element_ty), mask=cmask & live)
+            tl.store(py + u.to(tl.int64) * D, acc.to(y.dtype.element_ty), mask=cmask & (u < t_end))
             x3 = x2
             x2 = x1
             x1 = x0
