@@ -53,7 +53,7 @@ def per_config(run_with) -> dict:
     from kernel_fun._delta._kernels.state_scan_fwd import CONFIGS
     out = {}
     for c in CONFIGS:
-        name = f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}"
+        name = f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}-r{c.maxnreg}"
         try:
             ms = bench(lambda: run_with(c))
             out[name] = round(ms, 4)
@@ -86,7 +86,9 @@ def kda_rows(B=8, T=8192, H=16, HV=16, K=128, V=256) -> dict:
     dt_bias = dt_init + torch.log(-torch.expm1(-dt_init))  # inverse softplus
     scale = K ** -0.5
     gk = kda_gate_chunk_cumsum(g=g_raw, A_log=A_log, dt_bias=dt_bias, scale=RCP_LN2, chunk_size=64)
-    w, u, _, kg, Aqk, _ = chunk_kda_fwd_intra(q=q, k=k, v=v, gk=gk, beta=beta, scale=scale, chunk_size=64)
+    # disable_recompute=True also returns qg = q * exp2(gk) (for the q_gated row)
+    w, u, qg, kg, Aqk, _ = chunk_kda_fwd_intra(q=q, k=k, v=v, gk=gk, beta=beta, scale=scale, chunk_size=64,
+                                               disable_recompute=True)
     del g_raw, v
     torch.cuda.synchronize()
     log(f"KDA inputs built: B={B} T={T} H={H} HV={HV} K={K} V={V}; "
@@ -115,7 +117,9 @@ def kda_rows(B=8, T=8192, H=16, HV=16, K=128, V=256) -> dict:
     log(f"ours compiled + autotuned in {time.time() - t:.1f}s; best {state_scan_fwd_kernel_tuned.best_config}")
     err = {"o_vs_fla": rel(o, o_fla), "final_state_vs_fla": rel(ht, ht_fla)}
     log(f"ours vs fla: o rel rms {err['o_vs_fla']:.2e}, final state {err['final_state_vs_fla']:.2e}")
-    _, _, h2, vn2 = ours(save_h=True, save_v_new=True)
+    best = state_scan_fwd_kernel_tuned.best_config
+    # the recompute variant runs the production configuration (no second autotune)
+    _, _, h2, vn2 = ours(save_h=True, save_v_new=True, config=best)
     err["h_vs_fla"], err["v_new_vs_fla"] = rel(h2, h), rel(vn2, v_new)
     log(f"ours (save_h, save_v_new) vs fla: h {err['h_vs_fla']:.2e}, v_new {err['v_new_vs_fla']:.2e}")
     del h2, vn2
@@ -130,10 +134,24 @@ def kda_rows(B=8, T=8192, H=16, HV=16, K=128, V=256) -> dict:
     log(f"fla pair                  {r['fla_pair_ms']:.3f} ms")
     r["ours_ms"] = bench(ours)
     log(f"ours                      {r['ours_ms']:.3f} ms  ({r['fla_pair_ms'] / r['ours_ms']:.2f}x)")
-    r["ours_save_h_v_new_ms"] = bench(lambda: ours(save_h=True, save_v_new=True))
-    log(f"ours, saving h and v_new  {r['ours_save_h_v_new_ms']:.3f} ms")
+    r["ours_save_h_v_new_ms"] = bench(lambda: ours(save_h=True, save_v_new=True, config=best))
+    log(f"ours, saving h and v_new  {r['ours_save_h_v_new_ms']:.3f} ms (config {best})")
+
+    def ours_qg(**kw):
+        return state_scan_fwd(qg, kg, w, u, gk=gk, Aqk=Aqk, scale=scale, output_final_state=True, q_gated=True, **kw)
+
+    t = time.time()
+    o_qg, _, _, _ = ours_qg()
+    torch.cuda.synchronize()
+    err["o_q_gated_vs_fla"] = rel(o_qg, o_fla)
+    log(f"ours q_gated (qg from the intra stage) autotuned in {time.time() - t:.1f}s; best "
+        f"{state_scan_fwd_kernel_tuned.best_config}; o vs fla {err['o_q_gated_vs_fla']:.2e}")
+    r["ours_q_gated_ms"] = bench(ours_qg)
+    r["q_gated_best_config"] = str(state_scan_fwd_kernel_tuned.best_config)
+    log(f"ours, q_gated             {r['ours_q_gated_ms']:.3f} ms")
+    del o_qg
     r["speedup"] = r["fla_pair_ms"] / r["ours_ms"]
-    r["best_config"] = str(state_scan_fwd_kernel_tuned.best_config)
+    r["best_config"] = str(best)
     # the bytes ours must move: q, kg, w (bf16), gk (fp32), Aqk, u in; o out
     nbytes = (3 * q.numel() * 2 + gk.numel() * 4 + Aqk.numel() * 2 + u.numel() * 2 + o.numel() * 2)
     r["ours_unique_gb"] = nbytes / 1e9

@@ -149,7 +149,7 @@ CASES = {"kda": _kda_case, "gdn": _gdn_case}
 
 
 @pytest.mark.parametrize("kind", ["kda", "gdn"])
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}")
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}-r{c.maxnreg}")
 def test_every_config(kind, config):
     """Each configuration once, varlen with grouped values, against fla and the reference."""
     c = CASES[kind](cu_seqlens=CU)
@@ -157,13 +157,25 @@ def test_every_config(kind, config):
 
 
 @pytest.mark.parametrize("kind", ["kda", "gdn"])
-@pytest.mark.parametrize("K,V", [(128, 256), (128, 128), (64, 64), (64, 128)])
-def test_autotuned_shapes(kind, K, V):
-    """The autotuned path, fixed length T = 1000 (a partial last chunk)."""
-    c = CASES[kind](K=K, V=V)
+def test_autotuned(kind):
+    """The autotuned path at a production head shape, fixed length T = 1000 (partial chunk)."""
+    c = CASES[kind](K=128, V=256 if kind == "kda" else 128)
     before = launches("delta.state_scan_fwd")
     _compare(c, _ours(c, save_h=True, save_v_new=True))
     assert launches("delta.state_scan_fwd") == before + 1
+
+
+SHAPES = [("kda", 64, 64), ("kda", 64, 128), ("kda", 128, 128), ("gdn", 64, 64), ("gdn", 64, 256), ("gdn", 128, 256)]
+
+
+@pytest.mark.parametrize("i", range(len(SHAPES)), ids=[f"{k}-K{K}-V{V}" for k, K, V in SHAPES])
+def test_head_shapes(i):
+    """K in {64, 128}, V in {64, 128, 256}; each with a different forced configuration (one
+    compile per shape instead of a whole autotune)."""
+    kind, K, V = SHAPES[i]
+    fitting = [cf for cf in CONFIGS if cf.kwargs["BV"] <= V]
+    c = CASES[kind](K=K, V=V)
+    _compare(c, _ours(c, save_h=True, save_v_new=True, config=fitting[(3 * i + 1) % len(fitting)]))
 
 
 @pytest.mark.parametrize("kind", ["kda", "gdn"])

@@ -66,7 +66,8 @@ GATE_NONE, GATE_SCALAR, GATE_CHANNEL = 0, 1, 2
 # regs 40 KB -> 2/SM; BV64/w4/s2 226 regs 152 KB -> 1/SM; BV128/w8/s1 255 regs 64 KB -> 1/SM;
 # BV128/w8/s2 255 regs 184 KB -> 1/SM. num_stages=3 needs more than an SM's 227 KB at BV >= 64
 # and BV128/w4 spills, so neither is listed. The maxnreg rows trade spills for occupancy:
-# BV64/w4 at 128 registers fits 4 CTAs/SM, one wave of the 512 CTAs at B=8, HV=16, V=256.
+# BV32/w4 at 168 registers fits 3 CTAs/SM; BV64/w4 at 128 fits 4 (472 B spilled), one wave
+# of the 512 CTAs at B=8, HV=16, V=256; BV128/w8 at 128 fits 2 (896 B spilled), one wave of 256.
 # At that shape BV=32 gives 1024 CTAs, BV=64 512, BV=128 256; every V-block re-reads q, k, w,
 # gk and Aqk (from L2 when its neighbours run alongside).
 _CONFIG_TUPLES = [
@@ -78,6 +79,7 @@ _CONFIG_TUPLES = [
     (64, 8, 2, None),
     (128, 8, 1, None),
     (128, 8, 2, None),
+    (32, 4, 1, 168),
     (64, 4, 1, 128),
     (64, 4, 2, 168),
     (128, 8, 1, 128),
