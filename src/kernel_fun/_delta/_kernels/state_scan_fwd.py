@@ -17,9 +17,16 @@ h and v_new are written only when asked (the backward's recompute path). Roundin
 fla's chain: the state enters every product as the input dtype (fla stores h in it), v_new is
 rounded to the input dtype before both products that use it, and the accumulation is fp32.
 
+Layout: grid = cdiv(V, BV) * N * HV programs, V-blocks of one head adjacent; the fp32 state
+is held as two [64, BV] K-slices (one for K <= 64), the chunk is BT = 64 tokens, and every
+[BT, K] operand is loaded 64 columns at a time. Per chunk: v_new (two dots), the state update
+(two dots, issued first: the output only needs the state before the chunk), the inter-chunk
+output (two dots), the intra-chunk output (one dot; GDN forms q k^T with two more).
+
 Numbers to beat: B=8, T=8192, H=HV=16, K=128, V=256 bf16, one H200 (2026-11-30): fla's fwd_h
 0.89 ms + chunk_gla_fwd_o_gk 0.82 ms. The bytes this kernel must move there (q, k, w, gk,
-Aqk, u in; o out) are about 2.55 GB: about 0.6 ms at 4.24 TB/s.
+Aqk, u in; o out) are about 2.55 GB (0.6 ms at 4.24 TB/s); its products are about 120 GMAC
+(0.5 ms at the dense bf16 peak). Not yet timed on a GPU: scripts/delta_scan_bench.py.
 """
 from __future__ import annotations
 
