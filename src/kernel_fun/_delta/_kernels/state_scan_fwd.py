@@ -34,34 +34,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_configs, interpreting
+from kernel_fun._common.tuning import autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
 
 
-def _interpreter_index_shim() -> None:
-    """Let the interpreter run ``for i in range(n)`` with a runtime ``n``.
-
-    Triton 3.6's interpreter holds scalars as 1-element arrays and converts them with
-    ``int(array)``, which NumPy 2.4 rejects ("only 0-dimensional arrays can be converted"):
-    every loop with a runtime bound fails under TRITON_INTERPRET=1. Idempotent; interpreter
-    only. (It belongs in ``_common`` once a second kernel needs it.)
-    """
-    from triton.runtime import interpreter as interp
-
-    if getattr(interp, "_kernel_fun_index_shim", False) or not hasattr(interp, "_patch_lang_tensor"):
-        return
-    original = interp._patch_lang_tensor
-
-    def patch_lang_tensor(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interp._patch_lang_tensor = patch_lang_tensor
-    interp._kernel_fun_index_shim = True
-
-
-if interpreting():
-    _interpreter_index_shim()
+install_interpreter_shims()
 
 # Gate kinds (constexpr GATE).
 GATE_NONE, GATE_SCALAR, GATE_CHANNEL = 0, 1, 2
