@@ -48,19 +48,29 @@ def _median_ms(fn) -> float:
     return float(triton.testing.do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"))
 
 
+def _copy_ms(n: int) -> float:
+    import torch
+
+    src = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    return _median_ms(lambda: dst.copy_(src))
+
+
+def _matmul_ms(n: int) -> float:
+    import torch
+
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    return _median_ms(lambda: a @ b)
+
+
 def measure_ceilings() -> dict:
     """A 4 GiB device copy (bytes read + written) and an 8192^3 bf16 matmul, this run."""
     import torch
 
     n = 1 << 31  # 2 Gi bf16 elements = 4 GiB
-    src = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    copy_ms = _median_ms(lambda: dst.copy_(src))
-    del src, dst
-    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
-    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
-    mm_ms = _median_ms(lambda: a @ b)
-    del a, b
+    copy_ms = _copy_ms(n)
+    mm_ms = _matmul_ms(8192)
     torch.cuda.empty_cache()
     return {
         "copy_TBps": round(2 * n * 2 / copy_ms / 1e9, 3),
