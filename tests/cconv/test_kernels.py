@@ -1,4 +1,5 @@
-"""cconv kernels through Triton's interpreter (CPU) against the fp64 reference.
+"""cconv kernels against the fp64 reference at small shapes: through Triton's interpreter on
+CPU, or compiled on the GPU when there is one (the `device` fixture).
 
 Every output is allocated NaN-poisoned (the launchers' `_alloc` hook), so an element a kernel
 forgets to write fails the comparison. `tiny_chunks` shrinks the time chunks to 8 rows so
@@ -46,26 +47,28 @@ def chunking(request, monkeypatch):
     return request.param
 
 
-def _make(shape, dtype, layout, gen):
+def _make(shape, dtype, layout, gen, device):
     """A [B, T, D] tensor of `dtype` laid out as `layout`: contiguous, a column slice of a
     wider buffer, or a transposed [B, D, T] buffer."""
     B, T, D = shape
     if layout == "contig":
-        return torch.randn(B, T, D, generator=gen).to(dtype)
+        return torch.randn(B, T, D, generator=gen).to(device, dtype)
     if layout == "slice":
-        big = torch.randn(B, T, 3 * D + 5, generator=gen).to(dtype)
+        big = torch.randn(B, T, 3 * D + 5, generator=gen).to(device, dtype)
         return big[..., D + 3: 2 * D + 3]
     if layout == "transposed":
-        return torch.randn(B, D, T, generator=gen).to(dtype).transpose(1, 2)
+        return torch.randn(B, D, T, generator=gen).to(device, dtype).transpose(1, 2)
     raise ValueError(layout)
 
 
-def _check(B, T, D, W, *, bias=True, silu=True, dtype=torch.float32, wdtype=torch.float32,
-           x_layout="contig", dy_layout="contig", cu=None, seed=0, backward=True):
+def _check(B, T, D, W, device, *, bias=True, silu=True, dtype=torch.float32,
+           wdtype=torch.float32, x_layout="contig", dy_layout="contig", cu=None, seed=0,
+           backward=True):
     gen = torch.Generator().manual_seed(seed)
-    x = _make((B, T, D), dtype, x_layout, gen)
-    weight = torch.randn(D, W, generator=gen).to(wdtype)
-    b = torch.randn(D, generator=gen).to(wdtype) if bias else None
+    x = _make((B, T, D), dtype, x_layout, gen, device)
+    weight = torch.randn(D, W, generator=gen).to(device, wdtype)
+    b = torch.randn(D, generator=gen).to(device, wdtype) if bias else None
+    cu = cu.to(device) if cu is not None else None
     tol = TOL[dtype]
 
     before = launch_counts("cconv.")
@@ -79,7 +82,7 @@ def _check(B, T, D, W, *, bias=True, silu=True, dtype=torch.float32, wdtype=torc
     if not backward:
         return
 
-    dy = _make((B, T, D), dtype, dy_layout, gen)
+    dy = _make((B, T, D), dtype, dy_layout, gen, device)
     before = launch_counts("cconv.")
     dx, dw, db = conv_bwd(x, weight, b, dy, silu, cu)
     after = launch_counts("cconv.")
@@ -106,43 +109,43 @@ SHAPES = [
     (3, 3, 5, 3),
     (2, 4, 7, 4),
     (2, 45, 37, 4),
-    (1, 29, 300, 2),
+    (1, 19, 260, 2),
     (2, 33, 16, 1),
     (1, 40, 33, 3),
 ]
 
 
 @pytest.mark.parametrize("B,T,D,W", SHAPES)
-def test_fwd_bwd_shapes(B, T, D, W, chunking):
-    _check(B, T, D, W, seed=B * 1000 + T + D + W)
+def test_fwd_bwd_shapes(B, T, D, W, chunking, device):
+    _check(B, T, D, W, device, seed=B * 1000 + T + D + W)
 
 
 @pytest.mark.parametrize("W", [1, 2, 3, 4])
 @pytest.mark.parametrize("bias,silu", [(False, False), (True, False), (False, True)])
-def test_bias_activation(W, bias, silu):
-    _check(2, 21, 13, W, bias=bias, silu=silu, seed=W)
+def test_bias_activation(W, bias, silu, device):
+    _check(2, 21, 13, W, device, bias=bias, silu=silu, seed=W)
 
 
 @pytest.mark.parametrize("dtype,wdtype", [(torch.float16, torch.float32), (torch.float16, torch.float16),
                                           (torch.float32, torch.float16)])
-def test_dtypes(dtype, wdtype, chunking):
-    _check(2, 37, 24, 4, dtype=dtype, wdtype=wdtype, seed=7)
+def test_dtypes(dtype, wdtype, device):
+    _check(2, 37, 24, 4, device, dtype=dtype, wdtype=wdtype, seed=7)
 
 
 @pytest.mark.parametrize("x_layout,dy_layout", [("slice", "contig"), ("transposed", "transposed"),
                                                 ("contig", "transposed"), ("slice", "slice")])
-def test_strided_inputs(x_layout, dy_layout, chunking):
-    _check(2, 26, 19, 4, x_layout=x_layout, dy_layout=dy_layout, seed=11)
+def test_strided_inputs(x_layout, dy_layout, chunking, device):
+    _check(2, 26, 19, 4, device, x_layout=x_layout, dy_layout=dy_layout, seed=11)
 
 
-def test_strided_weight():
+def test_strided_weight(device):
     gen = torch.Generator().manual_seed(5)
-    x = torch.randn(1, 17, 9, generator=gen)
-    w = torch.randn(4, 9, generator=gen).t()  # [D, W] view with strides (1, D)
-    b = torch.randn(9, generator=gen)
+    x = torch.randn(1, 17, 9, generator=gen).to(device)
+    w = torch.randn(4, 9, generator=gen).to(device).t()  # [D, W] view with strides (1, D)
+    b = torch.randn(9, generator=gen).to(device)
     y = conv_fwd(x, w, b, True)
     assert rel_err(y, conv_ref(x, w, b, True)) < 1e-5
-    dy = torch.randn(1, 17, 9, generator=gen)
+    dy = torch.randn(1, 17, 9, generator=gen).to(device)
     dx, dw, db = conv_bwd(x, w, b, dy, True)
     for out, ref in zip((dx, dw, db), conv_ref_bwd(x, w, b, dy, True)):
         assert rel_err(out, ref) < 1e-5
@@ -166,29 +169,29 @@ VARLEN = [
 
 @pytest.mark.parametrize("lengths", VARLEN, ids=[f"docs{i}" for i in range(len(VARLEN))])
 @pytest.mark.parametrize("W", [2, 4])
-def test_varlen(lengths, W, chunking):
+def test_varlen(lengths, W, chunking, device):
     cu = _cu(lengths)
-    _check(1, int(cu[-1]), 21, W, cu=cu, seed=len(lengths) + W)
+    _check(1, int(cu[-1]), 21, W, device, cu=cu, seed=len(lengths) + W)
 
 
 @pytest.mark.parametrize("W", [1, 3])
-def test_varlen_int32_offsets_fp16(W):
+def test_varlen_int32_offsets_fp16(W, device):
     cu = _cu([2, 1, 1, 6, 1, 9, 1]).to(torch.int32)
-    _check(1, int(cu[-1]), 10, W, cu=cu, dtype=torch.float16, x_layout="slice", seed=3)
+    _check(1, int(cu[-1]), 10, W, device, cu=cu, dtype=torch.float16, x_layout="slice", seed=3)
 
 
-def test_varlen_matches_separate_calls():
+def test_varlen_matches_separate_calls(device):
     """Packed documents give exactly what separate calls give (dw/db summed over documents)."""
     gen = torch.Generator().manual_seed(9)
     lengths = [5, 1, 12, 2]
     cu = _cu(lengths)
     T, D, W = int(cu[-1]), 11, 4
-    x = torch.randn(1, T, D, generator=gen)
-    w = torch.randn(D, W, generator=gen)
-    b = torch.randn(D, generator=gen)
-    dy = torch.randn(1, T, D, generator=gen)
-    y = conv_fwd(x, w, b, True, cu)
-    dx, dw, db = conv_bwd(x, w, b, dy, True, cu)
+    x = torch.randn(1, T, D, generator=gen).to(device)
+    w = torch.randn(D, W, generator=gen).to(device)
+    b = torch.randn(D, generator=gen).to(device)
+    dy = torch.randn(1, T, D, generator=gen).to(device)
+    y = conv_fwd(x, w, b, True, cu.to(device))
+    dx, dw, db = conv_bwd(x, w, b, dy, True, cu.to(device))
     dw_sum, db_sum = torch.zeros_like(dw), torch.zeros_like(db)
     for s in range(len(lengths)):
         lo, hi = int(cu[s]), int(cu[s + 1])
@@ -201,25 +204,39 @@ def test_varlen_matches_separate_calls():
     assert rel_err(dw, dw_sum) < 1e-5 and rel_err(db, db_sum) < 1e-5
 
 
-def test_bwd_deterministic(chunking):
+def test_bwd_deterministic(chunking, device):
     gen = torch.Generator().manual_seed(13)
-    x = torch.randn(3, 50, 29, generator=gen)
-    w = torch.randn(29, 4, generator=gen)
-    b = torch.randn(29, generator=gen)
-    dy = torch.randn(3, 50, 29, generator=gen)
+    x = torch.randn(3, 50, 29, generator=gen).to(device)
+    w = torch.randn(29, 4, generator=gen).to(device)
+    b = torch.randn(29, generator=gen).to(device)
+    dy = torch.randn(3, 50, 29, generator=gen).to(device)
     first = conv_bwd(x, w, b, dy, True)
     second = conv_bwd(x, w, b, dy, True)
     for a, c in zip(first, second):
         assert torch.equal(a, c)
 
 
-def test_outputs_are_fresh():
+def test_outputs_are_fresh(device):
     """Each call returns new storage (no aliasing across calls or with the inputs)."""
-    x = torch.randn(1, 9, 8)
-    w = torch.randn(8, 3)
+    x = torch.randn(1, 9, 8, device=device)
+    w = torch.randn(8, 3, device=device)
     y1 = conv_fwd(x, w, None, False)
     y2 = conv_fwd(x, w, None, False)
     assert y1.data_ptr() != y2.data_ptr() and y1.data_ptr() != x.data_ptr()
     dx1, dw1, _ = conv_bwd(x, w, None, y1, False)
     dx2, dw2, _ = conv_bwd(x, w, None, y1, False)
     assert dx1.data_ptr() != dx2.data_ptr() and dw1.data_ptr() != dw2.data_ptr()
+
+
+@pytest.mark.parametrize("stage,idx", [("fwd", i) for i in range(len(fwd_mod._FWD_CONFIGS))]
+                         + [("bwd", i) for i in range(len(bwd_mod._BWD_CONFIGS))])
+def test_every_config(stage, idx, monkeypatch, device):
+    """Each autotune candidate computes the same thing (the interpreter otherwise runs only
+    the first): pin the kernel to one config, then check fwd + bwd with varlen and a tail."""
+    kernel, configs = ((fwd_mod.conv_fwd_kernel, fwd_mod._FWD_CONFIGS) if stage == "fwd"
+                       else (bwd_mod.conv_bwd_kernel, bwd_mod._BWD_CONFIGS))
+    monkeypatch.setattr(kernel, "configs", [configs[idx]])
+    monkeypatch.setattr(fwd_mod, "_MIN_ROWS_FWD", 1)
+    monkeypatch.setattr(bwd_mod, "_MIN_ROWS_BWD", 1)
+    _check(2, 13, 130, 4, device, seed=idx)
+    _check(1, 20, 9, 3, device, cu=_cu([7, 1, 2, 10]), seed=idx)
