@@ -341,3 +341,49 @@ def test_stage_kernels_chained_match_chain_references():
                                               r[5], r[0], r[1], r[3], r[4], cu_seqlens=cu_t, chunk_size=BT)
     for name, o, ref in [("dq", dq, rq), ("dk", dk, rk), ("db", db, rb), ("dg", dg, rg), ("dv", dv, r[2])]:
         assert rel_err(o, ref) < 1e-5, name
+
+
+# --------------------------------------------------------------------------------------------
+# every configuration the autotuner may pick (block sizes and switches; warps do not interpret)
+# --------------------------------------------------------------------------------------------
+
+def _config_ids(cfgs):
+    return [f"{i}:" + ",".join(f"{k}={v}" for k, v in c.kwargs.items()) for i, c in enumerate(cfgs)]
+
+
+def _intra_configs():
+    from kernel_fun.kda._kernels.intra_bwd import configs
+
+    return configs()
+
+
+def _wy_configs():
+    from kernel_fun.kda._kernels.wy_bwd import configs
+
+    return configs()
+
+
+@pytest.mark.parametrize("config", _intra_configs(), ids=_config_ids(_intra_configs()))
+def test_intra_bwd_every_config(config):
+    from kernel_fun.kda._kernels.intra_bwd import intra_bwd
+
+    cu_t = torch.tensor([0, 30, 150])
+    ch = build_chain(1, 150, 1, 2, 64, 16, cu=cu_t, decay="strong", seed=11)
+    _, inp = stage_inputs(ch, torch.float32, cu_t)
+    out = intra_bwd(**inp, config=config)
+    ref = refs.intra_bwd_reference(**inp)
+    for name, o, r in zip(("dq", "dk", "db", "dg"), out, ref):
+        assert rel_err(o, r) < 1e-5, name
+
+
+@pytest.mark.parametrize("config", _wy_configs(), ids=_config_ids(_wy_configs()))
+def test_wy_bwd_every_config(config):
+    from kernel_fun.kda._kernels.wy_bwd import wy_dqkg_bwd
+
+    cu_t = torch.tensor([0, 30, 150])
+    ch = build_chain(1, 150, 1, 2, 64, 32, cu=cu_t, decay="strong", seed=12, h0=True)
+    inp, _ = stage_inputs(ch, torch.float32, cu_t)
+    out = wy_dqkg_bwd(**inp, config=config)
+    ref = refs.wy_dqkg_bwd_reference(**inp)
+    for name, o, r in zip(("dq", "dk", "dv", "db", "dg", "dA"), out, ref):
+        assert rel_err(o, r) < 1e-5, name

@@ -25,5 +25,6 @@ def launch(kernel, grid, config, *args, **kwargs):
     3.4-3.7.0 miscompiles some dot patterns on Hopper, per configuration)."""
     if config is None:
         return kernel[grid](*args, **kwargs)
+    extra = {"maxnreg": config.maxnreg} if getattr(config, "maxnreg", None) else {}
     return kernel.fn[grid](*args, **kwargs, **config.kwargs, num_warps=config.num_warps,
-                           num_stages=config.num_stages)
+                           num_stages=config.num_stages, **extra)

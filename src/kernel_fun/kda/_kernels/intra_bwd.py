@@ -12,28 +12,31 @@ BT tokens, per value head, with ``E_ijc = exp2(g_ic - g_jc)`` for ``j <= i``::
     db    += sum_c dkr * k
     dg    += q * dq_intra + (beta * dkr - dkt) * k
 
-Kernel design (one program = one chunk x one value head, a loop over K blocks):
+Kernel design (one program = one chunk x one value head; all of K, every dA entry of the
+chunk read by this program only):
 
-The chunk is held as ``[NC, 16, BK]`` tiles (NC = BT/16 sub-chunks) and every gated product
-runs on tensor cores as a batched ``[NC, 16, 16] @ [NC, 16, BK]`` dot. The gate factor
+The program walks the chunk's 16-row sub-chunks ``I`` and, for each, the K blocks; it
+writes the dq/dk/dg rows of ``I`` per K block and db of ``I`` at the end. Every gated product
+is a ``[16, 16] @ [16, BK]`` tensor-core dot with fp32 operands. The gate factor
 ``exp2(g_i - g_j)`` is split at an anchor row ``a`` with ``j < a <= i`` into
 ``exp2(g_i - g_a) * exp2(g_a - g_j)``: both factors are <= 1 for a decaying gate, so nothing
 overflows however strong the decay, and no lower bound on the gate is needed.
 
-* Inside a 16-token sub-chunk (the diagonal blocks), the pairs ``i > j`` are split by the
-  highest bit ``b`` where ``i`` and ``j`` differ; the anchor is ``i`` with its low ``b`` bits
-  cleared, which depends only on the row and the level. Each level is one masked dot, and
-  every token takes part in it either as a row (its bit ``b`` is set) or as a column (clear),
-  so one exponential per element and level serves both the row-side products (dq, dkr) and
-  the column-side product (dkt): a row and its transposed partner share the same dot, with
-  the symmetric ``S_rc = dA[max(r,c), min(r,c)]`` as left operand. 4 levels, 4 exp2 per
-  element, 8 dots; the ``i == j`` term is element-wise.
-* Across sub-chunks, "views" pair sub-chunk ``I`` with ``P = I ^ v`` (v = 1..NC-1): the later
-  one of the two is the row side, the earlier the column side, anchored at the first row of
-  the later sub-chunk (GLA's secondary chunking). 2 exp2 per element and 2 dots per view.
+* Diagonal block (pairs inside ``I``): the pairs ``i > j`` are split by the highest bit ``b``
+  where ``i`` and ``j`` differ; the anchor is ``i`` with its low ``b`` bits cleared, which
+  depends only on the row and the level. Each level is one masked dot, and every row takes
+  part in it either as a row (its bit ``b`` set: dq, dkr) or as a column (clear: dkt), so
+  one exp2 per element and level serves both sides: the left operand is the symmetric
+  ``S_rc = dA[max(r,c), min(r,c)]`` masked to the level. 4 levels: 4 exp2 per element and
+  8 dots; the ``i == j`` term is element-wise.
+* Row side (``j`` in an earlier sub-chunk ``J``): anchored at the first row of ``I`` (GLA's
+  secondary chunking), so one accumulator takes every ``J`` and is scaled once.
+* Column side (``i`` in a later sub-chunk ``P``): anchored at the first row of ``P``.
 
-dA is read only on and below the diagonal (fla reads the same entries). Gate factors are
-zeroed for rows past the end of a sequence, so padded rows never meet an exponent.
+dA is read only on and below the diagonal (fla reads the same entries). Gate factors of rows
+past the end of a sequence are exp2(-inf) = 0, so padded rows never meet an exponent.
+Loops over sub-chunks, levels and partners are runtime loops: unrolled, ptxas keeps every
+tile live at once.
 
 Precision: gated operands are fp32; dots use ``DOT_PRECISION`` (tf32 by default, like fla's
 own off-diagonal blocks; "ieee"/"tf32x3"/"bf16x3" selectable).
@@ -56,40 +59,31 @@ def _alloc(size, dtype=None, device=None):
 
 
 def configs():
-    """Every configuration the autotuner may pick (the interpreter runs only the first)."""
+    """Every configuration the autotuner may pick (the interpreter runs only the first).
+
+    ptxas takes every register it is allowed (200-255 at every tile size, no spills), which
+    caps a 4-warp CTA at 2 per SM; with ``maxnreg=128`` it spills only 20-110 bytes (sm_90a
+    ahead-of-time compile, 2026-12 triton 3.6), so both kinds are offered."""
     return [
-        triton.Config({"BK": bk, "HOIST": hoist}, num_warps=w, num_stages=s)
-        for bk, hoist, w, s in [
-            (32, False, 4, 2),
-            (32, False, 8, 2),
-            (64, False, 8, 2),
-            (32, True, 8, 2),
-            (64, True, 8, 1),
-            (32, False, 4, 1),
+        triton.Config({"BK": bk, "HOIST_S": hoist}, num_warps=w, num_stages=st, maxnreg=mr)
+        for bk, hoist, w, st, mr in [
+            (32, False, 4, 1, 128),
+            (64, False, 4, 1, None),
+            (64, False, 8, 1, 128),
+            (32, False, 4, 2, None),
+            (64, False, 4, 2, 168),
+            (32, True, 4, 1, 128),
+            (128, False, 8, 1, 168),
         ]
     ]
 
 
 @triton.jit
-def _sym_lhs(pA, t_loc, o_i, o_r, n_valid, HVBT: tl.constexpr, BC: tl.constexpr):
-    """[NC, BC, BC]: S_rc = dA[max(r,c), min(r,c)] of each diagonal 16x16 block."""
-    rr = tl.maximum(o_r[:, None], o_r[None, :])
-    cc = tl.minimum(o_r[:, None], o_r[None, :])
-    row = o_i[:, None, None] * BC + rr[None, :, :]
-    col = o_i[:, None, None] * BC + cc[None, :, :]
-    return tl.load(pA + row * HVBT + col, mask=row < n_valid, other=0.).to(tl.float32)
-
-
-@triton.jit
-def _view_lhs(pA, o_i, o_r, v: tl.constexpr, n_valid, HVBT: tl.constexpr, BC: tl.constexpr):
-    """[NC, BC, BC]: for sub-chunk I and partner P = I ^ v, the block dA[I, P] when I > P
-    (row side), else the transposed block dA[P, I]^T (column side)."""
-    p_i = o_i ^ v
-    is_row = (o_i > p_i)[:, None, None]
-    r_own = o_i[:, None, None] * BC + o_r[None, :, None]
-    c_par = p_i[:, None, None] * BC + o_r[None, None, :]
-    row = tl.where(is_row, r_own, c_par)
-    col = tl.where(is_row, c_par, r_own)
+def _sym_block(pA, I, o_r, n_valid, HVBT: tl.constexpr, BC: tl.constexpr):
+    """[BC, BC] S_rc = dA[I*BC + max(r, c), I*BC + min(r, c)]: the diagonal block of
+    sub-chunk I, its lower triangle mirrored onto the upper one."""
+    row = I * BC + tl.maximum(o_r[:, None], o_r[None, :])
+    col = I * BC + tl.minimum(o_r[:, None], o_r[None, :])
     return tl.load(pA + row * HVBT + col, mask=row < n_valid, other=0.).to(tl.float32)
 
 
@@ -101,7 +95,7 @@ def _intra_bwd_kernel(
     dq_out, dk_out, db_out, dg_out,
     cu_seqlens, chunk_indices, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, HOIST: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BK: tl.constexpr, HOIST_S: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     BC: tl.constexpr = 16
     NC: tl.constexpr = BT // BC
@@ -140,100 +134,106 @@ def _intra_bwd_kernel(
     db += t0 * HV + i_hv
     db_out += t0 * HV + i_hv
 
-    o_i = tl.arange(0, NC)
     o_r = tl.arange(0, BC)
-    t_loc = o_i[:, None] * BC + o_r[None, :]  # [NC, BC] chunk-local row
-    m_t = t_loc < n_valid
-
     # level of a pair inside a 16-block: the highest bit where r and c differ (-1 on r == c)
     x_rc = o_r[:, None] ^ o_r[None, :]
     lvl = tl.where(x_rc >= 8, 3, tl.where(x_rc >= 4, 2, tl.where(x_rc >= 2, 1, tl.where(x_rc >= 1, 0, -1))))
-    lvl = lvl[None, :, :]
 
-    # the i == j terms
-    dqk_d = tl.load(dAqk + t_loc * HVBT + t_loc, mask=m_t, other=0.).to(tl.float32)[:, :, None]
-    dkk_d = tl.load(dAkk + t_loc * HVBT + t_loc, mask=m_t, other=0.).to(tl.float32)[:, :, None]
-    b_beta = tl.load(beta + t_loc * HV, mask=m_t, other=0.).to(tl.float32)
-    if HOIST:
-        s_qk = _sym_lhs(dAqk, t_loc, o_i, o_r, n_valid, HVBT, BC)
-        s_kk = _sym_lhs(dAkk, t_loc, o_i, o_r, n_valid, HVBT, BC)
+    # one output sub-chunk I (16 rows) at a time: its dq / dk / dg rows for every K block
+    for I in range(0, NC):
+        if I * BC < n_valid:
+            r_i = I * BC + o_r
+            m_i = r_i < n_valid
+            b_beta = tl.load(beta + r_i * HV, mask=m_i, other=0.).to(tl.float32)
+            dqk_d = tl.load(dAqk + r_i * HVBT + r_i, mask=m_i, other=0.).to(tl.float32)[:, None]
+            dkk_d = tl.load(dAkk + r_i * HVBT + r_i, mask=m_i, other=0.).to(tl.float32)[:, None]
+            if HOIST_S:
+                s_qk = _sym_block(dAqk, I, o_r, n_valid, HVBT, BC)
+                s_kk = _sym_block(dAkk, I, o_r, n_valid, HVBT, BC)
+            b_db = tl.zeros([BC], dtype=tl.float32)
+            for i_k in range(0, tl.cdiv(K, BK)):
+                o_k = i_k * BK + tl.arange(0, BK)
+                m_k = (o_k < K)[None, :]
+                m_ik = m_i[:, None] & m_k
+                b_q = tl.load(q + r_i[:, None] * HK + o_k[None, :], mask=m_ik, other=0.).to(tl.float32)
+                b_k = tl.load(k + r_i[:, None] * HK + o_k[None, :], mask=m_ik, other=0.).to(tl.float32)
+                b_g = tl.load(g + r_i[:, None] * HVK + o_k[None, :], mask=m_ik, other=0.).to(tl.float32)
+                b_bk = b_k * b_beta[:, None]
+                # i == j
+                acc_q = dqk_d * b_k
+                acc_r = dkk_d * b_k
+                acc_t = dqk_d * b_q + dkk_d * b_bk
 
-    b_db = tl.zeros([NC, BC], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = (o_k < K)[None, None, :]
-        m_tk = m_t[:, :, None] & m_k
-        o_k3 = o_k[None, None, :]
-        b_q = tl.load(q + t_loc[:, :, None] * HK + o_k3, mask=m_tk, other=0.).to(tl.float32)
-        b_k = tl.load(k + t_loc[:, :, None] * HK + o_k3, mask=m_tk, other=0.).to(tl.float32)
-        b_g = tl.load(g + t_loc[:, :, None] * HVK + o_k3, mask=m_tk, other=0.).to(tl.float32)
-        b_bk = b_k * b_beta[:, :, None]
+                # -- the diagonal block: one masked dot per bit level, rows and columns together
+                if not HOIST_S:
+                    s_qk = _sym_block(dAqk, I, o_r, n_valid, HVBT, BC)
+                    s_kk = _sym_block(dAkk, I, o_r, n_valid, HVBT, BC)
+                for lv in range(0, 4):
+                    r_a = I * BC + (((o_r >> lv) << lv) | (1 << lv))  # the row's anchor at this level
+                    m_a = r_a < n_valid
+                    g_a = tl.load(g + r_a[:, None] * HVK + o_k[None, :], mask=m_a[:, None] & m_k, other=0.).to(tl.float32)
+                    is_row = (((o_r >> lv) & 1) == 1)[:, None]
+                    f = tl.exp2(tl.where((m_i & m_a)[:, None], tl.where(is_row, b_g - g_a, g_a - b_g), NEG_INF))
+                    rhs1 = tl.where(is_row, b_q, b_k) * f
+                    rhs2 = tl.where(is_row, b_bk, b_k) * f
+                    r1 = tl.dot(tl.where(lvl == lv, s_qk, 0.), rhs1, input_precision=DOT_PRECISION) * f
+                    r2 = tl.dot(tl.where(lvl == lv, s_kk, 0.), rhs2, input_precision=DOT_PRECISION) * f
+                    acc_q += tl.where(is_row, r1, 0.)
+                    acc_r += tl.where(is_row, r2, 0.)
+                    acc_t += tl.where(is_row, 0., r1 + r2)
 
-        b_dq = dqk_d * b_k
-        b_dkr = dkk_d * b_k
-        b_dkt = dqk_d * b_q + dkk_d * b_bk
+                # -- row side, earlier sub-chunks J < I, anchored at row I*BC
+                if I > 0:  # runtime
+                    g_0 = tl.load(g + (I * BC) * HVK + o_k, mask=o_k < K, other=0.).to(tl.float32)[None, :]
+                    rq = tl.zeros([BC, BK], dtype=tl.float32)
+                    rr = tl.zeros([BC, BK], dtype=tl.float32)
+                    for J in range(0, I):
+                        r_j = J * BC + o_r  # all valid: they precede a valid row
+                        k_j = tl.load(k + r_j[:, None] * HK + o_k[None, :], mask=m_k, other=0.).to(tl.float32)
+                        g_j = tl.load(g + r_j[:, None] * HVK + o_k[None, :], mask=m_k, other=0.).to(tl.float32)
+                        rhs = k_j * tl.exp2(g_0 - g_j)
+                        off = r_i[:, None] * HVBT + r_j[None, :]
+                        x_qk = tl.load(dAqk + off, mask=m_i[:, None], other=0.).to(tl.float32)
+                        x_kk = tl.load(dAkk + off, mask=m_i[:, None], other=0.).to(tl.float32)
+                        rq = tl.dot(x_qk, rhs, rq, input_precision=DOT_PRECISION)
+                        rr = tl.dot(x_kk, rhs, rr, input_precision=DOT_PRECISION)
+                    f_i = tl.exp2(tl.where(m_i[:, None], b_g - g_0, NEG_INF))
+                    acc_q += rq * f_i
+                    acc_r += rr * f_i
 
-        # ---- diagonal 16x16 blocks: one masked batched dot per bit level ----
-        if not HOIST:
-            s_qk = _sym_lhs(dAqk, t_loc, o_i, o_r, n_valid, HVBT, BC)
-            s_kk = _sym_lhs(dAkk, t_loc, o_i, o_r, n_valid, HVBT, BC)
-        for lv in tl.static_range(4):
-            anc = ((o_r >> lv) << lv) | (1 << lv)
-            t_anc = o_i[:, None] * BC + anc[None, :]
-            m_anc = t_anc < n_valid
-            b_ga = tl.load(g + t_anc[:, :, None] * HVK + o_k3, mask=m_anc[:, :, None] & m_k, other=0.).to(tl.float32)
-            is_row = (((o_r >> lv) & 1) == 1)[None, :, None]
-            b_f = tl.exp2(tl.where((m_t & m_anc)[:, :, None], tl.where(is_row, b_g - b_ga, b_ga - b_g), NEG_INF))
-            rhs1 = tl.where(is_row, b_q, b_k) * b_f
-            rhs2 = tl.where(is_row, b_bk, b_k) * b_f
-            lhs1 = tl.where(lvl == lv, s_qk, 0.)
-            lhs2 = tl.where(lvl == lv, s_kk, 0.)
-            r1 = tl.dot(lhs1, rhs1, input_precision=DOT_PRECISION) * b_f
-            r2 = tl.dot(lhs2, rhs2, input_precision=DOT_PRECISION) * b_f
-            b_dq += tl.where(is_row, r1, 0.)
-            b_dkr += tl.where(is_row, r2, 0.)
-            b_dkt += tl.where(is_row, 0., r1 + r2)
+                # -- column side, later sub-chunks P > I, anchored at row P*BC
+                for P in range(I + 1, NC):
+                    if P * BC < n_valid:
+                        r_p = P * BC + o_r
+                        m_p = r_p < n_valid
+                        m_pk = m_p[:, None] & m_k
+                        q_p = tl.load(q + r_p[:, None] * HK + o_k[None, :], mask=m_pk, other=0.).to(tl.float32)
+                        k_p = tl.load(k + r_p[:, None] * HK + o_k[None, :], mask=m_pk, other=0.).to(tl.float32)
+                        g_p = tl.load(g + r_p[:, None] * HVK + o_k[None, :], mask=m_pk, other=0.).to(tl.float32)
+                        b_p = tl.load(beta + r_p * HV, mask=m_p, other=0.).to(tl.float32)
+                        g_0 = tl.load(g + (P * BC) * HVK + o_k, mask=o_k < K, other=0.).to(tl.float32)[None, :]
+                        f_p = tl.exp2(tl.where(m_p[:, None], g_p - g_0, NEG_INF))
+                        # [r, c] = dA[P*BC + c, I*BC + r]: the block below, transposed by the load
+                        off = r_p[None, :] * HVBT + r_i[:, None]
+                        xt_qk = tl.load(dAqk + off, mask=m_p[None, :], other=0.).to(tl.float32)
+                        xt_kk = tl.load(dAkk + off, mask=m_p[None, :], other=0.).to(tl.float32)
+                        t = tl.dot(xt_qk, q_p * f_p, input_precision=DOT_PRECISION)
+                        t = tl.dot(xt_kk, k_p * b_p[:, None] * f_p, t, input_precision=DOT_PRECISION)
+                        acc_t += t * tl.exp2(tl.where(m_i[:, None], g_0 - b_g, NEG_INF))
 
-        # ---- blocks between sub-chunks I and P = I ^ v ----
-        for v in tl.static_range(1, NC):
-            p_i = o_i ^ v
-            is_row = (o_i > p_i)[:, None, None]
-            t_p = p_i[:, None] * BC + o_r[None, :]
-            m_p = t_p < n_valid
-            m_pk = m_p[:, :, None] & m_k
-            g_p = tl.load(g + t_p[:, :, None] * HVK + o_k3, mask=m_pk, other=0.).to(tl.float32)
-            k_p = tl.load(k + t_p[:, :, None] * HK + o_k3, mask=m_pk, other=0.).to(tl.float32)
-            q_p = tl.load(q + t_p[:, :, None] * HK + o_k3, mask=m_pk, other=0.).to(tl.float32)
-            b_p = tl.load(beta + t_p * HV, mask=m_p, other=0.).to(tl.float32)
-            # anchor: first row of the later sub-chunk of the pair
-            t_a = tl.where(o_i > p_i, o_i, p_i) * BC
-            m_a = (t_a < n_valid)[:, None, None]
-            g_a = tl.load(g + t_a[:, None, None] * HVK + o_k3, mask=m_a & m_k, other=0.).to(tl.float32)
-            f_p = tl.exp2(tl.where(m_p[:, :, None] & m_a, tl.where(is_row, g_a - g_p, g_p - g_a), NEG_INF))
-            f_o = tl.exp2(tl.where(m_t[:, :, None] & m_a, tl.where(is_row, b_g - g_a, g_a - b_g), NEG_INF))
-            rhs1 = tl.where(is_row, k_p, q_p) * f_p
-            rhs2 = tl.where(is_row, k_p, k_p * b_p[:, :, None]) * f_p
-            lhs1 = _view_lhs(dAqk, o_i, o_r, v, n_valid, HVBT, BC)
-            lhs2 = _view_lhs(dAkk, o_i, o_r, v, n_valid, HVBT, BC)
-            r1 = tl.dot(lhs1, rhs1, input_precision=DOT_PRECISION) * f_o
-            r2 = tl.dot(lhs2, rhs2, input_precision=DOT_PRECISION) * f_o
-            b_dq += tl.where(is_row, r1, 0.)
-            b_dkr += tl.where(is_row, r2, 0.)
-            b_dkt += tl.where(is_row, 0., r1 + r2)
-
-        # ---- epilogue for this K block ----
-        b_db += tl.sum(b_dkr * b_k, axis=2)
-        o_out = t_loc[:, :, None] * HVK + o_k3
-        b_dqi = tl.load(dq + o_out, mask=m_tk, other=0.).to(tl.float32)
-        b_dki = tl.load(dk + o_out, mask=m_tk, other=0.).to(tl.float32)
-        b_dgi = tl.load(dg + o_out, mask=m_tk, other=0.).to(tl.float32)
-        b_dkr = b_dkr * b_beta[:, :, None]
-        tl.store(dq_out + o_out, (b_dqi + b_dq).to(dq_out.dtype.element_ty), mask=m_tk)
-        tl.store(dk_out + o_out, (b_dki + b_dkr + b_dkt).to(dk_out.dtype.element_ty), mask=m_tk)
-        tl.store(dg_out + o_out, (b_dgi + b_q * b_dq + (b_dkr - b_dkt) * b_k).to(dg_out.dtype.element_ty), mask=m_tk)
-
-    b_dbi = tl.load(db + t_loc * HV, mask=m_t, other=0.).to(tl.float32)
-    tl.store(db_out + t_loc * HV, (b_dbi + b_db).to(db_out.dtype.element_ty), mask=m_t)
+                # -- epilogue for these rows and this K block
+                b_db += tl.sum(acc_r * b_k, axis=1)
+                acc_r = acc_r * b_beta[:, None]
+                o_out = r_i[:, None] * HVK + o_k[None, :]
+                b_dqi = tl.load(dq + o_out, mask=m_ik, other=0.).to(tl.float32)
+                b_dki = tl.load(dk + o_out, mask=m_ik, other=0.).to(tl.float32)
+                b_dgi = tl.load(dg + o_out, mask=m_ik, other=0.).to(tl.float32)
+                tl.store(dq_out + o_out, (b_dqi + acc_q).to(dq_out.dtype.element_ty), mask=m_ik)
+                tl.store(dk_out + o_out, (b_dki + acc_r + acc_t).to(dk_out.dtype.element_ty), mask=m_ik)
+                tl.store(dg_out + o_out, (b_dgi + b_q * acc_q + (acc_r - acc_t) * b_k).to(dg_out.dtype.element_ty),
+                         mask=m_ik)
+            b_dbi = tl.load(db + r_i * HV, mask=m_i, other=0.).to(tl.float32)
+            tl.store(db_out + r_i * HV, (b_dbi + b_db).to(db_out.dtype.element_ty), mask=m_i)
 
 
 def intra_bwd(
