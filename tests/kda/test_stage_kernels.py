@@ -11,7 +11,6 @@ Outputs are NaN-poisoned (the launchers' ``_alloc`` hook) so an unwritten elemen
 """
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch

@@ -1,0 +1,218 @@
+#!/usr/bin/env python
+"""Bench: KDA's two costliest backward stages, ours vs fla's stage functions, on one GPU.
+
+    python scripts/kda_stage_bench.py out.json [--no-per-config] [--B 8 --T 8192 ...]
+
+At B=8, T=8192, H=HV=16, K=128, V=256 bf16 (the baseline shape) the stage inputs come from
+fla's own chain: ``kda_gate_chunk_cumsum`` (model-like A_log / dt_bias), ``chunk_kda_fwd_intra``,
+``recompute_w_u_fwd``, ``chunk_gated_delta_rule_fwd_h``, ``chunk_kda_bwd_dAv`` and
+``chunk_gated_delta_rule_bwd_dhu``. Then
+
+* wy:    fla ``chunk_kda_bwd_wy_dqkg_fused``  vs ours ``wy_dqkg_bwd``   (baseline 6.31 ms)
+* intra: fla ``chunk_kda_bwd_intra``          vs ours ``intra_bwd``     (baseline 7.39 ms)
+
+run side by side (``triton.testing.do_bench`` medians, after autotuning), ours checked against
+fla's outputs (relative RMS error), and every autotune configuration of ours timed. Prints as
+it goes and writes one JSON to argv[1]. About 2-3 minutes, mostly compilation and autotuning
+(fla's included); ``--no-per-config`` skips the per-configuration rows.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+
+T0 = time.time()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+def bench(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def cfg_name(c) -> str:
+    kw = "-".join(f"{k}{v}" for k, v in c.kwargs.items())
+    return f"{kw}-w{c.num_warps}-s{c.num_stages}-r{getattr(c, 'maxnreg', None)}"
+
+
+def per_config(configs, run_with) -> dict:
+    out = {}
+    for c in configs:
+        name = cfg_name(c)
+        try:
+            ms = bench(lambda: run_with(c))
+            out[name] = round(ms, 4)
+            log(f"    {name}: {ms:.3f} ms")
+        except Exception as e:  # a config that does not fit (shared memory) is reported, not fatal
+            out[name] = f"error: {type(e).__name__}: {str(e)[:160]}"
+            log(f"    {name}: {out[name]}")
+    return out
+
+
+def build_inputs(B, T, H, HV, K, V):
+    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu, chunk_gated_delta_rule_fwd_h
+    from fla.ops.kda.chunk_bwd import chunk_kda_bwd_dAv
+    from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra
+    from fla.ops.kda.gate import kda_gate_chunk_cumsum
+    from fla.ops.kda.wy_fast import recompute_w_u_fwd
+    from fla.ops.utils.constant import RCP_LN2
+
+    torch.manual_seed(0)
+    dev, dt = "cuda", torch.bfloat16
+    q = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
+    k = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
+    v = torch.randn(B, T, HV, V, device=dev, dtype=dt)
+    beta = torch.randn(B, T, HV, device=dev).sigmoid().to(dt)
+    g_raw = torch.randn(B, T, HV, K, device=dev, dtype=dt)
+    # Model-like gate parameters (Mamba-style): A in [1, 16], dt in [1e-3, 1e-1].
+    A_log = torch.empty(HV, device=dev).uniform_(1, 16).log()
+    dt_init = torch.exp(torch.empty(HV * K, device=dev).uniform_(math.log(1e-3), math.log(1e-1)))
+    dt_bias = dt_init + torch.log(-torch.expm1(-dt_init))  # inverse softplus
+    do = torch.randn(B, T, HV, V, device=dev, dtype=dt)
+    scale = K ** -0.5
+    gk = kda_gate_chunk_cumsum(g=g_raw, A_log=A_log, dt_bias=dt_bias, scale=RCP_LN2, chunk_size=64)
+    del g_raw
+    _, _, _, _, Aqk, Akk = chunk_kda_fwd_intra(q=q, k=k, v=v, gk=gk, beta=beta, scale=scale, chunk_size=64)
+    w, u, qg, kg = recompute_w_u_fwd(q=q, k=k, v=v, beta=beta, A=Akk, gk=gk)
+    h, v_new, _ = chunk_gated_delta_rule_fwd_h(k=kg, w=w, u=u, gk=gk, output_final_state=False, chunk_size=64)
+    dAqk, dv = chunk_kda_bwd_dAv(q=q, k=k, v=v_new, do=do, A=Aqk, scale=scale, chunk_size=64)
+    dh, _, dv = chunk_gated_delta_rule_bwd_dhu(q=qg, k=kg, w=w, gk=gk, h0=None, dht=None, do=do, dv=dv,
+                                               scale=scale, chunk_size=64)
+    del w, u, qg, kg, Aqk
+    torch.cuda.synchronize()
+    wy_in = dict(q=q, k=k, v=v, v_new=v_new, g=gk, beta=beta, A=Akk, h=h, do=do, dh=dh, dv=dv, scale=scale,
+                 chunk_size=64)
+    log(f"inputs built: B={B} T={T} H={H} HV={HV} K={K} V={V}; gate per chunk (log2, mean of the last row) "
+        f"{gk[:, 63::64].float().mean().item():.2f}")
+    return wy_in, dAqk
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--no-per-config", action="store_true")
+    for n, d in dict(B=8, T=8192, H=16, HV=16, K=128, V=256).items():
+        ap.add_argument(f"--{n}", type=int, default=d)
+    a = ap.parse_args()
+
+    from fla.ops.kda.chunk_bwd import chunk_kda_bwd_wy_dqkg_fused
+    from fla.ops.kda.chunk_intra import chunk_kda_bwd_intra
+
+    from kernel_fun.kda._kernels import intra_bwd as intra_mod
+    from kernel_fun.kda._kernels import wy_bwd as wy_mod
+
+    rec = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "fla": getattr(__import__("fla"), "__version__", "?"),
+        "git_sha": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                  cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip(),
+        "shape": dict(B=a.B, T=a.T, H=a.H, HV=a.HV, K=a.K, V=a.V, dtype="bfloat16"),
+        "baseline_ms": {"fla_intra_h200_2026_11_30": 7.39, "fla_wy_h200_2026_11_30": 6.31},
+    }
+    wy_in, dAqk = build_inputs(a.B, a.T, a.H, a.HV, a.K, a.V)
+
+    # ---------------- wy ----------------
+    def fla_wy():
+        return chunk_kda_bwd_wy_dqkg_fused(**wy_in)
+
+    def ours_wy(**kw):
+        return wy_mod.wy_dqkg_bwd(**wy_in, **kw)
+
+    t = time.time()
+    ref_wy = fla_wy()
+    torch.cuda.synchronize()
+    log(f"fla wy ready (autotuned) in {time.time() - t:.1f}s")
+    t = time.time()
+    out_wy = ours_wy()
+    torch.cuda.synchronize()
+    best_wy = wy_mod._wy_bwd_kernel.best_config
+    log(f"ours wy compiled + autotuned in {time.time() - t:.1f}s; best {cfg_name(best_wy)}")
+    names = ("dq", "dk", "dv", "db", "dg", "dA")
+    wy = {"errors_vs_fla": {n: rel(o, r) for n, o, r in zip(names, out_wy, ref_wy)}}
+    log("ours wy vs fla: " + ", ".join(f"{n} {e:.2e}" for n, e in wy["errors_vs_fla"].items()))
+    wy["fla_ms"] = bench(fla_wy)
+    log(f"fla  chunk_kda_bwd_wy_dqkg_fused {wy['fla_ms']:.3f} ms")
+    wy["ours_ms"] = bench(ours_wy)
+    wy["speedup"] = wy["fla_ms"] / wy["ours_ms"]
+    wy["best_config"] = cfg_name(best_wy)
+    log(f"ours wy_dqkg_bwd                 {wy['ours_ms']:.3f} ms  ({wy['speedup']:.2f}x; target <= 3.0 ms)")
+    rec["wy"] = wy
+
+    # ---------------- intra (its inputs: fla's wy outputs, as in fla's chain) ----------------
+    dq, dk, _, db, dg, dAkk = ref_wy
+    del out_wy
+    intra_in = dict(q=wy_in["q"], k=wy_in["k"], g=wy_in["g"], beta=wy_in["beta"], dAqk=dAqk, dAkk=dAkk,
+                    dq=dq, dk=dk, db=db, dg=dg, chunk_size=64)
+
+    def fla_intra():
+        return chunk_kda_bwd_intra(**intra_in)
+
+    def ours_intra(**kw):
+        return intra_mod.intra_bwd(**intra_in, **kw)
+
+    t = time.time()
+    ref_in = fla_intra()
+    torch.cuda.synchronize()
+    log(f"fla intra ready (autotuned) in {time.time() - t:.1f}s")
+    t = time.time()
+    out_in = ours_intra()
+    torch.cuda.synchronize()
+    best_in = intra_mod._intra_bwd_kernel.best_config
+    log(f"ours intra compiled + autotuned in {time.time() - t:.1f}s; best {cfg_name(best_in)}")
+    names = ("dq", "dk", "db", "dg")
+    intra = {"errors_vs_fla": {n: rel(o, r) for n, o, r in zip(names, out_in, ref_in)},
+             # the intra contribution alone (outputs minus the wy inputs they add to)
+             "errors_vs_fla_intra_part": {n: rel(o - x, r - x) for n, o, r, x in
+                                          zip(names, out_in, ref_in, (dq, dk, db, dg))}}
+    log("ours intra vs fla: " + ", ".join(f"{n} {e:.2e}" for n, e in intra["errors_vs_fla"].items())
+        + " | intra part only: " + ", ".join(f"{n} {e:.2e}" for n, e in intra["errors_vs_fla_intra_part"].items()))
+    del out_in, ref_in
+    intra["fla_ms"] = bench(fla_intra)
+    log(f"fla  chunk_kda_bwd_intra {intra['fla_ms']:.3f} ms")
+    intra["ours_ms"] = bench(ours_intra)
+    intra["speedup"] = intra["fla_ms"] / intra["ours_ms"]
+    intra["best_config"] = cfg_name(best_in)
+    log(f"ours intra_bwd           {intra['ours_ms']:.3f} ms  ({intra['speedup']:.2f}x; target <= 2.0 ms)")
+    # bytes ours must move at least: q, k (bf16), g, dq/dk/dg in and out (fp32), dAqk, dAkk (fp32)
+    nbytes = (2 * intra_in["q"].numel() * 2 + 7 * dg.numel() * 4 + 2 * dAqk.numel() * 4 + 3 * db.numel() * 4)
+    intra["ours_unique_gb"] = nbytes / 1e9
+    intra["ours_tbps"] = nbytes / intra["ours_ms"] / 1e9
+    log(f"ours intra moves >= {nbytes / 1e9:.2f} GB: {intra['ours_tbps']:.2f} TB/s")
+    rec["intra"] = intra
+
+    if not a.no_per_config:
+        log("  every configuration of ours, intra:")
+        intra["per_config_ms"] = per_config(intra_mod.configs(), lambda c: ours_intra(config=c))
+        log("  every configuration of ours, wy:")
+        wy["per_config_ms"] = per_config(wy_mod.configs(), lambda c: ours_wy(config=c))
+
+    rec["total_s"] = round(time.time() - T0, 1)
+    with open(a.out, "w") as f:
+        json.dump(rec, f, indent=2)
+    log(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        sys.exit("kda_stage_bench: needs a CUDA GPU")
+    main()
