@@ -133,7 +133,8 @@ def test_dtypes(dtype, wdtype, device):
 
 
 @pytest.mark.parametrize("x_layout,dy_layout", [("slice", "contig"), ("transposed", "transposed"),
-                                                ("contig", "transposed"), ("slice", "slice")])
+                                                ("transposed", "contig"), ("contig", "transposed"),
+                                                ("slice", "slice")])
 def test_strided_inputs(x_layout, dy_layout, chunking, device):
     _check(2, 26, 19, 4, device, x_layout=x_layout, dy_layout=dy_layout, seed=11)
 
@@ -232,11 +233,12 @@ def test_outputs_are_fresh(device):
                          + [("bwd", i) for i in range(len(bwd_mod._BWD_CONFIGS))])
 def test_every_config(stage, idx, monkeypatch, device):
     """Each autotune candidate computes the same thing (the interpreter otherwise runs only
-    the first): pin the kernel to one config, then check fwd + bwd with varlen and a tail."""
+    the first): pin the kernel to one config, then check fwd + bwd, D-major with several
+    channel blocks, and T-major (transposed x) with packed documents."""
     kernel, configs = ((fwd_mod.conv_fwd_kernel, fwd_mod._FWD_CONFIGS) if stage == "fwd"
                        else (bwd_mod.conv_bwd_kernel, bwd_mod._BWD_CONFIGS))
     monkeypatch.setattr(kernel, "configs", [configs[idx]])
     monkeypatch.setattr(fwd_mod, "_MIN_ROWS_FWD", 1)
     monkeypatch.setattr(bwd_mod, "_MIN_ROWS_BWD", 1)
     _check(2, 13, 130, 4, device, seed=idx)
-    _check(1, 20, 9, 3, device, cu=_cu([7, 1, 2, 10]), seed=idx)
+    _check(1, 20, 9, 3, device, cu=_cu([7, 1, 2, 10]), x_layout="transposed", seed=idx)

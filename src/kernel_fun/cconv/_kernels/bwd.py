@@ -32,7 +32,8 @@ import triton.language as tl
 from kernel_fun._common.tuning import autotune_configs
 from kernel_fun._common.witness import record_launch
 
-from .fwd import conv_row, load_halo, load_rows, load_taps, seq_advance, seq_locate, time_chunks, varlen_args
+from .fwd import (conv_row, load_halo, load_rows, load_taps, seq_advance, seq_locate, t_major,
+                  time_chunks, varlen_args)
 
 # Test-only hook (see fwd._alloc): tests swap in a NaN-filling allocator.
 _alloc = torch.empty
@@ -61,7 +62,7 @@ _BWD_CONFIGS = [
 
 @triton.autotune(
     configs=autotune_configs(_BWD_CONFIGS),
-    key=["D", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_UNIT_D", "DY_UNIT_D"],
+    key=["D", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_TMAJOR", "DY_TMAJOR"],
 )
 @triton.jit
 def conv_bwd_kernel(
@@ -69,7 +70,7 @@ def conv_bwd_kernel(
     T, D, TC, N_SEQ, N_STEPS,
     s_xb, s_xt, s_xd, s_gb, s_gt, s_gd, s_wd, s_wi,
     W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
-    X_UNIT_D: tl.constexpr, DY_UNIT_D: tl.constexpr,  # autotune key only
+    X_TMAJOR: tl.constexpr, DY_TMAJOR: tl.constexpr,  # contiguous along T (see fwd.load_rows)
     BD: tl.constexpr, R: tl.constexpr, PF: tl.constexpr,
 ):
     pid_d = tl.program_id(0)
@@ -115,17 +116,17 @@ def conv_bwd_kernel(
     # (see fwd).
     lim = tl.minimum(t_end + (W - 1), T)
     if PF:
-        nx = load_rows(px, t_begin, s_xt, lim, cmask, R)
-        ng = load_rows(pg, t_begin, s_gt, lim, cmask, R)
+        nx = load_rows(px, t_begin, s_xt, lim, cmask, R, BD, X_TMAJOR)
+        ng = load_rows(pg, t_begin, s_gt, lim, cmask, R, BD, DY_TMAJOR)
     for u0 in range(t_begin, t_end + (W - 1), R):
         if PF:
             xs = nx
             gs = ng
-            nx = load_rows(px, u0 + R, s_xt, lim, cmask, R)
-            ng = load_rows(pg, u0 + R, s_gt, lim, cmask, R)
+            nx = load_rows(px, u0 + R, s_xt, lim, cmask, R, BD, X_TMAJOR)
+            ng = load_rows(pg, u0 + R, s_gt, lim, cmask, R, BD, DY_TMAJOR)
         else:
-            xs = load_rows(px, u0, s_xt, lim, cmask, R)
-            gs = load_rows(pg, u0, s_gt, lim, cmask, R)
+            xs = load_rows(px, u0, s_xt, lim, cmask, R, BD, X_TMAJOR)
+            gs = load_rows(pg, u0, s_gt, lim, cmask, R, BD, DY_TMAJOR)
         for r in tl.static_range(R):
             u = u0 + r
             x0 = xs[r].to(tl.float32)
@@ -256,7 +257,7 @@ def conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, d
         x.stride(0), x.stride(1), x.stride(2), dy.stride(0), dy.stride(1), dy.stride(2),
         weight.stride(0), weight.stride(1),
         W=W, HAS_BIAS=has_bias, SILU=bool(silu), IS_VARLEN=cu_seqlens is not None,
-        X_UNIT_D=x.stride(2) == 1, DY_UNIT_D=dy.stride(2) == 1,
+        X_TMAJOR=t_major(x), DY_TMAJOR=t_major(dy),
     )
     record_launch("cconv.bwd")
     # [64 partial rows x 128 columns] per program: (W+1) x D / 128 programs, each summing

@@ -61,7 +61,7 @@ _alloc = torch.empty
 # in flight, about twice what 4.24 TB/s x ~1 us of HBM latency / 132 SMs needs.
 _WARPS_PER_SM_FWD = 16
 _MIN_ROWS_FWD = 16
-_ROW_ALIGN = 8  # chunk starts are multiples of 8 rows (every R in the configs divides 8)
+_ROW_ALIGN = 16  # chunk starts: multiples of 16 rows, so Triton sees aligned T-major vectors
 
 
 @functools.lru_cache(maxsize=None)
@@ -86,6 +86,11 @@ def time_chunks(B: int, T: int, D: int, device: torch.device, warps_per_sm: int,
     n = max(1, min(sm_count(device) * warps_per_sm // warps_per_chunk, triton.cdiv(T, min_rows)))
     rows = triton.cdiv(triton.cdiv(T, n), _ROW_ALIGN) * _ROW_ALIGN
     return triton.cdiv(T, rows), rows
+
+
+def t_major(t: torch.Tensor) -> bool:
+    """Whether a [B, T, D] tensor is contiguous along T rather than D (a transposed buffer)."""
+    return t.stride(1) == 1 and t.stride(2) != 1 and t.shape[1] > 1
 
 
 def varlen_args(cu_seqlens: torch.Tensor | None):
@@ -155,13 +160,41 @@ def load_halo(px, t_begin, s_xt, cmask, W: tl.constexpr):
 
 
 @triton.jit
-def load_rows(p, u0, s_t, lim, cmask, R: tl.constexpr):
-    """R rows u0 .. u0+R-1 of a [.., T, D] tensor (raw dtype; rows >= lim read as 0), all
-    issued before any is used."""
+def split_rows(tile, R: tl.constexpr, BD: tl.constexpr):
+    """[BD, R] -> a tuple of its R columns ([BD] rows of x), by halving the last axis."""
+    out = ()
+    if R == 2:
+        e, o = tl.split(tile)
+        out = (e, o)
+    else:
+        e, o = tl.split(tl.reshape(tile, (BD, R // 2, 2)))  # rows 0, 2, 4.. and 1, 3, 5..
+        re = split_rows(e, R // 2, BD)
+        ro = split_rows(o, R // 2, BD)
+        for i in tl.static_range(R // 2):
+            out = out + (re[i], ro[i])
+    return out
+
+
+@triton.jit
+def load_rows(p, u0, s_t, lim, cmask, R: tl.constexpr, BD: tl.constexpr, T_MAJOR: tl.constexpr):
+    """R rows u0 .. u0+R-1 (raw dtype; rows >= lim read as 0) from the [BD] channel pointers
+    p, all issued before any is used. D-contiguous tensors: one coalesced [BD] load per row.
+    T-contiguous ones (a [B, D, T] buffer seen as [B, T, D]): one [BD, R] tile with R
+    consecutive time steps per thread (16 B vectors for R=8 bf16), split into rows in
+    registers; a row load there would be BD scattered 2-byte reads."""
     rows = ()
-    for r in tl.static_range(R):
-        u = u0 + r
-        rows = rows + (tl.load(p + u.to(tl.int64) * s_t, mask=cmask & (u < lim), other=0.0),)
+    if T_MAJOR:
+        rr = u0 + tl.arange(0, R)
+        ptr = p[:, None] + rr.to(tl.int64)[None, :] * s_t
+        if u0 + R <= lim:  # a mask constant along T keeps the loads vectorised
+            tile = tl.load(ptr, mask=cmask[:, None], other=0.0)
+        else:
+            tile = tl.load(ptr, mask=cmask[:, None] & (rr < lim)[None, :], other=0.0)
+        rows = split_rows(tile, R, BD)
+    else:
+        for r in tl.static_range(R):
+            u = u0 + r
+            rows = rows + (tl.load(p + u.to(tl.int64) * s_t, mask=cmask & (u < lim), other=0.0),)
     return rows
 
 
@@ -195,7 +228,7 @@ _FWD_CONFIGS = [
 @triton.autotune(
     configs=autotune_configs(_FWD_CONFIGS),
     # dtypes of the tensor arguments are part of Triton's autotune key already.
-    key=["D", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_UNIT_D"],
+    key=["D", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_TMAJOR"],
 )
 @triton.jit
 def conv_fwd_kernel(
@@ -203,7 +236,7 @@ def conv_fwd_kernel(
     T, D, TC, N_SEQ, N_STEPS,
     s_xb, s_xt, s_xd, s_wd, s_wi,
     W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
-    X_UNIT_D: tl.constexpr,  # autotune key only: whether x is contiguous along D
+    X_TMAJOR: tl.constexpr,  # x contiguous along T, not D (see load_rows)
     BD: tl.constexpr, R: tl.constexpr, PF: tl.constexpr,
 ):
     pid_d = tl.program_id(0)
@@ -234,13 +267,13 @@ def conv_fwd_kernel(
     # rows of the next trip are loaded before this trip's math (double buffering in
     # registers), so a warp keeps loads in flight while it computes.
     if PF:
-        nxt = load_rows(px, t_begin, s_xt, t_end, cmask, R)
+        nxt = load_rows(px, t_begin, s_xt, t_end, cmask, R, BD, X_TMAJOR)
     for u0 in range(t_begin, t_end, R):
         if PF:
             xs = nxt
-            nxt = load_rows(px, u0 + R, s_xt, t_end, cmask, R)
+            nxt = load_rows(px, u0 + R, s_xt, t_end, cmask, R, BD, X_TMAJOR)
         else:
-            xs = load_rows(px, u0, s_xt, t_end, cmask, R)
+            xs = load_rows(px, u0, s_xt, t_end, cmask, R, BD, X_TMAJOR)
         for r in tl.static_range(R):
             u = u0 + r
             x0 = xs[r].to(tl.float32)
@@ -283,7 +316,7 @@ def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, s
         T, D, rows, n_seq, n_steps,
         x.stride(0), x.stride(1), x.stride(2), weight.stride(0), weight.stride(1),
         W=W, HAS_BIAS=bias is not None, SILU=bool(silu), IS_VARLEN=cu_seqlens is not None,
-        X_UNIT_D=x.stride(2) == 1,
+        X_TMAJOR=t_major(x),
     )
     record_launch("cconv.fwd")
     return y
