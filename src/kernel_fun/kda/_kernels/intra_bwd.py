@@ -173,14 +173,17 @@ def _intra_bwd_kernel(
                     m_a = r_a < n_valid
                     g_a = tl.load(g + r_a[:, None] * HVK + o_k[None, :], mask=m_a[:, None] & m_k, other=0.).to(tl.float32)
                     is_row = (((o_r >> lv) & 1) == 1)[:, None]
-                    f = tl.exp2(tl.where((m_i & m_a)[:, None], tl.where(is_row, b_g - g_a, g_a - b_g), NEG_INF))
-                    rhs1 = tl.where(is_row, b_q, b_k) * f
-                    rhs2 = tl.where(is_row, b_bk, b_k) * f
-                    r1 = tl.dot(tl.where(lvl == lv, s_qk, 0.), rhs1, input_precision=DOT_PRECISION) * f
-                    r2 = tl.dot(tl.where(lvl == lv, s_kk, 0.), rhs2, input_precision=DOT_PRECISION) * f
-                    acc_q += tl.where(is_row, r1, 0.)
-                    acc_r += tl.where(is_row, r2, 0.)
-                    acc_t += tl.where(is_row, 0., r1 + r2)
+                    sgn = tl.where(is_row, 1., -1.)  # row side: exp2(g - g_a); column side: exp2(g_a - g)
+                    f = tl.exp2(tl.where((m_i & m_a)[:, None], (b_g - g_a) * sgn, NEG_INF))
+                    f_row = tl.where(is_row, f, 0.)
+                    f_col = f - f_row
+                    rhs1 = b_q * f_row + b_k * f_col
+                    rhs2 = b_bk * f_row + b_k * f_col
+                    r1 = tl.dot(tl.where(lvl == lv, s_qk, 0.), rhs1, input_precision=DOT_PRECISION)
+                    r2 = tl.dot(tl.where(lvl == lv, s_kk, 0.), rhs2, input_precision=DOT_PRECISION)
+                    acc_q += r1 * f_row
+                    acc_r += r2 * f_row
+                    acc_t += (r1 + r2) * f_col
 
                 # -- row side, earlier sub-chunks J < I, anchored at row I*BC
                 if I > 0:  # runtime
