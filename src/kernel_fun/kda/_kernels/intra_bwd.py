@@ -67,13 +67,15 @@ def configs():
     return [
         triton.Config({"BK": bk, "HOIST_S": hoist}, num_warps=w, num_stages=st, maxnreg=mr)
         for bk, hoist, w, st, mr in [
-            (32, False, 4, 1, 128),
+            # fewest SASS instructions per program at K=128 (sm_90a): BK=64/128 on 4 warps
             (64, False, 4, 1, None),
+            (64, False, 4, 1, 168),
+            (64, False, 4, 1, 128),
+            (128, False, 4, 1, None),
+            (32, False, 4, 1, 128),
+            (64, True, 4, 1, 168),
             (64, False, 8, 1, 128),
-            (32, False, 4, 2, None),
             (64, False, 4, 2, 168),
-            (32, True, 4, 1, 128),
-            (128, False, 8, 1, 168),
         ]
     ]
 
