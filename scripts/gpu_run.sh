@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One batched GPU session step on the lent H200: install the carried fla wheel, then run the
+# named steps, each under its own timeout, logging to $OUT. Usage: scripts/gpu_run.sh STEP...
+# Steps: doctor, cconv_tests, cconv_bench, delta_tests, delta_bench, kda_stage_tests,
+#        kda_stage_bench, kda_tests, kda_bench
+set -u
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
+export PYTHONPATH=/tmp/site:src
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+T=${STEP_TIMEOUT:-300}
+for step in "$@"; do
+  echo "=== $step ($(date -u +%H:%M:%S))"
+  case $step in
+    doctor) timeout 120 python3 -m kernel_fun doctor ;;
+    cconv_tests) timeout "$T" python3 -m pytest -m gpu tests/cconv -q -x -rs --durations=5 2>&1 | tee "$OUT/cconv_tests.log" | grep --line-buffered -vE "^\s*$" | tail -40 ;;
+    cconv_bench) timeout "$T" python3 -m kernel_fun bench --family cconv --json "$OUT/cconv_bench.json" 2>&1 | tee "$OUT/cconv_bench.log" ;;
+    delta_tests) timeout "$T" python3 -m pytest -m gpu tests/delta -q -x -rs 2>&1 | tee "$OUT/delta_tests.log" | tail -30 ;;
+    delta_bench) timeout "$T" python3 scripts/delta_scan_bench.py "$OUT/delta_bench.json" 2>&1 | tee "$OUT/delta_bench.log" | tail -40 ;;
+    kda_stage_tests) timeout "$T" python3 -m pytest -m gpu tests/kda/test_stage_kernels_gpu.py -q -x -rs 2>&1 | tee "$OUT/kda_stage_tests.log" | tail -30 ;;
+    kda_stage_bench) timeout "$T" python3 scripts/kda_stage_bench.py "$OUT/kda_stage_bench.json" 2>&1 | tee "$OUT/kda_stage_bench.log" | tail -40 ;;
+    kda_tests) timeout "$T" python3 -m pytest -m gpu tests/kda/test_chain_gpu.py -q -x -rs -s 2>&1 | tee "$OUT/kda_tests.log" | tail -40 ;;
+    kda_bench) timeout "$T" python3 -m kernel_fun bench --family kda --json "$OUT/kda_bench.json" 2>&1 | tee "$OUT/kda_bench.log" ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+echo "=== done ($(date -u +%H:%M:%S))"
