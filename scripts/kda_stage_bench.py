@@ -124,8 +124,10 @@ def main() -> None:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "fla": getattr(__import__("fla"), "__version__", "?"),
-        "git_sha": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                  cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip(),
+        # a copy of the tree without .git (the GPU runner) passes the sha in the environment
+        "git_sha": os.environ.get("KERNEL_FUN_GIT_SHA") or subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown",
         "shape": dict(B=a.B, T=a.T, H=a.H, HV=a.HV, K=a.K, V=a.V, dtype="bfloat16"),
         "baseline_ms": {"fla_intra_h200_2026_11_30": 7.39, "fla_wy_h200_2026_11_30": 6.31},
     }

@@ -80,12 +80,24 @@ CASES = {
 }
 
 _inputs_cache: dict = {}
+_ref_cache: dict = {}
 
 
 def _inputs(name):
     if name not in _inputs_cache:
         _inputs_cache[name] = build_stage_inputs(**CASES[name])
     return _inputs_cache[name]
+
+
+def _refs(name):
+    """(wy reference, intra reference, fla's intra outputs) of a case, computed once."""
+    if name not in _ref_cache:
+        from fla.ops.kda.chunk_intra import chunk_kda_bwd_intra
+
+        wy_in, _, intra_in = _inputs(name)
+        _ref_cache[name] = (refs.wy_dqkg_bwd_reference(**wy_in), refs.intra_bwd_reference(**intra_in),
+                            chunk_kda_bwd_intra(**intra_in))
+    return _ref_cache[name]
 
 
 def _check(name, ours, fla_out, ref, names):
@@ -109,14 +121,12 @@ def test_wy_bwd_against_fla_and_reference(name):
     ours = wy_dqkg_bwd(**wy_in)
     torch.cuda.synchronize()
     assert launch_counts("kda.").get("kda.wy_bwd", 0) == before.get("kda.wy_bwd", 0) + 1
-    ref = refs.wy_dqkg_bwd_reference(**wy_in)
+    ref = _refs(name)[0]
     _check(name, ours, fla_wy, ref, ("dq", "dk", "dv", "db", "dg", "dA"))
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_intra_bwd_against_fla_and_reference(name):
-    from fla.ops.kda.chunk_intra import chunk_kda_bwd_intra
-
     from kernel_fun.kda._kernels.intra_bwd import intra_bwd
 
     _, _, intra_in = _inputs(name)
@@ -124,8 +134,7 @@ def test_intra_bwd_against_fla_and_reference(name):
     ours = intra_bwd(**intra_in)
     torch.cuda.synchronize()
     assert launch_counts("kda.").get("kda.intra_bwd", 0) == before.get("kda.intra_bwd", 0) + 1
-    fla_out = chunk_kda_bwd_intra(**intra_in)
-    ref = refs.intra_bwd_reference(**intra_in)
+    _, ref, fla_out = _refs(name)
     _check(name, ours, fla_out, ref, ("dq", "dk", "db", "dg"))
 
 
@@ -149,14 +158,11 @@ def _ids(cfgs):
 @pytest.mark.parametrize("config", _intra_configs(), ids=_ids(_intra_configs()))
 @pytest.mark.parametrize("name", ["tail", "varlen"])
 def test_intra_bwd_every_config(name, config):
-    from fla.ops.kda.chunk_intra import chunk_kda_bwd_intra
-
     from kernel_fun.kda._kernels.intra_bwd import intra_bwd
 
     _, _, intra_in = _inputs(name)
     ours = intra_bwd(**intra_in, config=config)
-    fla_out = chunk_kda_bwd_intra(**intra_in)
-    ref = refs.intra_bwd_reference(**intra_in)
+    _, ref, fla_out = _refs(name)
     _check(f"{name}/{config}", ours, fla_out, ref, ("dq", "dk", "db", "dg"))
 
 
@@ -167,7 +173,7 @@ def test_wy_bwd_every_config(name, config):
 
     wy_in, fla_wy, _ = _inputs(name)
     ours = wy_dqkg_bwd(**wy_in, config=config)
-    ref = refs.wy_dqkg_bwd_reference(**wy_in)
+    ref = _refs(name)[0]
     _check(f"{name}/{config}", ours, fla_wy, ref, ("dq", "dk", "dv", "db", "dg", "dA"))
 
 
