@@ -32,7 +32,7 @@ import triton.language as tl
 from kernel_fun._common.tuning import autotune_configs
 from kernel_fun._common.witness import record_launch
 
-from .fwd import (conv_row, load_halo, load_rows, load_taps, seq_advance, seq_locate, t_major,
+from .fwd import (aligned16, conv_row, load_halo, load_rows, load_taps, seq_advance, seq_locate, t_major,
                   time_chunks, varlen_args)
 
 # Test-only hook (see fwd._alloc): tests swap in a NaN-filling allocator.
@@ -50,19 +50,22 @@ _MIN_ROWS_BWD = 32
 _BWD_CONFIGS = [
     # BD channels per program (always 4 per thread: 8 per thread needs 255 registers and
     # spills at R=8), R rows per trip, PF: prefetch the next trip's rows. Registers (ptxas
-    # sm_90, bf16, W=4, silu; varlen in brackets): 173 [168], 136 [156], 140 [167],
-    # 136 [156], 140 [167]. No spills.
+    # sm_90, bf16, W=4, silu, aligned; varlen in brackets): 173 [168], 136 [156], 140 [167],
+    # 136 [156], 140 [167], ~110. No spills D-major. Unaligned strides (VEC16 false) cost
+    # a 64-bit address per element: 242, 168, 168, 166, 168, 122; T-major (transposed)
+    # unaligned inputs spill in the R=8 configs, hence the last, lean config.
     triton.Config({"BD": 128, "R": 8, "PF": True}, num_warps=1),
     triton.Config({"BD": 128, "R": 4, "PF": True}, num_warps=1),
     triton.Config({"BD": 256, "R": 8, "PF": False}, num_warps=2),
     triton.Config({"BD": 512, "R": 4, "PF": True}, num_warps=4),
     triton.Config({"BD": 128, "R": 8, "PF": False}, num_warps=1),
+    triton.Config({"BD": 128, "R": 4, "PF": False}, num_warps=1),
 ]
 
 
 @triton.autotune(
     configs=autotune_configs(_BWD_CONFIGS),
-    key=["D", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_TMAJOR", "DY_TMAJOR"],
+    key=["D", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_TMAJOR", "DY_TMAJOR", "VEC16"],
 )
 @triton.jit
 def conv_bwd_kernel(
@@ -71,6 +74,7 @@ def conv_bwd_kernel(
     s_xb, s_xt, s_xd, s_gb, s_gt, s_gd, s_wd, s_wi,
     W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
     X_TMAJOR: tl.constexpr, DY_TMAJOR: tl.constexpr,  # contiguous along T (see fwd.load_rows)
+    VEC16: tl.constexpr,  # autotune key only: fwd.aligned16 of x and dy
     BD: tl.constexpr, R: tl.constexpr, PF: tl.constexpr,
 ):
     pid_d = tl.program_id(0)
@@ -257,7 +261,7 @@ def conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, d
         x.stride(0), x.stride(1), x.stride(2), dy.stride(0), dy.stride(1), dy.stride(2),
         weight.stride(0), weight.stride(1),
         W=W, HAS_BIAS=has_bias, SILU=bool(silu), IS_VARLEN=cu_seqlens is not None,
-        X_TMAJOR=t_major(x), DY_TMAJOR=t_major(dy),
+        X_TMAJOR=t_major(x), DY_TMAJOR=t_major(dy), VEC16=aligned16(x) and aligned16(dy),
     )
     record_launch("cconv.bwd")
     # [64 partial rows x 128 columns] per program: (W+1) x D / 128 programs, each summing
