@@ -71,11 +71,13 @@ def test_cuda_graph_capture_replay_bit_identical():
         y, _ = cconv.causal_conv1d(x, w, b, activation="silu")
         return (y,) + torch.autograd.grad(y, (x, w, b), dy)
 
-    eager = [t.clone() for t in step()]  # warms the signature (fwd + bwd)
+    # Warm up on a side stream (PyTorch's recipe for capturing fwd + bwd), which also makes the
+    # call signature warm (fwd and bwd ran eagerly).
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        step()
+        for _ in range(3):
+            eager = [t.clone() for t in step()]
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

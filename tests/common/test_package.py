@@ -64,3 +64,14 @@ def test_console_script_entry():
     out = subprocess.run([sys.executable, "-m", "kernel_fun", "doctor"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "families:" in out.stdout
+
+
+def test_bench_without_gpu_runs_the_check():
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    out = subprocess.run([sys.executable, "-m", "kernel_fun", "bench"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "timings need a CUDA GPU" in out.stdout
+    assert "check cconv: ok" in out.stdout and "check kda: ok" in out.stdout

@@ -130,7 +130,13 @@ def test_graph_capture_memory_aliasing_stream_determinism():
     torch.cuda.current_stream().wait_stream(s)
     for k, v in eager.items():
         assert torch.equal(v, on_s[k]), k
-    # CUDA graph capture and replay, bit-identical to eager
+    # CUDA graph capture and replay, bit-identical to eager (warm on a side stream first)
+    s2 = torch.cuda.Stream()
+    s2.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s2):
+        for _ in range(2):
+            _step(t, do, flags)
+    torch.cuda.current_stream().wait_stream(s2)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static = _step(t, do, flags)

@@ -107,13 +107,70 @@ def cases(overrides: dict | None = None):
     yield _case("latency_b1_t4096", 1, 4096, 16, 16, 128, 256)
 
 
-def check(device: str = "cpu") -> list[str]:
-    """Interpreted check of our KDA stage kernels against their references (small shapes)."""
-    from ..kda import chain
+def _check_inputs(device, B=1, T=100, H=1, HV=2, K=32, V=32, seed=0):
+    """Small structured stage inputs: log2 gates cumsummed per 64-token chunk, lower
+    triangular A matrices, random states."""
+    import torch
 
+    gen = torch.Generator().manual_seed(seed)
+
+    def r(*s):
+        return torch.randn(*s, generator=gen)
+
+    g = -torch.rand(B, T, HV, K, generator=gen) * 2.0
+    g = torch.cat([c.cumsum(1) for c in g.split(64, dim=1)], dim=1)
+    NT = -(-T // 64)
+    tri = torch.tril(torch.ones(64, 64))
+    A = torch.cat([(r(B, 64, HV, 64) * tri[:, None, :] * 0.1) for _ in range(NT)], 1)[:, :T]
+    t = dict(q=r(B, T, H, K), k=r(B, T, H, K) * 0.3, v=r(B, T, HV, V), v_new=r(B, T, HV, V),
+             w=r(B, T, HV, K) * 0.1, u=r(B, T, HV, V), kg=r(B, T, HV, K) * 0.3, g=g,
+             beta=torch.rand(B, T, HV, generator=gen), A=A, Aqk=A.clone(),
+             h=r(B, NT, HV, K, V) * 0.1, dh=r(B, NT, HV, K, V) * 0.1, do=r(B, T, HV, V),
+             dv=r(B, T, HV, V), dq=r(B, T, HV, K), dk=r(B, T, HV, K), db=r(B, T, HV),
+             dg=r(B, T, HV, K))
+    return {k: v.to(device) for k, v in t.items()}
+
+
+def check(device: str = "cpu") -> list[str]:
+    """Interpreted check of our KDA stage kernels against their plain-torch references at a
+    small shape (T not a multiple of 64, grouped values), fp32."""
+    from .._common.witness import launches
+    from .._delta.reference import state_scan_fwd_ref
+    from ..kda import chain
+    from ..kda.reference_stages import intra_bwd_reference, wy_dqkg_bwd_reference
+
+    def rel(a, b):
+        return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+    t = _check_inputs(device)
     failures = []
-    for name, selfcheck in chain.STAGE_CHECKS.items():
-        err = selfcheck(device)
-        if err:
-            failures.append(f"kda {name}: {err}")
+    runs = {
+        "intra_bwd": (chain.STAGES["intra_bwd"], intra_bwd_reference,
+                      dict(q=t["q"], k=t["k"], g=t["g"], beta=t["beta"], dAqk=t["A"], dAkk=t["Aqk"],
+                           dq=t["dq"], dk=t["dk"], db=t["db"], dg=t["dg"], chunk_size=64)),
+        "wy_bwd": (chain.STAGES["wy_bwd"], wy_dqkg_bwd_reference,
+                   dict(q=t["q"], k=t["k"], v=t["v"], v_new=t["v_new"], g=t["g"], beta=t["beta"],
+                        A=t["A"], h=t["h"], do=t["do"], dh=t["dh"], dv=t["dv"], scale=0.3,
+                        chunk_size=64)),
+    }
+    for name, (ours, ref, kw) in runs.items():
+        before = launches("kda.")
+        got, exp = ours(**kw), ref(**kw)
+        if launches("kda.") == before:
+            failures.append(f"kda {name}: our kernel did not run")
+        for i, (a, b) in enumerate(zip(got, exp)):
+            err = rel(a, b)
+            if not err < 1e-3:  # tf32 products on the GPU; fp32 exact under the interpreter
+                failures.append(f"kda {name}: output {i} relative error {err:.2e}")
+    before = launches("delta.")
+    kw = dict(q=t["q"], k=t["kg"], w=t["w"], u=t["u"], gk=t["g"], Aqk=t["Aqk"], scale=0.3,
+              output_final_state=True)
+    o, ht, _, _ = chain.STAGES["state_scan_fwd"](**kw)
+    o_ref, ht_ref = state_scan_fwd_ref(**kw)[:2]
+    if launches("delta.") == before:
+        failures.append("kda state_scan_fwd: our kernel did not run")
+    for name, a, b in (("o", o, o_ref), ("final_state", ht, ht_ref)):
+        err = rel(a, b)
+        if not err < 1e-3:
+            failures.append(f"kda state_scan_fwd: {name} relative error {err:.2e}")
     return failures
