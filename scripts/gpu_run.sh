@@ -15,13 +15,14 @@ for step in "$@"; do
   case $step in
     doctor) timeout 120 python3 -m kernel_fun doctor ;;
     cconv_tests) timeout "$T" python3 -m pytest -m gpu tests/cconv -q -x -rs --durations=5 2>&1 | tee "$OUT/cconv_tests.log" | grep --line-buffered -vE "^\s*$" | tail -40 ;;
+    cconv_runtime) timeout "$T" python3 -m pytest -m gpu tests/cconv/test_runtime_gpu.py -q -rs -s 2>&1 | tee "$OUT/cconv_runtime.log" | tail -40 ;;
     cconv_bench) timeout "$T" python3 -m kernel_fun bench --family cconv --json "$OUT/cconv_bench.json" 2>&1 | tee "$OUT/cconv_bench.log" ;;
     delta_tests) timeout "$T" python3 -m pytest -m gpu tests/delta -q -x -rs 2>&1 | tee "$OUT/delta_tests.log" | tail -30 ;;
     delta_bench) timeout "$T" python3 scripts/delta_scan_bench.py "$OUT/delta_bench.json" 2>&1 | tee "$OUT/delta_bench.log" | tail -40 ;;
     kda_stage_tests) timeout "$T" python3 -m pytest -m gpu tests/kda/test_stage_kernels_gpu.py -q -x -rs 2>&1 | tee "$OUT/kda_stage_tests.log" | tail -30 ;;
     kda_stage_bench) timeout "$T" python3 scripts/kda_stage_bench.py "$OUT/kda_stage_bench.json" 2>&1 | tee "$OUT/kda_stage_bench.log" | tail -40 ;;
     kda_tests) timeout "$T" python3 -m pytest -m gpu tests/kda/test_chain_gpu.py -q -x -rs -s 2>&1 | tee "$OUT/kda_tests.log" | tail -40 ;;
-    kda_bench) timeout "$T" python3 -m kernel_fun bench --family kda --json "$OUT/kda_bench.json" 2>&1 | tee "$OUT/kda_bench.log" ;;
+    kda_bench) timeout "$T" python3 -m kernel_fun bench --family kda ${KDA_CASES:-} --json "$OUT/kda_bench.json" 2>&1 | tee "$OUT/kda_bench.log" ;;
     *) echo "unknown step $step" ;;
   esac
 done

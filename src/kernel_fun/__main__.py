@@ -107,7 +107,7 @@ def check(families: list[str]) -> int:
     return 1 if failures else 0
 
 
-def bench(families: list[str], overrides: dict, json_path: str | None) -> int:
+def bench(families: list[str], overrides: dict, json_path: str | None, only: list[str] | None = None) -> int:
     """Ours and fla's side by side on this GPU; on a machine without CUDA, the check instead."""
     import importlib
 
@@ -115,6 +115,8 @@ def bench(families: list[str], overrides: dict, json_path: str | None) -> int:
         print("kernel-fun bench: timings need a CUDA GPU; none here, so running `kernel-fun check` "
               "(the interpreted correctness check) instead.")
         return check(families)
+    import torch
+
     from .bench import harness
 
     ceilings = harness.measure_ceilings()
@@ -124,9 +126,11 @@ def bench(families: list[str], overrides: dict, json_path: str | None) -> int:
     rows = []
     for fam in families:
         mod = importlib.import_module(f"kernel_fun.bench.{fam}")
-        for case in mod.cases(overrides):
-            rows += harness.run_case(case, ceilings)
-            del case
+        for name, build in mod.cases(overrides):
+            if only and name not in only:
+                continue
+            rows += harness.run_case(build(), ceilings)
+            torch.cuda.empty_cache()
     harness.write_record(harness.record(rows, ceilings), json_path)
     return 0 if all(r["engaged"] for r in rows) else 3
 
@@ -155,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         if name == "bench":
             p.add_argument("--shape", help="override the production shapes, e.g. B=8,T=4096,D=2048")
             p.add_argument("--json", help="record path (default bench/records/<date>-<gpu>-<sha>.json)")
+            p.add_argument("--case", action="append", help="run only this case (repeatable)")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         return doctor()
@@ -162,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         return check(families)
     if args.command == "bench":
-        return bench(families, _parse_shape(args.shape), args.json)
+        return bench(families, _parse_shape(args.shape), args.json, args.case)
     parser.error(f"unknown command {args.command}")
     return 2
 

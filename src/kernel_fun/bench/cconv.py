@@ -69,19 +69,24 @@ def _random_cu_seqlens(T, n_docs, seed=0):
 
 
 def cases(overrides: dict | None = None):
-    """Production cases, or one ``custom`` case when ``--shape`` overrides are given."""
+    """(name, build) pairs: the production cases, or one ``custom`` case for ``--shape``."""
     if overrides:
         p = dict(PROD, D=2048, layout="contiguous")
         p.update(overrides)
-        yield _case("custom", int(p["B"]), int(p["T"]), int(p["D"]), int(p["W"]), p["layout"])
-        return
-    yield _case("prod_d2048", D=2048, **PROD)
-    yield _case("prod_d4096", D=4096, **PROD)
-    yield _case("varlen_16docs", 1, 131072, 2048, cu_seqlens=_random_cu_seqlens(131072, 16))
-    yield _case("column_slice_d2048", 8, 8192, 2048, layout="column_slice")
-    yield _case("latency_b1_t2048", 1, 2048, 2048)
+        return [("custom", lambda: _case("custom", int(p["B"]), int(p["T"]), int(p["D"]), int(p["W"]),
+                                         p["layout"]))]
+    out = [
+        ("prod_d2048", lambda: _case("prod_d2048", D=2048, **PROD)),
+        ("prod_d4096", lambda: _case("prod_d4096", D=4096, **PROD)),
+        ("varlen_16docs", lambda: _case("varlen_16docs", 1, 131072, 2048,
+                                        cu_seqlens=_random_cu_seqlens(131072, 16))),
+        ("column_slice_d2048", lambda: _case("column_slice_d2048", 8, 8192, 2048, layout="column_slice")),
+        ("latency_b1_t2048", lambda: _case("latency_b1_t2048", 1, 2048, 2048)),
+    ]
     if importlib.util.find_spec("causal_conv1d") is not None:  # Dao's kernels, via fla's cuda backend
-        yield _case("prod_d2048_vs_fla_cuda", D=2048, backend="cuda", **PROD)
+        out.append(("prod_d2048_vs_fla_cuda",
+                    lambda: _case("prod_d2048_vs_fla_cuda", D=2048, backend="cuda", **PROD)))
+    return out
 
 
 def check(device: str = "cpu") -> list[str]:

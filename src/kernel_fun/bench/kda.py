@@ -93,18 +93,21 @@ def _case(name, B, T, H, HV, K, V, cu_seqlens=None, profile=False):
 
 
 def cases(overrides: dict | None = None):
+    """(name, build) pairs: the production cases, or one ``custom`` case for ``--shape``."""
     from .cconv import _random_cu_seqlens
 
     if overrides:
         p = dict(PROD, B=8)
         p.update({k: int(v) for k, v in overrides.items()})
-        yield _case("custom", **p)
-        return
-    yield _case("prod_b16", B=16, **PROD)
-    yield _case("prod_b8", B=8, **PROD, profile=True)
-    yield _case("varlen_16docs", 1, 65536, 16, 16, 128, 256, cu_seqlens=_random_cu_seqlens(65536, 16))
-    yield _case("grouped_h8_hv16", 8, 8192, 8, 16, 128, 256)
-    yield _case("latency_b1_t4096", 1, 4096, 16, 16, 128, 256)
+        return [("custom", lambda: _case("custom", **p))]
+    return [
+        ("prod_b16", lambda: _case("prod_b16", B=16, **PROD)),
+        ("prod_b8", lambda: _case("prod_b8", B=8, **PROD, profile=True)),
+        ("varlen_16docs", lambda: _case("varlen_16docs", 1, 65536, 16, 16, 128, 256,
+                                        cu_seqlens=_random_cu_seqlens(65536, 16))),
+        ("grouped_h8_hv16", lambda: _case("grouped_h8_hv16", 8, 8192, 8, 16, 128, 256)),
+        ("latency_b1_t4096", lambda: _case("latency_b1_t4096", 1, 4096, 16, 16, 128, 256)),
+    ]
 
 
 def _check_inputs(device, B=1, T=100, H=1, HV=2, K=32, V=32, seed=0):
