@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from kernel_fun._common.witness import launches
 from kernel_fun._delta import reference as ref
 from kernel_fun._delta._kernels import state_scan_fwd as mod
-from kernel_fun._delta._kernels.state_scan_fwd import CONFIGS, state_scan_fwd
+from kernel_fun._delta._kernels.state_scan_fwd import CONFIGS, config_name, state_scan_fwd
 
 BT = 64
 SCALE = 0.3
@@ -144,15 +144,15 @@ def test_state_v_first(poisoned, gate):
     _run(gate, torch.float16, state_v_first=True, cu_seqlens=CU[:4], T=164)
 
 
-@pytest.mark.parametrize("bv", sorted({c.kwargs["BV"] for c in CONFIGS}))
+@pytest.mark.parametrize("bv", sorted({c.kwargs["BV"] for c in CONFIGS if not c.kwargs["VK"]}))
 def test_each_v_block_width(poisoned, bv):
     """Every BV of the autotune space (the interpreter otherwise runs only the first)."""
-    config = next(c for c in CONFIGS if c.kwargs["BV"] == bv)
+    config = next(c for c in CONFIGS if c.kwargs["BV"] == bv and not c.kwargs["VK"])
     _run("gk", torch.float16, config=config, K=64, V=64)
 
 
 def test_forced_config_with_maxnreg(poisoned):
-    config = next(c for c in CONFIGS if c.maxnreg is not None)
+    config = next(c for c in CONFIGS if c.maxnreg is not None and not c.kwargs["VK"])
     _run("g", torch.float16, config=config, V=32)
 
 
@@ -199,6 +199,44 @@ def test_argument_errors():
         state_scan_fwd(x["q"], x["k"], x["w"], x["u"], gk=x["gk"], Aqk=x["Aqk"])
     with pytest.raises(ValueError, match="B == 1"):
         state_scan_fwd(x["q"], x["k"], x["w"], x["u"], gk=x["gk"], Aqk=x["Aqk"], scale=SCALE, cu_seqlens=CU)
+
+
+# The value-major layout (VK: the state held as S^T [BV, K]) is a second code path of the same
+# kernel; the interpreter runs the first configuration (key-major) unless one is forced.
+VK32 = next(c for c in CONFIGS if c.kwargs["VK"] and c.kwargs["BV"] == 32)
+
+
+@pytest.mark.parametrize("gate", ["gk", "g", "g_aqk", "none"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_value_major_fixed_length(poisoned, gate, dtype):
+    _run(gate, dtype, config=VK32)
+
+
+@pytest.mark.parametrize("gate", ["gk", "g"])
+def test_value_major_varlen_state_v_first(poisoned, gate):
+    o = _run(gate, torch.float16, cu_seqlens=CU, T=180, config=VK32, state_v_first=True)
+    assert (o[:, int(CU[-1]):] == 0).all()
+
+
+@pytest.mark.parametrize("gate", ["gk", "g"])
+def test_value_major_k128_strong_decay(poisoned, gate):
+    _run(gate, torch.float16, B=1, K=128, V=64, T=100, decay=8.0, seed=3, config=VK32)
+
+
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c.kwargs["VK"]], ids=config_name)
+def test_value_major_each_config(poisoned, config):
+    _run("gk", torch.float16, B=1, K=64, V=64, T=70, config=config)
+
+
+def test_value_major_q_gated(poisoned):
+    x, h0 = _stage_inputs("gk", torch.float16, K=128, V=64)
+    o_ref, ht_ref, _, _ = _reference(x, h0, None)
+    HV = x["w"].shape[2]
+    qg = (x["q"].float().repeat_interleave(HV // x["q"].shape[2], dim=2) * torch.exp2(x["gk"])).to(x["q"].dtype)
+    o, ht, _, _ = state_scan_fwd(qg, x["k"], x["w"], x["u"], gk=x["gk"], Aqk=x["Aqk"], scale=SCALE,
+                                 initial_state=h0, output_final_state=True, q_gated=True, config=VK32)
+    _check("o", o, o_ref, TOL[torch.float16])
+    _check("final_state", ht, ht_ref, TOL[torch.float16])
 
 
 # The reference itself: the chunked stages agree with the token-by-token recurrence.

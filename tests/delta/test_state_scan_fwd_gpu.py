@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from kernel_fun._common.witness import launches
 from kernel_fun._delta import reference as ref
-from kernel_fun._delta._kernels.state_scan_fwd import CONFIGS, state_scan_fwd
+from kernel_fun._delta._kernels.state_scan_fwd import CONFIGS, config_name, state_scan_fwd
 
 pytestmark = pytest.mark.gpu
 
@@ -149,7 +149,7 @@ CASES = {"kda": _kda_case, "gdn": _gdn_case}
 
 
 @pytest.mark.parametrize("kind", ["kda", "gdn"])
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}-r{c.maxnreg}")
+@pytest.mark.parametrize("config", CONFIGS, ids=config_name)
 def test_every_config(kind, config):
     """Each configuration once, varlen with grouped values, against fla and the reference."""
     c = CASES[kind](cu_seqlens=CU)

@@ -55,20 +55,35 @@ GATE_NONE, GATE_SCALAR, GATE_CHANNEL = 0, 1, 2
 # At that shape BV=32 gives 1024 CTAs, BV=64 512, BV=128 256; every V-block re-reads q, k, w,
 # gk and Aqk (from L2 when its neighbours run alongside).
 _CONFIG_TUPLES = [
-    (32, 4, 1, None),
-    (32, 4, 2, None),
-    (64, 4, 1, None),
-    (64, 4, 2, None),
-    (64, 8, 1, None),
-    (64, 8, 2, None),
-    (128, 8, 1, None),
-    (128, 8, 2, None),
-    (32, 4, 1, 168),
-    (64, 4, 1, 128),
-    (64, 4, 2, 168),
-    (128, 8, 1, 128),
+    (32, 4, 1, None, False),
+    (32, 4, 2, None, False),
+    (64, 4, 1, None, False),
+    (64, 4, 2, None, False),
+    (64, 8, 1, None, False),
+    (64, 8, 2, None, False),
+    (128, 8, 1, None, False),
+    (128, 8, 2, None, False),
+    (32, 4, 1, 168, False),
+    (64, 4, 1, 128, False),
+    (64, 4, 2, 168, False),
+    (128, 8, 1, 128, False),
+    # value-major (VK) layout, see the kernel. sm_90a compile at K=128, V=256, 2026-12-01
+    # (not yet timed): BV128/w8/s2 255 regs, 8 B spilled, 136 KB (114 KB with q_gated);
+    # BV128/w8/s3 72 B spilled, 224 KB (168 KB with q_gated, no spill); BV64/w4/s2 20 B spilled,
+    # 136 KB; BV256/w16/s2 128 regs, 568 B spilled (one program per head: 128 at B=8).
+    (128, 8, 2, None, True),
+    (128, 8, 3, None, True),
+    (64, 4, 2, None, True),
+    (32, 4, 2, None, True),
+    (256, 16, 2, None, True),
 ]
-CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns, maxnreg=mr) for bv, nw, ns, mr in _CONFIG_TUPLES]
+CONFIGS = [triton.Config({"BV": bv, "VK": vk}, num_warps=nw, num_stages=ns, maxnreg=mr)
+           for bv, nw, ns, mr, vk in _CONFIG_TUPLES]
+
+
+def config_name(c) -> str:
+    """A short name of a configuration: ``BV128-w8-s2-rNone`` (key-major) or ``VK-BV128-w8-s2-rNone``."""
+    return f"{'VK-' if c.kwargs.get('VK') else ''}BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}-r{c.maxnreg}"
 
 
 def _prune(configs, named_args, **kwargs):
@@ -130,6 +145,7 @@ def state_scan_fwd_kernel(
     STATE_V_FIRST: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    VK: tl.constexpr = False,
 ):
     # One program per (V-block, value head, sequence); the V-blocks of one head are adjacent
     # program ids, so they run together and share q, k, w and the gate through L2.
@@ -197,123 +213,231 @@ def state_scan_fwd_kernel(
     if SAVE_H:
         h += (boh * HV + i_hv) * K * V
 
-    b_s1 = tl.zeros([BK, BV], dtype=tl.float32)
-    if TWO_K:
-        b_s2 = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_H0:
-        b_s1 += tl.load(h0 + i_nh * K * V + s_off1, mask=m_kv1, other=0.0).to(tl.float32)
-        if TWO_K:
-            b_s2 += tl.load(h0 + i_nh * K * V + s_off2, mask=m_kv2, other=0.0).to(tl.float32)
+    if VK:
+        # Value-major layout: the state is held transposed, S^T [BV, K] (one tile over all of
+        # K), and every product is written with the V-block as its M dimension:
+        #     v_new^T = u^T - S^T w^T,   o^T = S^T qg^T + v_new^T Aqk^T,   S^T += v_new^T kg
+        # With BV = 128 and 8 warps each warpgroup owns 64 rows of V in every product (no
+        # replicated work), and the left operands (S^T, v_new^T) come from registers: only
+        # the right operands (loaded tiles, the gated queries, the masked Aqk) pass through
+        # shared memory, where the key-major layout stages the state and v_new every chunk.
+        KP: tl.constexpr = 2 * BK if TWO_K else BK
+        o_k = tl.arange(0, KP)
+        m_k = o_k < K
+        m_vk = m_v[:, None] & m_k[None, :]
+        if STATE_V_FIRST:  # [BV, KP] tiles of a [V, K] state
+            s_off = o_v[:, None] * K + o_k[None, :]
+        else:  # [BV, KP] tiles of a [K, V] state
+            s_off = o_k[None, :] * V + o_v[:, None]
+        b_s = tl.zeros([BV, KP], dtype=tl.float32)
+        if USE_H0:
+            b_s += tl.load(h0 + i_nh * K * V + s_off, mask=m_vk, other=0.0).to(tl.float32)
+        # [j, i] (key token, query token): the transposed causal mask, diagonal included
+        m_upper = o_i[:, None] <= o_i[None, :]
+        for i_t in range(NT):
+            n_t = T - i_t * BT
+            m_t = o_i < n_t
+            m_kt = m_k[:, None] & m_t[None, :]
+            m_vt = m_v[:, None] & m_t[None, :]
+            last = tl.minimum(n_t, BT) - 1
 
-    m_lower = o_i[:, None] >= o_i[None, :]
-    for i_t in range(NT):
-        n_t = T - i_t * BT  # tokens left in the sequence from this chunk on
-        m_t = o_i < n_t
-        m_tk1 = m_t[:, None] & m_k1[None, :]
-        m_tk2 = m_t[:, None] & m_k2[None, :]
-        m_tv = m_t[:, None] & m_v[None, :]
-        last = tl.minimum(n_t, BT) - 1  # the chunk's last token, chunk-local
+            b_sc = b_s.to(w.dtype.element_ty)
+            if SAVE_H:
+                tl.store(h + s_off, b_sc.to(h.dtype.element_ty), mask=m_vk)
 
-        # The state before this chunk, as a product operand (fla stores h in this dtype).
-        b_s1c = b_s1.to(w.dtype.element_ty)
-        if TWO_K:
-            b_s2c = b_s2.to(w.dtype.element_ty)
-        if SAVE_H:
-            tl.store(h + s_off1, b_s1c.to(h.dtype.element_ty), mask=m_kv1)
-            if TWO_K:
-                tl.store(h + s_off2, b_s2c.to(h.dtype.element_ty), mask=m_kv2)
+            # Output, inter-chunk part: S^T (before the chunk) against the gated queries^T.
+            if Q_GATED:
+                b_qt = tl.load(q + o_i[None, :] * (HV * K) + o_k[:, None], mask=m_kt, other=0.0)
+            else:
+                b_qt = tl.load(q + o_i[None, :] * (HQ * K) + o_k[:, None], mask=m_kt, other=0.0)
+            if GATE == 2 and not Q_GATED:
+                b_gkt = tl.load(g + o_i[None, :] * (HV * K) + o_k[:, None], mask=m_kt, other=0.0).to(tl.float32)
+                b_qgt = (b_qt * tl.exp2(b_gkt)).to(b_qt.dtype)
+            else:
+                b_qgt = b_qt
+            b_o = tl.dot(b_sc, b_qgt, input_precision=DOT_PRECISION)
+            if GATE == 1:
+                b_g = tl.load(g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
+                b_o *= tl.exp2(b_g)[None, :]
+            b_o *= scale
 
-        # v_new = u - w S
-        b_w = tl.load(w + o_i[:, None] * (HV * K) + o_k1[None, :], mask=m_tk1, other=0.0)
-        b_wh = tl.dot(b_w, b_s1c, input_precision=DOT_PRECISION)
-        if TWO_K:
-            b_w = tl.load(w + o_i[:, None] * (HV * K) + o_k2[None, :], mask=m_tk2, other=0.0)
-            b_wh = tl.dot(b_w, b_s2c, b_wh, input_precision=DOT_PRECISION)
-        b_vn = tl.load(u + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32) - b_wh
-        if SAVE_V_NEW:
-            tl.store(v_new + o_i[:, None] * (HV * V) + o_v[None, :], b_vn.to(v_new.dtype.element_ty), mask=m_tv)
-        b_vnc = b_vn.to(w.dtype.element_ty)
-        if GATE == 1:
-            # the scalar gate decays v_new to the chunk end before it enters the state
-            b_g = tl.load(g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
-            b_gl = tl.load(g + last * HV).to(tl.float32)
-            b_vu = (b_vn * tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)[:, None]).to(w.dtype.element_ty)
-        else:
-            b_vu = b_vnc
+            # v_new^T = u^T - S^T w^T  (w^T and u^T loaded transposed from memory)
+            b_wt = tl.load(w + o_i[None, :] * (HV * K) + o_k[:, None], mask=m_kt, other=0.0)
+            b_vn = tl.load(u + o_i[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0).to(tl.float32)
+            b_vn = b_vn - tl.dot(b_sc, b_wt, input_precision=DOT_PRECISION)
+            if SAVE_V_NEW:
+                tl.store(v_new + o_i[None, :] * (HV * V) + o_v[:, None], b_vn.to(v_new.dtype.element_ty), mask=m_vt)
+            b_vnc = b_vn.to(w.dtype.element_ty)
+            if GATE == 1:
+                b_gl = tl.load(g + last * HV).to(tl.float32)
+                b_vu = (b_vn * tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)[None, :]).to(w.dtype.element_ty)
+            else:
+                b_vu = b_vnc
 
-        # State update to the end of the chunk, issued before the output products, which
-        # only need the state before the chunk (already in b_s*c). k^T comes as [BK, BT]
-        # loaded transposed from memory, never as a transposed product (the Triton 3.4-3.7.0
-        # Hopper miscompile, fla issue #640).
-        b_k1t = tl.load(k + o_i[None, :] * (HK * K) + o_k1[:, None], mask=m_k1[:, None] & m_t[None, :], other=0.0)
-        if GATE == 2:
-            b_gl1 = tl.load(g + last * (HV * K) + o_k1, mask=m_k1, other=0.0).to(tl.float32)
-            b_s1 *= tl.exp2(b_gl1)[:, None]
-        if GATE == 1:
-            b_s1 *= tl.exp2(b_gl)
-        b_s1 = tl.dot(b_k1t, b_vu, b_s1, input_precision=DOT_PRECISION)
-        if TWO_K:
-            b_k2t = tl.load(k + o_i[None, :] * (HK * K) + o_k2[:, None], mask=m_k2[:, None] & m_t[None, :], other=0.0)
+            # State update: S^T = S^T diag(exp2(G_last)) + v_new^T kg.
+            b_k = tl.load(k + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
             if GATE == 2:
-                b_gl2 = tl.load(g + last * (HV * K) + o_k2, mask=m_k2, other=0.0).to(tl.float32)
-                b_s2 *= tl.exp2(b_gl2)[:, None]
+                b_glk = tl.load(g + last * (HV * K) + o_k, mask=m_k, other=0.0).to(tl.float32)
+                b_s *= tl.exp2(b_glk)[None, :]
             if GATE == 1:
-                b_s2 *= tl.exp2(b_gl)
-            b_s2 = tl.dot(b_k2t, b_vu, b_s2, input_precision=DOT_PRECISION)
+                b_s *= tl.exp2(b_gl)
+            b_s = tl.dot(b_vu, b_k, b_s, input_precision=DOT_PRECISION)
 
-        # Output, inter-chunk part: the (gated) queries against the state before the chunk.
-        b_q1 = _gated_q(q, g, o_i, o_k1, m_tk1, HQ, HV, K, GATE, Q_GATED)
-        b_o = tl.dot(b_q1, b_s1c, input_precision=DOT_PRECISION)
+            # Output, intra-chunk part: v_new^T Aqk^T, Aqk^T [j, i] loaded transposed (its
+            # unwritten upper triangle is dropped with where, never multiplied).
+            m_causal = m_upper & m_t[None, :]
+            if HAS_AQK:
+                b_at = tl.load(Aqk + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_t[None, :], other=0.0)
+                b_at = tl.where(m_causal, b_at, 0.0)
+                b_o += tl.dot(b_vnc, b_at.to(b_vnc.dtype), input_precision=DOT_PRECISION)
+            else:
+                # Aqk^T = k q^T from loaded operands (never a transposed product)
+                b_at = tl.dot(b_k, b_qt, input_precision=DOT_PRECISION)
+                if GATE == 1:
+                    b_at *= tl.exp2(tl.where(m_causal, b_g[None, :] - b_g[:, None], 0.0))
+                b_at = tl.where(m_causal, b_at, 0.0)
+                b_o += tl.dot(b_vnc, b_at.to(b_vnc.dtype), input_precision=DOT_PRECISION) * scale
+            tl.store(o + o_i[None, :] * (HV * V) + o_v[:, None], b_o.to(o.dtype.element_ty), mask=m_vt)
+
+            if Q_GATED:
+                q += BT * HV * K
+            else:
+                q += BT * HQ * K
+            k += BT * HK * K
+            w += BT * HV * K
+            u += BT * HV * V
+            o += BT * HV * V
+            if GATE == 1:
+                g += BT * HV
+            if GATE == 2:
+                g += BT * HV * K
+            if HAS_AQK:
+                Aqk += BT * HV * BT
+            if SAVE_V_NEW:
+                v_new += BT * HV * V
+            if SAVE_H:
+                h += HV * K * V
+
+        if STORE_HT:
+            tl.store(ht + i_nh * K * V + s_off, b_s.to(ht.dtype.element_ty), mask=m_vk)
+    else:
+        b_s1 = tl.zeros([BK, BV], dtype=tl.float32)
         if TWO_K:
-            b_q2 = _gated_q(q, g, o_i, o_k2, m_tk2, HQ, HV, K, GATE, Q_GATED)
-            b_o = tl.dot(b_q2, b_s2c, b_o, input_precision=DOT_PRECISION)
-        if GATE == 1:
-            b_o *= tl.exp2(b_g)[:, None]
-        b_o *= scale
-
-        # Output, intra-chunk part. Masks are applied with where, never by multiplying:
-        # Aqk's upper triangle is unwritten memory (NaN possible), and exp2(G_i - G_j)
-        # overflows above the diagonal. (Aqk is loaded with a row mask only, which keeps the
-        # load vectorized.)
-        m_causal = m_lower & m_t[:, None]
-        if HAS_AQK:
-            b_a = tl.load(Aqk + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0)
-            b_a = tl.where(m_causal, b_a, 0.0)
-            b_o += tl.dot(b_a.to(b_vnc.dtype), b_vnc, input_precision=DOT_PRECISION)
-        else:
-            b_a = tl.dot(b_q1, b_k1t, input_precision=DOT_PRECISION)
+            b_s2 = tl.zeros([BK, BV], dtype=tl.float32)
+        if USE_H0:
+            b_s1 += tl.load(h0 + i_nh * K * V + s_off1, mask=m_kv1, other=0.0).to(tl.float32)
             if TWO_K:
-                b_a = tl.dot(b_q2, b_k2t, b_a, input_precision=DOT_PRECISION)
+                b_s2 += tl.load(h0 + i_nh * K * V + s_off2, mask=m_kv2, other=0.0).to(tl.float32)
+
+        m_lower = o_i[:, None] >= o_i[None, :]
+        for i_t in range(NT):
+            n_t = T - i_t * BT  # tokens left in the sequence from this chunk on
+            m_t = o_i < n_t
+            m_tk1 = m_t[:, None] & m_k1[None, :]
+            m_tk2 = m_t[:, None] & m_k2[None, :]
+            m_tv = m_t[:, None] & m_v[None, :]
+            last = tl.minimum(n_t, BT) - 1  # the chunk's last token, chunk-local
+
+            # The state before this chunk, as a product operand (fla stores h in this dtype).
+            b_s1c = b_s1.to(w.dtype.element_ty)
+            if TWO_K:
+                b_s2c = b_s2.to(w.dtype.element_ty)
+            if SAVE_H:
+                tl.store(h + s_off1, b_s1c.to(h.dtype.element_ty), mask=m_kv1)
+                if TWO_K:
+                    tl.store(h + s_off2, b_s2c.to(h.dtype.element_ty), mask=m_kv2)
+
+            # v_new = u - w S
+            b_w = tl.load(w + o_i[:, None] * (HV * K) + o_k1[None, :], mask=m_tk1, other=0.0)
+            b_wh = tl.dot(b_w, b_s1c, input_precision=DOT_PRECISION)
+            if TWO_K:
+                b_w = tl.load(w + o_i[:, None] * (HV * K) + o_k2[None, :], mask=m_tk2, other=0.0)
+                b_wh = tl.dot(b_w, b_s2c, b_wh, input_precision=DOT_PRECISION)
+            b_vn = tl.load(u + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32) - b_wh
+            if SAVE_V_NEW:
+                tl.store(v_new + o_i[:, None] * (HV * V) + o_v[None, :], b_vn.to(v_new.dtype.element_ty), mask=m_tv)
+            b_vnc = b_vn.to(w.dtype.element_ty)
             if GATE == 1:
-                b_a *= tl.exp2(tl.where(m_causal, b_g[:, None] - b_g[None, :], 0.0))
-            b_a = tl.where(m_causal, b_a, 0.0)
-            b_o += tl.dot(b_a.to(b_vnc.dtype), b_vnc, input_precision=DOT_PRECISION) * scale
-        tl.store(o + o_i[:, None] * (HV * V) + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
+                # the scalar gate decays v_new to the chunk end before it enters the state
+                b_g = tl.load(g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
+                b_gl = tl.load(g + last * HV).to(tl.float32)
+                b_vu = (b_vn * tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)[:, None]).to(w.dtype.element_ty)
+            else:
+                b_vu = b_vnc
 
-        # Next chunk.
-        if Q_GATED:
-            q += BT * HV * K
-        else:
-            q += BT * HQ * K
-        k += BT * HK * K
-        w += BT * HV * K
-        u += BT * HV * V
-        o += BT * HV * V
-        if GATE == 1:
-            g += BT * HV
-        if GATE == 2:
-            g += BT * HV * K
-        if HAS_AQK:
-            Aqk += BT * HV * BT
-        if SAVE_V_NEW:
-            v_new += BT * HV * V
-        if SAVE_H:
-            h += HV * K * V
+            # State update to the end of the chunk, issued before the output products, which
+            # only need the state before the chunk (already in b_s*c). k^T comes as [BK, BT]
+            # loaded transposed from memory, never as a transposed product (the Triton 3.4-3.7.0
+            # Hopper miscompile, fla issue #640).
+            b_k1t = tl.load(k + o_i[None, :] * (HK * K) + o_k1[:, None], mask=m_k1[:, None] & m_t[None, :], other=0.0)
+            if GATE == 2:
+                b_gl1 = tl.load(g + last * (HV * K) + o_k1, mask=m_k1, other=0.0).to(tl.float32)
+                b_s1 *= tl.exp2(b_gl1)[:, None]
+            if GATE == 1:
+                b_s1 *= tl.exp2(b_gl)
+            b_s1 = tl.dot(b_k1t, b_vu, b_s1, input_precision=DOT_PRECISION)
+            if TWO_K:
+                b_k2t = tl.load(k + o_i[None, :] * (HK * K) + o_k2[:, None], mask=m_k2[:, None] & m_t[None, :], other=0.0)
+                if GATE == 2:
+                    b_gl2 = tl.load(g + last * (HV * K) + o_k2, mask=m_k2, other=0.0).to(tl.float32)
+                    b_s2 *= tl.exp2(b_gl2)[:, None]
+                if GATE == 1:
+                    b_s2 *= tl.exp2(b_gl)
+                b_s2 = tl.dot(b_k2t, b_vu, b_s2, input_precision=DOT_PRECISION)
 
-    if STORE_HT:
-        tl.store(ht + i_nh * K * V + s_off1, b_s1.to(ht.dtype.element_ty), mask=m_kv1)
-        if TWO_K:
-            tl.store(ht + i_nh * K * V + s_off2, b_s2.to(ht.dtype.element_ty), mask=m_kv2)
+            # Output, inter-chunk part: the (gated) queries against the state before the chunk.
+            b_q1 = _gated_q(q, g, o_i, o_k1, m_tk1, HQ, HV, K, GATE, Q_GATED)
+            b_o = tl.dot(b_q1, b_s1c, input_precision=DOT_PRECISION)
+            if TWO_K:
+                b_q2 = _gated_q(q, g, o_i, o_k2, m_tk2, HQ, HV, K, GATE, Q_GATED)
+                b_o = tl.dot(b_q2, b_s2c, b_o, input_precision=DOT_PRECISION)
+            if GATE == 1:
+                b_o *= tl.exp2(b_g)[:, None]
+            b_o *= scale
+
+            # Output, intra-chunk part. Masks are applied with where, never by multiplying:
+            # Aqk's upper triangle is unwritten memory (NaN possible), and exp2(G_i - G_j)
+            # overflows above the diagonal. (Aqk is loaded with a row mask only, which keeps the
+            # load vectorized.)
+            m_causal = m_lower & m_t[:, None]
+            if HAS_AQK:
+                b_a = tl.load(Aqk + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0)
+                b_a = tl.where(m_causal, b_a, 0.0)
+                b_o += tl.dot(b_a.to(b_vnc.dtype), b_vnc, input_precision=DOT_PRECISION)
+            else:
+                b_a = tl.dot(b_q1, b_k1t, input_precision=DOT_PRECISION)
+                if TWO_K:
+                    b_a = tl.dot(b_q2, b_k2t, b_a, input_precision=DOT_PRECISION)
+                if GATE == 1:
+                    b_a *= tl.exp2(tl.where(m_causal, b_g[:, None] - b_g[None, :], 0.0))
+                b_a = tl.where(m_causal, b_a, 0.0)
+                b_o += tl.dot(b_a.to(b_vnc.dtype), b_vnc, input_precision=DOT_PRECISION) * scale
+            tl.store(o + o_i[:, None] * (HV * V) + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
+
+            # Next chunk.
+            if Q_GATED:
+                q += BT * HV * K
+            else:
+                q += BT * HQ * K
+            k += BT * HK * K
+            w += BT * HV * K
+            u += BT * HV * V
+            o += BT * HV * V
+            if GATE == 1:
+                g += BT * HV
+            if GATE == 2:
+                g += BT * HV * K
+            if HAS_AQK:
+                Aqk += BT * HV * BT
+            if SAVE_V_NEW:
+                v_new += BT * HV * V
+            if SAVE_H:
+                h += HV * K * V
+
+        if STORE_HT:
+            tl.store(ht + i_nh * K * V + s_off1, b_s1.to(ht.dtype.element_ty), mask=m_kv1)
+            if TWO_K:
+                tl.store(ht + i_nh * K * V + s_off2, b_s2.to(ht.dtype.element_ty), mask=m_kv2)
 
     if IS_VARLEN:
         # fla's KDA chain returns zeros for the padding tokens after the last sequence.
