@@ -1,17 +1,19 @@
 #!/usr/bin/env python
 """Bench: the fused forward state scan vs fla's fwd_h + fwd_o, on one GPU.
 
-    python scripts/delta_scan_bench.py out.json [--no-gdn] [--qg-autotune]
+    python scripts/delta_scan_bench.py out.json [--no-gdn] [--no-b16] [--all-configs]
 
-KDA at B=8, T=8192, H=HV=16, K=128, V=256 bf16 (the baseline shape): the scan's inputs come
-from fla's own KDA forward stages (``kda_gate_chunk_cumsum`` with A_log/dt_bias, then
-``chunk_kda_fwd_intra``), then fla's ``chunk_gated_delta_rule_fwd_h`` + ``chunk_gla_fwd_o_gk``
-and our ``state_scan_fwd`` run side by side (``triton.testing.do_bench`` medians), ours is
-checked against fla's o and final state, and every autotune configuration of ours is timed.
-Then the same for GDN at K=V=128 (fla's fwd_h + ``chunk_fwd_o``). Prints as it goes and writes
-one JSON to argv[1]. About 2-3 minutes, mostly compilation and autotuning (fla's included).
-The q_gated row (qg from the intra stage, ``state_scan_fwd(..., q_gated=True)``) runs the
-production configuration unless ``--qg-autotune`` (about 30 s more).
+KDA at B=8 (then B=16), T=8192, H=HV=16, K=128, V=256 bf16 (the baseline shape): the scan's
+inputs come from fla's own KDA forward stages (``kda_gate_chunk_cumsum`` with A_log/dt_bias,
+then ``chunk_kda_fwd_intra(disable_recompute=True)``, which also returns qg), then fla's
+``chunk_gated_delta_rule_fwd_h`` + ``chunk_gla_fwd_o_gk`` and our ``state_scan_fwd`` run side
+by side (``triton.testing.do_bench`` medians). Each configuration of ours is forced (no
+autotune: the best of them is what the autotuner would pick), checked against fla's o and
+final state, then timed: every value-major (VK) one and the three best key-major ones of
+2026-11-30 (all with ``--all-configs``). At B=8 also: q_gated (qg precomputed) and
+save_h/save_v_new (h, v_new vs fla). Then GDN at K=V=128 (fla's fwd_h + ``chunk_fwd_o``).
+Prints as it goes; writes one JSON to argv[1] after each row. About 3 minutes, mostly
+compilation.
 """
 from __future__ import annotations
 
@@ -51,29 +53,52 @@ def copy_tbps() -> float:
     return 2 * x.numel() / ms / 1e9
 
 
-def per_config(run_with) -> dict:
-    from kernel_fun._delta._kernels.state_scan_fwd import CONFIGS
+def per_config(run_with, configs, check=None) -> dict:
+    """Time each configuration (forced, no autotune); with ``check``, compare its outputs to
+    fla's first (``check(outputs) -> dict of rel errors``)."""
+    from kernel_fun._delta._kernels.state_scan_fwd import config_name
     out = {}
-    for c in CONFIGS:
-        name = f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}-r{c.maxnreg}"
+    for c in configs:
+        name = config_name(c)
         try:
+            t = time.time()
+            res = run_with(c)
+            torch.cuda.synchronize()
+            errs = check(res) if check else {}
+            del res
             ms = bench(lambda: run_with(c))
-            out[name] = round(ms, 4)
-            log(f"    {name}: {ms:.3f} ms")
+            out[name] = {"ms": round(ms, 4), **{k: float(f"{v:.3g}") for k, v in errs.items()}}
+            err_s = " ".join(f"{k} {v:.1e}" for k, v in errs.items())
+            log(f"    {name:22s} {ms:.3f} ms  {err_s}  (ready in {time.time() - t:.1f}s)")
         except Exception as e:  # a config that does not fit (shared memory) is reported, not fatal
             out[name] = f"error: {type(e).__name__}: {str(e)[:120]}"
             log(f"    {name}: {out[name]}")
     return out
 
 
-def kda_rows(B=8, T=8192, H=16, HV=16, K=128, V=256, qg_autotune=False) -> dict:
+def _selected(V: int, all_configs: bool):
+    """Every value-major (VK) configuration, and the key-major ones measured best on
+    2026-11-30 (all of them with --all-configs); none wider than V."""
+    from kernel_fun._delta._kernels.state_scan_fwd import CONFIGS, config_name
+    keep = {"BV128-w8-s2-rNone", "BV64-w4-s2-rNone", "BV64-w4-s1-r128"}
+    return [c for c in CONFIGS if c.kwargs["BV"] <= V
+            and (all_configs or c.kwargs["VK"] or config_name(c) in keep)]
+
+
+def _best(rows: dict) -> tuple[str, float]:
+    ok = {k: v["ms"] for k, v in rows.items() if isinstance(v, dict)}
+    k = min(ok, key=ok.get)
+    return k, ok[k]
+
+
+def kda_rows(B=8, T=8192, H=16, HV=16, K=128, V=256, full=True, all_configs=False) -> dict:
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
     from fla.ops.gla.chunk import chunk_gla_fwd_o_gk
     from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra
     from fla.ops.kda.gate import kda_gate_chunk_cumsum
     from fla.ops.utils.constant import RCP_LN2
 
-    from kernel_fun._delta._kernels.state_scan_fwd import state_scan_fwd, state_scan_fwd_kernel_tuned
+    from kernel_fun._delta._kernels.state_scan_fwd import state_scan_fwd
 
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
@@ -113,68 +138,54 @@ def kda_rows(B=8, T=8192, H=16, HV=16, K=128, V=256, qg_autotune=False) -> dict:
     def ours(**kw):
         return state_scan_fwd(q, kg, w, u, gk=gk, Aqk=Aqk, scale=scale, output_final_state=True, **kw)
 
-    t = time.time()
-    o, ht, _, _ = ours()
-    torch.cuda.synchronize()
-    log(f"ours compiled + autotuned in {time.time() - t:.1f}s; best {state_scan_fwd_kernel_tuned.best_config}")
-    err = {"o_vs_fla": rel(o, o_fla), "final_state_vs_fla": rel(ht, ht_fla)}
-    log(f"ours vs fla: o rel rms {err['o_vs_fla']:.2e}, final state {err['final_state_vs_fla']:.2e}")
-    best = state_scan_fwd_kernel_tuned.best_config
-    # the recompute variant runs the production configuration (no second autotune)
-    _, _, h2, vn2 = ours(save_h=True, save_v_new=True, config=best)
-    err["h_vs_fla"], err["v_new_vs_fla"] = rel(h2, h), rel(vn2, v_new)
-    log(f"ours (save_h, save_v_new) vs fla: h {err['h_vs_fla']:.2e}, v_new {err['v_new_vs_fla']:.2e}")
-    del h2, vn2
+    def ours_qg(**kw):
+        return state_scan_fwd(qg, kg, w, u, gk=gk, Aqk=Aqk, scale=scale, output_final_state=True, q_gated=True, **kw)
+
+    def check(res):
+        return {"o": rel(res[0], o_fla), "ht": rel(res[1], ht_fla)}
 
     r = {"shape": dict(B=B, T=T, H=H, HV=HV, K=K, V=V, dtype="bfloat16", initial_state=False,
                        output_final_state=True)}
     r["fla_fwd_h_ms"] = bench(fla_h)
-    log(f"fla fwd_h                 {r['fla_fwd_h_ms']:.3f} ms")
     r["fla_fwd_o_ms"] = bench(fla_o)
-    log(f"fla chunk_gla_fwd_o_gk    {r['fla_fwd_o_ms']:.3f} ms")
     r["fla_pair_ms"] = bench(fla_pair)
-    log(f"fla pair                  {r['fla_pair_ms']:.3f} ms")
-    r["ours_ms"] = bench(ours)
-    log(f"ours                      {r['ours_ms']:.3f} ms  ({r['fla_pair_ms'] / r['ours_ms']:.2f}x)")
-    r["ours_save_h_v_new_ms"] = bench(lambda: ours(save_h=True, save_v_new=True, config=best))
-    log(f"ours, saving h and v_new  {r['ours_save_h_v_new_ms']:.3f} ms (config {best})")
-
-    def ours_qg(**kw):
-        return state_scan_fwd(qg, kg, w, u, gk=gk, Aqk=Aqk, scale=scale, output_final_state=True, q_gated=True, **kw)
-
-    qg_kw = {} if qg_autotune else {"config": best}
-    t = time.time()
-    o_qg, _, _, _ = ours_qg(**qg_kw)
-    torch.cuda.synchronize()
-    qg_config = state_scan_fwd_kernel_tuned.best_config if qg_autotune else best
-    err["o_q_gated_vs_fla"] = rel(o_qg, o_fla)
-    log(f"ours q_gated (qg from the intra stage) ready in {time.time() - t:.1f}s; config "
-        f"{qg_config}; o vs fla {err['o_q_gated_vs_fla']:.2e}")
-    r["ours_q_gated_ms"] = bench(lambda: ours_qg(**qg_kw))
-    r["q_gated_config"] = str(qg_config)
-    log(f"ours, q_gated             {r['ours_q_gated_ms']:.3f} ms")
-    del o_qg
-    r["speedup"] = r["fla_pair_ms"] / r["ours_ms"]
-    r["best_config"] = str(best)
+    log(f"fla fwd_h {r['fla_fwd_h_ms']:.3f} ms + chunk_gla_fwd_o_gk {r['fla_fwd_o_ms']:.3f} ms; "
+        f"pair {r['fla_pair_ms']:.3f} ms")
     # the bytes ours must move: q, kg, w (bf16), gk (fp32), Aqk, u in; o out
-    nbytes = (3 * q.numel() * 2 + gk.numel() * 4 + Aqk.numel() * 2 + u.numel() * 2 + o.numel() * 2)
+    nbytes = (3 * q.numel() * 2 + gk.numel() * 4 + Aqk.numel() * 2 + u.numel() * 2 + u.numel() * 2)
     r["ours_unique_gb"] = nbytes / 1e9
-    r["ours_tbps"] = nbytes / r["ours_ms"] / 1e9
-    log(f"ours moves >= {nbytes / 1e9:.2f} GB: {r['ours_tbps']:.2f} TB/s")
-    log("  every configuration of ours:")
-    r["per_config_ms"] = per_config(lambda c: ours(config=c))
-    r["errors"] = err
+    log(f"  ours, every configuration (o, final state vs fla); >= {nbytes / 1e9:.2f} GB to move:")
+    r["per_config"] = per_config(lambda c: ours(config=c), _selected(V, all_configs), check)
+    name, ms = _best(r["per_config"])
+    r["best_config"], r["ours_ms"], r["speedup"] = name, ms, r["fla_pair_ms"] / ms
+    r["ours_tbps"] = nbytes / ms / 1e9
+    log(f"ours best {name}: {ms:.3f} ms ({r['speedup']:.2f}x fla, {r['ours_tbps']:.2f} TB/s)")
+    if full:
+        from kernel_fun._delta._kernels.state_scan_fwd import CONFIGS, config_name
+        byname = {config_name(c): c for c in CONFIGS}
+        log("  q_gated (qg from chunk_kda_fwd_intra(disable_recompute=True)), o and final state vs fla:")
+        qg_cf = [c for c in _selected(V, False) if c.kwargs["VK"] and c.kwargs["BV"] >= 64
+                 or config_name(c) == "BV128-w8-s2-rNone"]
+        r["q_gated_per_config"] = per_config(lambda c: ours_qg(config=c), qg_cf, check)
+        r["q_gated_best_config"], r["ours_q_gated_ms"] = _best(r["q_gated_per_config"])
+        log(f"ours q_gated best {r['q_gated_best_config']}: {r['ours_q_gated_ms']:.3f} ms")
+        log("  saving h and v_new (the backward's recompute), h and v_new vs fla:")
+
+        def check_saves(res):
+            return {"o": rel(res[0], o_fla), "ht": rel(res[1], ht_fla), "h": rel(res[2], h), "v_new": rel(res[3], v_new)}
+        sv = [byname[name]] + ([byname["BV128-w8-s2-rNone"]] if name != "BV128-w8-s2-rNone" else [])
+        r["save_h_v_new_per_config"] = per_config(lambda c: ours(config=c, save_h=True, save_v_new=True), sv, check_saves)
     return r
 
 
-def gdn_rows(B=8, T=8192, H=16, HV=16, K=128, V=128) -> dict:
+def gdn_rows(B=8, T=8192, H=16, HV=16, K=128, V=128, all_configs=False) -> dict:
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
     from fla.ops.common.chunk_o import chunk_fwd_o
     from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
     from fla.ops.utils import chunk_local_cumsum
     from fla.ops.utils.constant import RCP_LN2
 
-    from kernel_fun._delta._kernels.state_scan_fwd import state_scan_fwd, state_scan_fwd_kernel_tuned
+    from kernel_fun._delta._kernels.state_scan_fwd import state_scan_fwd
 
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
@@ -197,22 +208,17 @@ def gdn_rows(B=8, T=8192, H=16, HV=16, K=128, V=128) -> dict:
         return state_scan_fwd(q, k, w, u, g=g, scale=scale, output_final_state=True, **kw)
 
     o_fla, ht_fla = fla_pair()
-    t = time.time()
-    o, ht, _, _ = ours()
-    torch.cuda.synchronize()
-    log(f"ours compiled + autotuned in {time.time() - t:.1f}s; best {state_scan_fwd_kernel_tuned.best_config}")
-    err = {"o_vs_fla": rel(o, o_fla), "final_state_vs_fla": rel(ht, ht_fla)}
-    log(f"ours vs fla: o rel rms {err['o_vs_fla']:.2e}, final state {err['final_state_vs_fla']:.2e}")
+
+    def check(res):
+        return {"o": rel(res[0], o_fla), "ht": rel(res[1], ht_fla)}
+
     r = {"shape": dict(B=B, T=T, H=H, HV=HV, K=K, V=V, dtype="bfloat16", output_final_state=True)}
     r["fla_pair_ms"] = bench(fla_pair)
     log(f"fla fwd_h + chunk_fwd_o   {r['fla_pair_ms']:.3f} ms")
-    r["ours_ms"] = bench(ours)
-    log(f"ours                      {r['ours_ms']:.3f} ms  ({r['fla_pair_ms'] / r['ours_ms']:.2f}x)")
-    r["speedup"] = r["fla_pair_ms"] / r["ours_ms"]
-    r["best_config"] = str(state_scan_fwd_kernel_tuned.best_config)
-    log("  every configuration of ours:")
-    r["per_config_ms"] = per_config(lambda c: ours(config=c))
-    r["errors"] = err
+    r["per_config"] = per_config(lambda c: ours(config=c), _selected(V, all_configs), check)
+    name, ms = _best(r["per_config"])
+    r["best_config"], r["ours_ms"], r["speedup"] = name, ms, r["fla_pair_ms"] / ms
+    log(f"ours best {name}: {ms:.3f} ms ({r['speedup']:.2f}x fla)")
     return r
 
 
@@ -221,7 +227,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_json", nargs="?", default="delta_scan_bench.json")
     ap.add_argument("--no-gdn", action="store_true", help="KDA rows only")
-    ap.add_argument("--qg-autotune", action="store_true", help="autotune the q_gated row too")
+    ap.add_argument("--all-configs", action="store_true",
+                    help="every key-major configuration too (about 1 minute more)")
+    ap.add_argument("--no-b16", action="store_true", help="skip the KDA row at B=16")
     args = ap.parse_args()
     out_path = args.out_json
     if not torch.cuda.is_available():
@@ -245,9 +253,11 @@ def main() -> int:
     rec["copy_tbps"] = copy_tbps()
     log(f"device copy: {rec['copy_tbps']:.2f} TB/s")
     rows = {}
-    families = [("kda", lambda: kda_rows(qg_autotune=args.qg_autotune))]
+    families = [("kda", lambda: kda_rows(all_configs=args.all_configs))]
+    if not args.no_b16:
+        families.append(("kda_b16", lambda: kda_rows(B=16, full=False, all_configs=args.all_configs)))
     if not args.no_gdn:
-        families.append(("gdn", gdn_rows))
+        families.append(("gdn", lambda: gdn_rows(all_configs=args.all_configs)))
     for name, fn in families:
         try:
             rows[name] = fn()

@@ -23,6 +23,16 @@ is held as two [64, BV] K-slices (one for K <= 64), the chunk is BT = 64 tokens,
 (two dots, issued first: the output only needs the state before the chunk), the inter-chunk
 output (two dots), the intra-chunk output (one dot; GDN forms q k^T with two more).
 
+Value-major layout (constexpr VK, a configuration key): the state is held transposed, S^T
+[BV, K], and every product has the V-block as its M dimension (v_new^T = u^T - S^T w^T,
+o^T = S^T qg^T + v_new^T Aqk^T, S^T += v_new^T kg). Why: in the key-major layout Triton gives
+the 64-row products whose results feed further products (w S, q S) warps [8, 1] at 8 warps,
+i.e. both warpgroups compute the same 64 x BV tile (sm_90a TTGIR, 2026-12-01), and the state
+and v_new are staged through shared memory every chunk as right operands. Value-major at
+BV = 128, 8 warps: one 64-row half per warpgroup, S^T and v_new^T stay in registers as left
+operands (wgmma A from registers); only loaded tiles, the gated q^T and the masked Aqk^T go
+through shared memory. Same products, same rounding points.
+
 Numbers to beat: B=8, T=8192, H=HV=16, K=128, V=256 bf16, one H200 (2026-11-30): fla's fwd_h
 0.89 ms + chunk_gla_fwd_o_gk 0.82 ms. The bytes this kernel must move there (q, k, w, gk,
 Aqk, u in; o out) are about 2.55 GB (0.6 ms at 4.24 TB/s); its products are about 120 GMAC
