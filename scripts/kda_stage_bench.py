@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Bench: KDA's two costliest backward stages, ours vs fla's stage functions, on one GPU.
 
-    python scripts/kda_stage_bench.py out.json [--no-per-config] [--B 8 --T 8192 ...]
+    python scripts/kda_stage_bench.py out.json [--only wy,intra] [--intra-variants subchunk,levels]
+                                               [--B 8 --T 8192 ...]
 
 At B=8, T=8192, H=HV=16, K=128, V=256 bf16 (the baseline shape) the stage inputs come from
 fla's own chain: ``kda_gate_chunk_cumsum`` (model-like A_log / dt_bias), ``chunk_kda_fwd_intra``,
@@ -11,10 +12,13 @@ fla's own chain: ``kda_gate_chunk_cumsum`` (model-like A_log / dt_bias), ``chunk
 * wy:    fla ``chunk_kda_bwd_wy_dqkg_fused``  vs ours ``wy_dqkg_bwd``   (baseline 6.31 ms)
 * intra: fla ``chunk_kda_bwd_intra``          vs ours ``intra_bwd``     (baseline 7.39 ms)
 
-run side by side (``triton.testing.do_bench`` medians, after autotuning), ours checked against
-fla's outputs (relative RMS error), and every autotune configuration of ours timed. Prints as
-it goes and writes one JSON to argv[1]. About 2-3 minutes, mostly compilation and autotuning
-(fla's included); ``--no-per-config`` skips the per-configuration rows.
+run side by side (``triton.testing.do_bench`` medians). fla is autotuned once (its wy autotune
+alone took 67 s on the H200); ours is never autotuned here: every configuration of every
+variant is forced and timed (``wy_bwd.bench_configs()``, ``intra_bwd.configs()`` for the
+"subchunk" variant and ``level_configs()`` for "levels"), and each is checked against fla's
+outputs (relative RMS error; the intra stage's own contribution, outputs minus the wy inputs).
+A configuration with non-finite outputs or an error above 2e-2 is flagged BAD and is never
+the best. Prints as it goes; the JSON at argv[1] is rewritten after each stage.
 """
 from __future__ import annotations
 
@@ -52,18 +56,41 @@ def cfg_name(c) -> str:
     return f"{kw}-w{c.num_warps}-s{c.num_stages}-r{getattr(c, 'maxnreg', None)}"
 
 
-def per_config(configs, run_with) -> dict:
+def per_config(configs, run_with, check, tag) -> dict:
+    """Time every configuration forced (no autotuning) and check its outputs against fla's.
+
+    A configuration whose outputs are non-finite or far from fla's (a miscompile, Triton 3.4-3.7.0
+    on Hopper) is flagged BAD and never reported as the best."""
     out = {}
     for c in configs:
-        name = cfg_name(c)
+        name = f"{tag}:{cfg_name(c)}"
         try:
+            res = run_with(c)
+            torch.cuda.synchronize()
+            errs = check(res)
+            finite = all(bool(torch.isfinite(o).all()) for o in res)
+            del res
             ms = bench(lambda: run_with(c))
-            out[name] = round(ms, 4)
-            log(f"    {name}: {ms:.3f} ms")
+            bad = (not finite) or max(errs.values()) > 2e-2
+            out[name] = {"ms": round(ms, 4), "err_vs_fla": {n: float(f"{e:.3g}") for n, e in errs.items()},
+                         "ok": not bad}
+            log(f"    {name}: {ms:.3f} ms{'  BAD' if bad else ''}  "
+                + " ".join(f"{n} {e:.1e}" for n, e in errs.items()))
         except Exception as e:  # a config that does not fit (shared memory) is reported, not fatal
-            out[name] = f"error: {type(e).__name__}: {str(e)[:160]}"
-            log(f"    {name}: {out[name]}")
+            out[name] = {"error": f"{type(e).__name__}: {str(e)[:160]}"}
+            log(f"    {name}: {out[name]['error']}")
     return out
+
+
+def dump(rec: dict, path: str) -> None:
+    """Write the record so far (a run cut short still leaves its rows)."""
+    with open(path, "w") as f:
+        json.dump(rec, f, indent=2)
+
+
+def best_of(rows: dict):
+    ok = {n: r["ms"] for n, r in rows.items() if r.get("ok")}
+    return min(ok.items(), key=lambda kv: kv[1]) if ok else (None, float("nan"))
 
 
 def build_inputs(B, T, H, HV, K, V):
@@ -107,10 +134,13 @@ def build_inputs(B, T, H, HV, K, V):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--no-per-config", action="store_true")
+    ap.add_argument("--only", default="wy,intra", help="comma list: wy, intra")
+    ap.add_argument("--intra-variants", default="subchunk,levels", help="comma list of intra_bwd variants")
     for n, d in dict(B=8, T=8192, H=16, HV=16, K=128, V=256).items():
         ap.add_argument(f"--{n}", type=int, default=d)
     a = ap.parse_args()
+    a.only = a.only.split(",")
+    a.intra_variants = a.intra_variants.split(",")
 
     from fla.ops.kda.chunk_bwd import chunk_kda_bwd_wy_dqkg_fused
     from fla.ops.kda.chunk_intra import chunk_kda_bwd_intra
@@ -144,25 +174,23 @@ def main() -> None:
     ref_wy = fla_wy()
     torch.cuda.synchronize()
     log(f"fla wy ready (autotuned) in {time.time() - t:.1f}s")
-    t = time.time()
-    out_wy = ours_wy()
-    torch.cuda.synchronize()
-    best_wy = wy_mod._wy_bwd_kernel.best_config
-    log(f"ours wy compiled + autotuned in {time.time() - t:.1f}s; best {cfg_name(best_wy)}")
-    names = ("dq", "dk", "dv", "db", "dg", "dA")
-    wy = {"errors_vs_fla": {n: rel(o, r) for n, o, r in zip(names, out_wy, ref_wy)}}
-    log("ours wy vs fla: " + ", ".join(f"{n} {e:.2e}" for n, e in wy["errors_vs_fla"].items()))
-    wy["fla_ms"] = bench(fla_wy)
+    wy = {"fla_ms": bench(fla_wy)}
     log(f"fla  chunk_kda_bwd_wy_dqkg_fused {wy['fla_ms']:.3f} ms")
-    wy["ours_ms"] = bench(ours_wy)
-    wy["speedup"] = wy["fla_ms"] / wy["ours_ms"]
-    wy["best_config"] = cfg_name(best_wy)
-    log(f"ours wy_dqkg_bwd                 {wy['ours_ms']:.3f} ms  ({wy['speedup']:.2f}x; target <= 3.0 ms)")
+    if "wy" in a.only:
+        # every configuration forced (no autotune): configs() are the production autotune set,
+        # the rest experiments (wy_bwd.bench_configs)
+        log("  ours wy, every configuration forced:")
+        names = ("dq", "dk", "dv", "db", "dg", "dA")
+        wy["per_config"] = per_config(wy_mod.bench_configs(), lambda c: ours_wy(config=c),
+                                      lambda res: {n: rel(o, r) for n, o, r in zip(names, res, ref_wy)}, "wy")
+        wy["best_config"], wy["ours_ms"] = best_of(wy["per_config"])
+        wy["speedup"] = wy["fla_ms"] / wy["ours_ms"]
+        log(f"ours wy best {wy['best_config']}: {wy['ours_ms']:.3f} ms ({wy['speedup']:.2f}x; target <= 3.0 ms)")
     rec["wy"] = wy
+    dump(rec, a.out)
 
     # ---------------- intra (its inputs: fla's wy outputs, as in fla's chain) ----------------
     dq, dk, _, db, dg, dAkk = ref_wy
-    del out_wy
     intra_in = dict(q=wy_in["q"], k=wy_in["k"], g=wy_in["g"], beta=wy_in["beta"], dAqk=dAqk, dAkk=dAkk,
                     dq=dq, dk=dk, db=db, dg=dg, chunk_size=64)
 
@@ -176,41 +204,36 @@ def main() -> None:
     ref_in = fla_intra()
     torch.cuda.synchronize()
     log(f"fla intra ready (autotuned) in {time.time() - t:.1f}s")
-    t = time.time()
-    out_in = ours_intra()
-    torch.cuda.synchronize()
-    best_in = intra_mod._intra_bwd_kernel.best_config
-    log(f"ours intra compiled + autotuned in {time.time() - t:.1f}s; best {cfg_name(best_in)}")
-    names = ("dq", "dk", "db", "dg")
-    intra = {"errors_vs_fla": {n: rel(o, r) for n, o, r in zip(names, out_in, ref_in)},
-             # the intra contribution alone (outputs minus the wy inputs they add to)
-             "errors_vs_fla_intra_part": {n: rel(o - x, r - x) for n, o, r, x in
-                                          zip(names, out_in, ref_in, (dq, dk, db, dg))}}
-    log("ours intra vs fla: " + ", ".join(f"{n} {e:.2e}" for n, e in intra["errors_vs_fla"].items())
-        + " | intra part only: " + ", ".join(f"{n} {e:.2e}" for n, e in intra["errors_vs_fla_intra_part"].items()))
-    del out_in, ref_in
-    intra["fla_ms"] = bench(fla_intra)
+    intra = {"fla_ms": bench(fla_intra)}
     log(f"fla  chunk_kda_bwd_intra {intra['fla_ms']:.3f} ms")
-    intra["ours_ms"] = bench(ours_intra)
-    intra["speedup"] = intra["fla_ms"] / intra["ours_ms"]
-    intra["best_config"] = cfg_name(best_in)
-    log(f"ours intra_bwd           {intra['ours_ms']:.3f} ms  ({intra['speedup']:.2f}x; target <= 2.0 ms)")
     # bytes ours must move at least: q, k (bf16), g, dq/dk/dg in and out (fp32), dAqk, dAkk (fp32)
     nbytes = (2 * intra_in["q"].numel() * 2 + 7 * dg.numel() * 4 + 2 * dAqk.numel() * 4 + 3 * db.numel() * 4)
     intra["ours_unique_gb"] = nbytes / 1e9
-    intra["ours_tbps"] = nbytes / intra["ours_ms"] / 1e9
-    log(f"ours intra moves >= {nbytes / 1e9:.2f} GB: {intra['ours_tbps']:.2f} TB/s")
+    if "intra" in a.only:
+        # errors of the intra part alone (outputs minus the wy inputs they add to): what the kernel computes
+        base = (dq, dk, db, dg)
+        ref_part = [r - x for r, x in zip(ref_in, base)]
+        names = ("dq", "dk", "db", "dg")
+
+        def check(res):
+            return {n: rel(o - x, r) for n, o, x, r in zip(names, res, base, ref_part)}
+
+        intra["per_config"] = {}
+        for variant in a.intra_variants:
+            log(f"  ours intra, variant {variant}, every configuration forced (errors: intra part vs fla's):")
+            intra["per_config"].update(per_config(
+                intra_mod.VARIANT_CONFIGS[variant](), lambda c, v=variant: ours_intra(config=c, variant=v), check,
+                variant))
+            dump(rec | {"intra": intra}, a.out)
+        intra["best_config"], intra["ours_ms"] = best_of(intra["per_config"])
+        intra["speedup"] = intra["fla_ms"] / intra["ours_ms"]
+        intra["ours_tbps"] = nbytes / intra["ours_ms"] / 1e9
+        log(f"ours intra best {intra['best_config']}: {intra['ours_ms']:.3f} ms ({intra['speedup']:.2f}x; "
+            f"target <= 2.0 ms; moves >= {nbytes / 1e9:.2f} GB: {intra['ours_tbps']:.2f} TB/s)")
     rec["intra"] = intra
 
-    if not a.no_per_config:
-        log("  every configuration of ours, intra:")
-        intra["per_config_ms"] = per_config(intra_mod.configs(), lambda c: ours_intra(config=c))
-        log("  every configuration of ours, wy:")
-        wy["per_config_ms"] = per_config(wy_mod.configs(), lambda c: ours_wy(config=c))
-
     rec["total_s"] = round(time.time() - T0, 1)
-    with open(a.out, "w") as f:
-        json.dump(rec, f, indent=2)
+    dump(rec, a.out)
     log(f"wrote {a.out}")
 
 

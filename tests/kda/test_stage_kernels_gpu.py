@@ -125,13 +125,14 @@ def test_wy_bwd_against_fla_and_reference(name):
     _check(name, ours, fla_wy, ref, ("dq", "dk", "dv", "db", "dg", "dA"))
 
 
+@pytest.mark.parametrize("variant", ["subchunk", "levels"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_intra_bwd_against_fla_and_reference(name):
+def test_intra_bwd_against_fla_and_reference(name, variant):
     from kernel_fun.kda._kernels.intra_bwd import intra_bwd
 
     _, _, intra_in = _inputs(name)
     before = launch_counts("kda.")
-    ours = intra_bwd(**intra_in)
+    ours = intra_bwd(**intra_in, variant=variant)
     torch.cuda.synchronize()
     assert launch_counts("kda.").get("kda.intra_bwd", 0) == before.get("kda.intra_bwd", 0) + 1
     _, ref, fla_out = _refs(name)
@@ -139,15 +140,16 @@ def test_intra_bwd_against_fla_and_reference(name):
 
 
 def _intra_configs():
-    from kernel_fun.kda._kernels.intra_bwd import configs
+    """(variant, config) for every configuration of every intra_bwd variant."""
+    from kernel_fun.kda._kernels.intra_bwd import VARIANT_CONFIGS
 
-    return configs()
+    return [(v, c) for v, cfgs in VARIANT_CONFIGS.items() for c in cfgs()]
 
 
 def _wy_configs():
-    from kernel_fun.kda._kernels.wy_bwd import configs
+    from kernel_fun.kda._kernels.wy_bwd import bench_configs
 
-    return configs()
+    return bench_configs()
 
 
 def _ids(cfgs):
@@ -155,15 +157,16 @@ def _ids(cfgs):
             + (f",r{c.maxnreg}" if getattr(c, "maxnreg", None) else "") for i, c in enumerate(cfgs)]
 
 
-@pytest.mark.parametrize("config", _intra_configs(), ids=_ids(_intra_configs()))
+@pytest.mark.parametrize("variant,config", _intra_configs(),
+                         ids=[f"{v}-{i}" for (v, _), i in zip(_intra_configs(), _ids([c for _, c in _intra_configs()]))])
 @pytest.mark.parametrize("name", ["tail", "varlen"])
-def test_intra_bwd_every_config(name, config):
+def test_intra_bwd_every_config(name, variant, config):
     from kernel_fun.kda._kernels.intra_bwd import intra_bwd
 
     _, _, intra_in = _inputs(name)
-    ours = intra_bwd(**intra_in, config=config)
+    ours = intra_bwd(**intra_in, config=config, variant=variant)
     _, ref, fla_out = _refs(name)
-    _check(f"{name}/{config}", ours, fla_out, ref, ("dq", "dk", "db", "dg"))
+    _check(f"{name}/{variant}/{config}", ours, fla_out, ref, ("dq", "dk", "db", "dg"))
 
 
 @pytest.mark.parametrize("config", _wy_configs(), ids=_ids(_wy_configs()))

@@ -60,6 +60,25 @@ def configs():
     ]
 
 
+def bench_configs():
+    """``configs()`` plus experiments the bench times forced, one by one (not autotuned):
+    the epilogue's loads issued before the V loop (``EARLY_EPI``), deeper pipelining at
+    BV=32, register caps. Predictions, not measurements: sm_90a compiles show 255 registers
+    with small spills for every 8-warp configuration, so 1 CTA (8 warps) per SM."""
+    extra = [
+        triton.Config({"BK": bk, "BV": bv, "EARLY_EPI": ee}, num_warps=w, num_stages=s, maxnreg=mr)
+        for bk, bv, ee, w, s, mr in [
+            (64, 64, True, 8, 3, None),
+            (64, 64, True, 8, 2, None),
+            (64, 32, False, 8, 4, None),
+            (64, 32, True, 8, 4, None),
+            (64, 64, False, 8, 4, None),
+            (32, 64, True, 4, 3, None),
+        ]
+    ]
+    return configs() + extra
+
+
 @triton.jit
 def _v_only(b_At, b_beta, v, dv, dv2, o_t, m_t, o_v, HVV: tl.constexpr, V: tl.constexpr,
             b_dA, b_db):
@@ -83,6 +102,7 @@ def _wy_bwd_kernel(
     cu_seqlens, chunk_indices, scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EARLY_EPI: tl.constexpr = False,
 ):
     NEG_INF: tl.constexpr = float("-inf")
     i_t = tl.program_id(0).to(tl.int64)
@@ -148,6 +168,13 @@ def _wy_bwd_kernel(
         b_dka = tl.zeros([BT, BK], dtype=tl.float32)
         b_dwa = tl.zeros([BT, BK], dtype=tl.float32)
         b_hdh = tl.zeros([BK], dtype=tl.float32)
+        m_tk = m_t[:, None] & m_k[None, :]
+        off_k = o_t[:, None] * HVK + o_k[None, :]
+        if EARLY_EPI:  # the epilogue's loads in flight during the V loop
+            b_g = tl.load(g + off_k, mask=m_tk, other=0.)
+            b_gn = tl.load(g + i_last * HVK + o_k, mask=m_k, other=0.)
+            b_k = tl.load(k + o_t[:, None] * HK + o_k[None, :], mask=m_tk, other=0.)
+            b_q = tl.load(q + o_t[:, None] * HK + o_k[None, :], mask=m_tk, other=0.)
         for i_v in range(0, tl.cdiv(V, BV)):
             o_v = i_v * BV + tl.arange(0, BV)
             m_v = o_v < V
@@ -167,12 +194,15 @@ def _wy_bwd_kernel(
             if FUSE_V:
                 b_dA, b_db = _v_only(b_At, b_beta, v, dv, dv2, o_t, m_t, o_v, HVV, V, b_dA, b_db)
 
-        m_tk = m_t[:, None] & m_k[None, :]
-        off_k = o_t[:, None] * HVK + o_k[None, :]
-        b_g = tl.load(g + off_k, mask=m_tk, other=0.).to(tl.float32)
-        b_gn = tl.load(g + i_last * HVK + o_k, mask=m_k, other=0.).to(tl.float32)
-        b_k = tl.load(k + o_t[:, None] * HK + o_k[None, :], mask=m_tk, other=0.).to(tl.float32)
-        b_q = tl.load(q + o_t[:, None] * HK + o_k[None, :], mask=m_tk, other=0.).to(tl.float32)
+        if not EARLY_EPI:
+            b_g = tl.load(g + off_k, mask=m_tk, other=0.)
+            b_gn = tl.load(g + i_last * HVK + o_k, mask=m_k, other=0.)
+            b_k = tl.load(k + o_t[:, None] * HK + o_k[None, :], mask=m_tk, other=0.)
+            b_q = tl.load(q + o_t[:, None] * HK + o_k[None, :], mask=m_tk, other=0.)
+        b_g = b_g.to(tl.float32)
+        b_gn = b_gn.to(tl.float32)
+        b_k = b_k.to(tl.float32)
+        b_q = b_q.to(tl.float32)
         b_e = tl.exp2(tl.where(m_t[:, None], b_g, NEG_INF))
         b_dq = b_dqa * b_e * scale
         b_dks = b_dka * tl.exp2(tl.where(m_t[:, None], b_gn[None, :] - b_g, NEG_INF))
