@@ -238,15 +238,17 @@ _FWD_CONFIGS = [
     # H200 run (2026-11-30) autotuned among the first five. Not yet timed individually.
     triton.Config({"BD": 128, "R": 8, "PF": True, "NS": 1}, num_warps=1),   # 96
     triton.Config({"BD": 256, "R": 8, "PF": True, "NS": 1}, num_warps=2),   # 96
-    triton.Config({"BD": 256, "R": 4, "PF": True, "NS": 1}, num_warps=1),   # 128
+    triton.Config({"BD": 256, "R": 4, "PF": True, "NS": 1}, num_warps=1),   # 128 (8 ch/thread)
     triton.Config({"BD": 512, "R": 4, "PF": True, "NS": 1}, num_warps=4),   # 72
     triton.Config({"BD": 128, "R": 8, "PF": False, "NS": 1}, num_warps=1),  # 78
-    triton.Config({"BD": 256, "R": 8, "PF": True, "NS": 1}, num_warps=1),   # 8 ch/thread
-    triton.Config({"BD": 512, "R": 8, "PF": True, "NS": 1}, num_warps=2),   # 8 ch/thread
-    triton.Config({"BD": 1024, "R": 8, "PF": False, "NS": 1}, num_warps=4),  # 8 ch/thread
-    triton.Config({"BD": 256, "R": 16, "PF": False, "NS": 1}, num_warps=1),  # 8 ch/thread
-    triton.Config({"BD": 256, "R": 4, "PF": False, "NS": 4}, num_warps=1),  # cp.async
-    triton.Config({"BD": 512, "R": 4, "PF": False, "NS": 3}, num_warps=2),  # cp.async
+    triton.Config({"BD": 256, "R": 8, "PF": True, "NS": 1}, num_warps=1),   # 176 (8 ch/thread)
+    triton.Config({"BD": 1024, "R": 8, "PF": False, "NS": 1}, num_warps=4),  # 132 (8 ch/thread)
+    triton.Config({"BD": 256, "R": 16, "PF": False, "NS": 1}, num_warps=1),  # 183 (8 ch/thread)
+    # cp.async (D-major aligned x only, else the plain loop): registers, shared memory.
+    triton.Config({"BD": 128, "R": 4, "PF": False, "NS": 8}, num_warps=1),  # 96, 7 KB
+    triton.Config({"BD": 256, "R": 4, "PF": False, "NS": 4}, num_warps=1),  # 140, 6 KB
+    triton.Config({"BD": 256, "R": 4, "PF": False, "NS": 8}, num_warps=1),  # 123, 14 KB
+    triton.Config({"BD": 512, "R": 4, "PF": False, "NS": 3}, num_warps=2),  # 105, 8 KB
 ]
 
 
