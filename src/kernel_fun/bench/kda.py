@@ -66,10 +66,19 @@ def _case(name, B, T, H, HV, K, V, cu_seqlens=None, profile=False):
     def fwdbwd(fn):
         return lambda: torch.autograd.grad(call(fn), leaves, do)
 
+    import sys
+    import time
+
+    t0 = time.perf_counter()
+
+    def say(what):
+        print(f"  [{name} {time.perf_counter() - t0:6.1f}s] {what}", file=sys.stderr, flush=True)
+
     # parity with fla on this shape (relative RMS of o and of each gradient)
     o_ours, o_fla = call(kda.chunk_kda), call(fla_kda)
     g_ours = torch.autograd.grad(o_ours, leaves, do)
     g_fla = torch.autograd.grad(o_fla, leaves, do)
+    say("compiled, autotuned, parity computed")
 
     def rel(a, b):
         return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
@@ -80,6 +89,7 @@ def _case(name, B, T, H, HV, K, V, cu_seqlens=None, profile=False):
     del o_ours, o_fla, g_ours, g_fla
     extra = {"rel_err_vs_fla": {k: float(f"{v:.3e}") for k, v in parity.items()},
              "peak_MB": {"ours": _peak_mb(fwdbwd(kda.chunk_kda)), "fla": _peak_mb(fwdbwd(fla_kda))}}
+    say(f"peak memory {extra['peak_MB']}")
     if profile:
         extra["stages_ms"] = {"ours": stage_profile(fwdbwd(kda.chunk_kda)),
                               "fla": stage_profile(fwdbwd(fla_kda))}
@@ -101,7 +111,7 @@ def cases(overrides: dict | None = None):
         p.update({k: int(v) for k, v in overrides.items()})
         return [("custom", lambda: _case("custom", **p))]
     return [
-        ("prod_b16", lambda: _case("prod_b16", B=16, **PROD)),
+        ("prod_b16", lambda: _case("prod_b16", B=16, **PROD, profile=True)),
         ("prod_b8", lambda: _case("prod_b8", B=8, **PROD, profile=True)),
         ("varlen_16docs", lambda: _case("varlen_16docs", 1, 65536, 16, 16, 128, 256,
                                         cu_seqlens=_random_cu_seqlens(65536, 16))),
