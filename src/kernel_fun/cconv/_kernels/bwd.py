@@ -132,7 +132,7 @@ def bwd_row(x0, g, u, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, 
 
 @triton.autotune(
     configs=autotune_configs(_BWD_CONFIGS),
-    key=["D", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_TMAJOR", "DY_TMAJOR", "VEC16"],
+    key=["D", "TC", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_TMAJOR", "DY_TMAJOR", "VEC16"],
 )
 @triton.jit
 def conv_bwd_kernel(

@@ -254,8 +254,9 @@ _FWD_CONFIGS = [
 
 @triton.autotune(
     configs=autotune_configs(_FWD_CONFIGS),
-    # dtypes of the tensor arguments are part of Triton's autotune key already.
-    key=["D", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_TMAJOR", "VEC16"],
+    # dtypes of the tensor arguments are part of Triton's autotune key already. TC (rows per
+    # chunk) separates small grids (B=1, T=2048: 16-row chunks) from production ones.
+    key=["D", "TC", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_TMAJOR", "VEC16"],
 )
 @triton.jit
 def conv_fwd_kernel(
