@@ -8,8 +8,9 @@ row is one coalesced [BD] load along the contiguous D axis: no shifted re-loads,
 memory. Floor reasoning (H200, bf16 [16, 8192, 2048]): x in + y out = 1.07 GB = 0.25 ms at
 the 4.24 TB/s copy ceiling; the loop issues ~15 instructions per element (~0.12 ms) and
 2 MUFU (~0.13 ms), below it, so the kernel has to keep enough bytes in flight: R rows per
-trip loaded before any math, the next trip's rows prefetched (PF), and a one-wave grid of
-about `_WARPS_PER_SM_FWD` warps per SM (`time_chunks`).
+trip loaded before any math, the next trip's rows prefetched into registers (PF) or staged
+through shared memory by Triton's pipeliner (NS), and chunks short enough for many programs
+(`time_chunks`; a one-wave grid of long chunks measured 79% of copy, H200, 2026-11-30).
 
 Packed documents (`cu_seqlens`, B == 1): a program finds the document of its first row by a
 binary search over cu_seqlens, then advances document by document as its rows cross
