@@ -2,7 +2,7 @@
 CPU, or compiled on the GPU when there is one (the `device` fixture).
 
 Every output is allocated NaN-poisoned (the launchers' `_alloc` hook), so an element a kernel
-forgets to write fails the comparison. `tiny_chunks` shrinks the time chunks to 16 rows (the chunk alignment) so
+forgets to write fails the comparison. `tiny_chunks` shrinks the time chunks to 8 rows so
 that chunk seams (halo rows, the dw split between chunks, the document search at each chunk
 start) are crossed many times even at these small shapes.
 """
@@ -14,7 +14,6 @@ import torch
 from kernel_fun._common.witness import launch_counts
 from kernel_fun.cconv._kernels import bwd as bwd_mod
 from kernel_fun.cconv._kernels import fwd as fwd_mod
-from kernel_fun.cconv._kernels import fwd_tiled as tile_mod
 from kernel_fun.cconv._kernels.bwd import conv_bwd
 from kernel_fun.cconv._kernels.fwd import conv_fwd
 from kernel_fun.cconv.reference import conv_ref, conv_ref_bwd
@@ -40,7 +39,7 @@ def poison(monkeypatch):
 
 @pytest.fixture(params=["default", "tiny"])
 def chunking(request, monkeypatch):
-    if request.param == "tiny":  # as many chunks as possible: 16 rows each (the row alignment)
+    if request.param == "tiny":  # as many chunks as possible: 8 rows each (the row alignment)
         monkeypatch.setattr(fwd_mod, "_WARPS_PER_SM_FWD", 10**6)
         monkeypatch.setattr(fwd_mod, "_MIN_ROWS_FWD", 1)
         monkeypatch.setattr(bwd_mod, "_WARPS_PER_SM_BWD", 10**6)
@@ -231,51 +230,15 @@ def test_outputs_are_fresh(device):
 
 
 @pytest.mark.parametrize("stage,idx", [("fwd", i) for i in range(len(fwd_mod._FWD_CONFIGS))]
-                         + [("bwd", i) for i in range(len(bwd_mod._BWD_CONFIGS))]
-                         + [("tile", i) for i in range(len(tile_mod._TILE_CONFIGS))])
+                         + [("bwd", i) for i in range(len(bwd_mod._BWD_CONFIGS))])
 def test_every_config(stage, idx, monkeypatch, device):
     """Each autotune candidate computes the same thing (the interpreter otherwise runs only
     the first): pin the kernel to one config, then check fwd + bwd, D-major with several
     channel blocks, and T-major (transposed x) with packed documents."""
-    kernel, configs = {"fwd": (fwd_mod.conv_fwd_kernel, fwd_mod._FWD_CONFIGS),
-                       "bwd": (bwd_mod.conv_bwd_kernel, bwd_mod._BWD_CONFIGS),
-                       "tile": (tile_mod.conv_fwd_kernel_tiled, tile_mod._TILE_CONFIGS)}[stage]
+    kernel, configs = ((fwd_mod.conv_fwd_kernel, fwd_mod._FWD_CONFIGS) if stage == "fwd"
+                       else (bwd_mod.conv_bwd_kernel, bwd_mod._BWD_CONFIGS))
     monkeypatch.setattr(kernel, "configs", [configs[idx]])
     monkeypatch.setattr(fwd_mod, "_MIN_ROWS_FWD", 1)
     monkeypatch.setattr(bwd_mod, "_MIN_ROWS_BWD", 1)
-    if stage == "tile":
-        monkeypatch.setattr(fwd_mod, "_FWD_DESIGN", "tile")
-        _check(2, 37, 300, 4, device, seed=idx, backward=False)
-        _check(1, 20, 9, 3, device, cu=_cu([7, 1, 2, 10]), x_layout="slice", seed=idx, backward=False)
-        return
     _check(2, 13, 130, 4, device, seed=idx)
     _check(1, 20, 9, 3, device, cu=_cu([7, 1, 2, 10]), x_layout="transposed", seed=idx)
-
-
-@pytest.mark.parametrize("B,T,D,W", SHAPES)
-def test_tiled_fwd_shapes(B, T, D, W, monkeypatch, device):
-    """The tiled forward alternative (fwd_tiled), routed by fwd._FWD_DESIGN."""
-    monkeypatch.setattr(fwd_mod, "_FWD_DESIGN", "tile")
-    _check(B, T, D, W, device, seed=B * 1000 + T + D + W, backward=False)
-
-
-@pytest.mark.parametrize("lengths", VARLEN, ids=[f"docs{i}" for i in range(len(VARLEN))])
-def test_tiled_fwd_varlen(lengths, monkeypatch, device):
-    monkeypatch.setattr(fwd_mod, "_FWD_DESIGN", "tile")
-    cu = _cu(lengths)
-    _check(1, int(cu[-1]), 21, 4, device, cu=cu, x_layout="slice", seed=len(lengths), backward=False)
-    _check(1, int(cu[-1]), 21, 2, device, cu=cu, bias=False, silu=False, dtype=torch.float16, seed=1,
-           backward=False)
-
-
-def test_chunking_policy(monkeypatch):
-    """time_chunks: chunks of at most max_rows, more for small grids, rows aligned to 16."""
-    cpu = torch.device("cpu")  # 4 "SMs"
-    n, rows = fwd_mod.time_chunks(16, 8192, 2048, cpu, 256, 32, 16)
-    assert (n, rows) == (32, 256)
-    n, rows = fwd_mod.time_chunks(1, 2048, 128, cpu, 10**9, 32, 16)  # fill: 128 units -> 128 chunks
-    assert (n, rows) == (128, 16)
-    n, rows = fwd_mod.time_chunks(1, 100, 128, cpu, 10**9, 1, 16)  # 4 units: 4 chunks
-    assert (n, rows) == (4, 32) and n * rows >= 100
-    n, rows = fwd_mod.time_chunks(1, 2 ** 24, 64, cpu, 16, 1, 16)  # chunk counts past 65535
-    assert n == 2 ** 20 and rows == 16

@@ -110,26 +110,6 @@ def test_parity_varlen(W, layout):
     _check_all(x, w, b, dy, silu=True, cu=cu)
 
 
-@pytest.mark.parametrize("layout", ["contig", "slice"])
-def test_tiled_fwd_real_shapes(layout, monkeypatch):
-    """The tiled forward alternative (fwd._FWD_DESIGN = "tile") at real shapes, dense and packed."""
-    monkeypatch.setattr(fwd_mod, "_FWD_DESIGN", "tile")
-    x, w, b, _ = _inputs(2, 4096, 2048, 4, torch.bfloat16, layout=layout, seed=4)
-    _assert_close("y", conv_fwd(x, w, b, True), conv_ref(x, w, b, True), x.dtype)
-    cu = _random_cu(20000, seed=4)
-    x, w, b, _ = _inputs(1, 20000, 768, 3, torch.bfloat16, layout=layout, seed=5)
-    _assert_close("y varlen", conv_fwd(x, w, b, True, cu), conv_ref(x, w, b, True, cu), x.dtype)
-
-
-@pytest.mark.parametrize("max_rows", [16, 10 ** 9])
-def test_chunk_extremes(max_rows, monkeypatch):
-    """Shortest chunks (most dw partials, most halo re-reads) and one wave of long chunks."""
-    monkeypatch.setattr(fwd_mod, "_MAX_ROWS_FWD", max_rows)
-    monkeypatch.setattr(bwd_mod, "_MAX_ROWS_BWD", max_rows)
-    x, w, b, dy = _inputs(4, 4099, 1024, 4, torch.bfloat16, seed=6)
-    _check_all(x, w, b, dy, silu=True)
-
-
 def test_matches_fla():
     """fla 0.6.0's Triton kernel as a second oracle (dense input: fla's varlen dw is off)."""
     fla_conv = pytest.importorskip("fla.modules.causal_conv1d").causal_conv1d

@@ -14,9 +14,9 @@ from __future__ import annotations
 def chunk_indices_for(cu_seqlens, chunk_size: int):
     """``[NT, 2]`` (sequence id, chunk id within the sequence) for a varlen batch: fla's own
     ``prepare_chunk_indices`` (cached on the tensor), so our grid and fla's agree."""
-    from fla.ops.utils import prepare_chunk_indices
+    from ..._common.compat import fla_symbol
 
-    return prepare_chunk_indices(cu_seqlens, chunk_size)
+    return fla_symbol("fla.ops.utils.index", "prepare_chunk_indices")(cu_seqlens, chunk_size)
 
 
 def launch(kernel, grid, config, *args, **kwargs):
