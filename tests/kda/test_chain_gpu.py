@@ -12,6 +12,14 @@ from kernel_fun.kda.reference import chunk_kda_ref
 
 pytestmark = pytest.mark.gpu
 
+
+@pytest.fixture(autouse=True)
+def _exercise_every_path(monkeypatch):
+    """These tests are the GPU verification itself: run our chain on every path of the box."""
+    from kernel_fun.kda import ops
+
+    monkeypatch.setattr(ops, "ROUTE_GPU_UNVERIFIED", False)
+
 TOL = dict(o=5e-3, ht=5e-3, dq=8e-3, dk=8e-3, dv=8e-3, dh0=8e-3, dg=2e-2, dbeta=2e-2,
            dA_log=2e-2, ddt_bias=2e-2)
 

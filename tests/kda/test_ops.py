@@ -33,7 +33,7 @@ def fla_calls(monkeypatch):
     return calls
 
 
-def _inputs(B=1, T=70, H=2, HV=4, K=64, V=64, dtype=torch.float16):
+def _inputs(B=1, T=70, H=2, HV=4, K=128, V=128, dtype=torch.float16):
     q = torch.randn(B, T, H, K, dtype=dtype)
     k = torch.randn(B, T, H, K, dtype=dtype)
     v = torch.randn(B, T, HV, V, dtype=dtype)
@@ -62,7 +62,7 @@ def test_fla_kwargs_read_by_chunk_kda_are_classified():
 
 def test_production_call_is_in_the_box():
     q, k, v, g, beta = _inputs()
-    ok, reason = kda.is_supported(q, k, v, g, beta, A_log=torch.randn(4), dt_bias=torch.randn(4 * 64),
+    ok, reason = kda.is_supported(q, k, v, g, beta, A_log=torch.randn(4), dt_bias=torch.randn(4 * 128),
                                   use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True)
     assert ok, reason
 
@@ -115,3 +115,20 @@ def test_bad_shapes_raise():
 def test_switch_routes(fla_calls, monkeypatch):
     monkeypatch.setenv("KERNEL_FUN_KDA_DISABLE", "1")
     assert kda.chunk_kda(*_inputs())[0] == "fla-o"
+
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(cu_seqlens=torch.tensor([0, 30, 70])), "cu_seqlens: not yet verified on the GPU"),
+    (dict(initial_state=torch.zeros(1, 4, 128, 128)), "initial_state: not yet verified"),
+    (dict(use_beta_sigmoid_in_kernel=True), "beta sigmoid / precomputed gate: not yet verified"),
+])
+def test_gpu_unverified_paths_route_until_verified(monkeypatch, change, needle):
+    q, k, v, g, beta = _inputs()
+    kw = dict(A_log=torch.randn(4), dt_bias=torch.randn(4 * 128), use_gate_in_kernel=True, **change)
+    ok, reason = kda.is_supported(q, k, v, g, beta, **kw)
+    assert not ok and needle in reason
+    monkeypatch.setattr(ops, "ROUTE_GPU_UNVERIFIED", False)
+    assert kda.is_supported(q, k, v, g, beta, **kw) == (True, "")
+    ok, reason = kda.is_supported(*_inputs(K=64, V=64), A_log=torch.randn(4), dt_bias=torch.randn(4 * 64),
+                                  use_gate_in_kernel=True)
+    assert ok, reason

@@ -57,7 +57,7 @@ def _case(name, B, T, D, W=4, layout="contiguous", cu_seqlens=None, backend="tri
                  activation="silu", layout=layout, fla_backend=backend)
     if cu_seqlens is not None:
         shape["cu_seqlens"] = cu_seqlens.tolist()
-    return Case("cconv", name, shape, dirs, witness="cconv.", note=note)
+    return Case("cconv", name, shape, dirs, witness=("cconv.",), note=note)
 
 
 def _random_cu_seqlens(T, n_docs, seed=0):

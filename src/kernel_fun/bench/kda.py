@@ -81,7 +81,7 @@ def _case(name, B, T, H, HV, K, V, cu_seqlens=None, profile=False):
     say("compiled, autotuned, parity computed")
 
     def rel(a, b):
-        return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+        return float((a.detach().double() - b.detach().double()).norm() / b.detach().double().norm().clamp_min(1e-30))
 
     parity = {"o": rel(o_ours, o_fla)}
     for n, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias"), g_ours, g_fla):
@@ -99,7 +99,7 @@ def _case(name, B, T, H, HV, K, V, cu_seqlens=None, profile=False):
                  use_gate_in_kernel=True)
     if cu_seqlens is not None:
         shape["cu_seqlens"] = cu_seqlens.tolist()
-    return Case("kda", name, shape, dirs, witness="kda.")
+    return Case("kda", name, shape, dirs, witness=("kda.", "delta."))
 
 
 def cases(overrides: dict | None = None):
