@@ -188,3 +188,12 @@ def test_interpreted_check_passes():
     from kernel_fun.bench.cconv import check
 
     assert check("cpu") == []
+
+
+def test_without_fla_a_call_raises_import_error_saying_what_to_install(monkeypatch):
+    monkeypatch.setattr(compat, "_fla_version", lambda: None)
+    compat.reset()
+    x, w, b = _inputs()
+    with pytest.raises(ImportError, match="pip install 'fla-core"):
+        cconv.causal_conv1d(x, w, b)
+    compat.reset()

@@ -75,3 +75,23 @@ def test_bench_without_gpu_runs_the_check():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "timings need a CUDA GPU" in out.stdout
     assert "check cconv: ok" in out.stdout and "check kda: ok" in out.stdout
+
+
+def test_import_and_doctor_work_without_fla(tmp_path):
+    # fla made unimportable and invisible to importlib.metadata in a fresh interpreter
+    code = (
+        "import sys, importlib.metadata as md\n"
+        "sys.modules['fla'] = None\n"
+        "real = md.version\n"
+        "def version(name):\n"
+        "    if name in ('fla-core', 'flash-linear-attention'): raise md.PackageNotFoundError(name)\n"
+        "    return real(name)\n"
+        "md.version = version\n"
+        "import kernel_fun\n"
+        "assert kernel_fun.versions()['fla'] is None\n"
+        "from kernel_fun.__main__ import main\n"
+        "sys.exit(main(['doctor']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "pip install 'fla-core" in out.stdout
