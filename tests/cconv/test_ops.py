@@ -197,3 +197,9 @@ def test_without_fla_a_call_raises_import_error_saying_what_to_install(monkeypat
     with pytest.raises(ImportError, match="pip install 'fla-core"):
         cconv.causal_conv1d(x, w, b)
     compat.reset()
+
+
+def test_warmup_compiles_and_shows_progress(capsys):
+    cconv.warmup(B=1, T=9, D=(8, 16), W=3, dtype=torch.float32, activation="silu", bias=True)
+    err = capsys.readouterr().err
+    assert "kernel-fun cconv warmup [1/2]" in err and "[2/2]" in err
