@@ -33,3 +33,37 @@ def pytest_collection_modifyitems(config, items):
 def device():
     """Where kernels run: the GPU when there is one, else CPU tensors through the interpreter."""
     return "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture
+def clean_state(monkeypatch):
+    """No KERNEL_FUN_* switches, and the per-process caches (log-once, warm signatures, fla
+    drift status) forgotten before and after the test."""
+    from kernel_fun._common import compat, support
+
+    for k in list(os.environ):
+        if k.startswith("KERNEL_FUN_"):
+            monkeypatch.delenv(k)
+    for reset in (support.reset_logged, support.reset_warm, compat.reset):
+        reset()
+    yield
+    for reset in (support.reset_logged, support.reset_warm, compat.reset):
+        reset()
+
+
+@pytest.fixture
+def fla_recorder(monkeypatch):
+    """``install(ops_module, result)``: replace a family's route to fla with a recorder (fla's
+    kernels do not interpret); returns the list of kwargs each routed call passed."""
+
+    def install(ops_module, result):
+        calls = []
+
+        def fake(**kw):
+            calls.append(kw)
+            return result
+
+        monkeypatch.setattr(ops_module, "fla_symbol", lambda mod, sym: fake)
+        return calls
+
+    return install

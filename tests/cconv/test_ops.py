@@ -17,26 +17,14 @@ from kernel_fun.cconv.reference import conv_ref, conv_ref_bwd
 
 
 @pytest.fixture(autouse=True)
-def _clean(monkeypatch):
-    for k in list(__import__("os").environ):
-        if k.startswith("KERNEL_FUN_"):
-            monkeypatch.delenv(k)
-    support.reset_logged()
-    support.reset_warm()
-    compat.reset()
+def _clean(clean_state):
+    yield
 
 
 @pytest.fixture
-def fla_calls(monkeypatch):
-    """Replace fla's causal_conv1d with a recorder; returns the list of recorded kwargs."""
-    calls = []
-
-    def fake(**kw):
-        calls.append(kw)
-        return "fla-result", None
-
-    monkeypatch.setattr(ops, "fla_symbol", lambda mod, sym: fake)
-    return calls
+def fla_calls(fla_recorder):
+    """Routed calls reach a recorder in place of fla's entry."""
+    return fla_recorder(ops, ("fla-result", None))
 
 
 def _inputs(B=2, T=21, D=12, W=4, dtype=torch.float32, bias=True, seed=0):

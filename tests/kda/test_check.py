@@ -1,5 +1,4 @@
 """`kernel-fun check` for kda: our stage kernels against their references (interpreted on CPU)."""
-import torch
 
 from kernel_fun.bench.kda import check
 

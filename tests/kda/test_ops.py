@@ -6,31 +6,20 @@ import pytest
 import torch
 
 from kernel_fun import kda
-from kernel_fun._common import compat, support
+from kernel_fun._common import compat
 from kernel_fun._common.classify import signature_problems
 from kernel_fun.kda import ops
 
 
 @pytest.fixture(autouse=True)
-def _clean(monkeypatch):
-    for k in list(__import__("os").environ):
-        if k.startswith("KERNEL_FUN_"):
-            monkeypatch.delenv(k)
-    support.reset_logged()
-    support.reset_warm()
-    compat.reset()
+def _clean(clean_state):
+    yield
 
 
 @pytest.fixture
-def fla_calls(monkeypatch):
-    calls = []
-
-    def fake(**kw):
-        calls.append(kw)
-        return "fla-o", None
-
-    monkeypatch.setattr(ops, "fla_symbol", lambda mod, sym: fake)
-    return calls
+def fla_calls(fla_recorder):
+    """Routed calls reach a recorder in place of fla's entry."""
+    return fla_recorder(ops, ("fla-o", None))
 
 
 def _inputs(B=1, T=70, H=2, HV=4, K=128, V=128, dtype=torch.float16):
