@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from kernel_fun._common.numerics import rel_rms as rel
+
 T0 = time.time()
 
 
@@ -45,10 +47,6 @@ def log(msg: str) -> None:
 def bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def cfg_name(c) -> str:

@@ -67,3 +67,20 @@ def fla_recorder(monkeypatch):
         return calls
 
     return install
+
+
+@pytest.fixture
+def poison_outputs(monkeypatch):
+    """``install(*kernel_modules)``: the launchers of these modules allocate their outputs
+    through ``_alloc``; make it fill with NaN so an element a kernel forgets to write fails."""
+
+    def nan_empty(size, dtype=None, device=None):
+        import torch
+
+        return torch.full(size, float("nan"), dtype=dtype, device=device)
+
+    def install(*modules):
+        for m in modules:
+            monkeypatch.setattr(m, "_alloc", nan_empty)
+
+    return install

@@ -15,6 +15,7 @@ from kernel_fun._common.witness import launches
 from kernel_fun._delta import reference as ref
 from kernel_fun._delta._kernels import state_scan_fwd as mod
 from kernel_fun._delta._kernels.state_scan_fwd import CONFIGS, config_name, state_scan_fwd
+from kernel_fun._common.numerics import rel_rms
 
 BT = 64
 SCALE = 0.3
@@ -70,11 +71,9 @@ def _reference(x, h0, cu_seqlens, state_v_first=False):
 
 
 @pytest.fixture
-def poisoned(monkeypatch):
+def poisoned(poison_outputs):
     """Every output the launcher allocates starts as NaN: an unwritten element fails."""
-    def nan_empty(*shape, dtype=None, device=None, **kw):
-        return torch.full(*shape, float("nan"), dtype=dtype, device=device)
-    monkeypatch.setattr(mod, "_alloc", nan_empty)
+    poison_outputs(mod)
 
 
 def _check(name, out, expect, tol, rows=None):
@@ -83,7 +82,7 @@ def _check(name, out, expect, tol, rows=None):
     if rows is not None:  # only these tokens are defined (varlen v_new)
         out, expect = out[:, rows], expect[:, rows]
     assert torch.isfinite(out).all(), f"{name}: non-finite (unwritten?) elements"
-    err = ref.rel_rms(out, expect)
+    err = rel_rms(out, expect)
     assert err < tol, f"{name}: rel rms {err:.2e} >= {tol:.0e}"
     # and element-wise, so that a few wrong elements cannot hide in the norm
     worst = float((out.double() - expect.double()).abs().max() / expect.double().abs().max().clamp_min(1e-30))
@@ -258,4 +257,4 @@ def test_chunked_reference_matches_recurrence(gate, varlen):
     rkw = {"gk": graw} if gate == "gk" else ({"g": graw} if graw is not None else {})
     o2, ht2 = ref.naive_recurrence_ref(q, k, v, beta, scale=SCALE, initial_state=h0,
                                       output_final_state=True, cu_seqlens=cu, **rkw)
-    assert ref.rel_rms(o, o2) < 1e-10 and ref.rel_rms(ht, ht2) < 1e-10
+    assert rel_rms(o, o2) < 1e-10 and rel_rms(ht, ht2) < 1e-10

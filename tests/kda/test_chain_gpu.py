@@ -24,8 +24,7 @@ TOL = dict(o=5e-3, ht=5e-3, dq=8e-3, dk=8e-3, dv=8e-3, dh0=8e-3, dg=2e-2, dbeta=
            dA_log=2e-2, ddt_bias=2e-2)
 
 
-def _rel(a, r):
-    return ((a.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
+from kernel_fun._common.numerics import rel_rms as _rel  # noqa: E402
 
 
 def _make(B, T, H, HV, K, V, h0=False, N=None, gate_in_kernel=True, beta_logits=False,

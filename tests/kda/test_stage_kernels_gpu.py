@@ -22,8 +22,7 @@ BT = 64
 TOL = dict(dq=8e-3, dk=8e-3, dv=8e-3, db=2e-2, dg=2e-2, dA=2e-2)
 
 
-def rel_err(a, r):
-    return ((a.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
+from kernel_fun._common.numerics import rel_rms as rel_err  # noqa: E402
 
 
 def build_stage_inputs(B, T, H, HV, K, V, cu=None, strong=False, seed=0):

@@ -283,8 +283,3 @@ def naive_recurrence_ref(
         final[n] = S
     return o, (final if output_final_state else None)
 
-
-def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """``||out - ref|| / ||ref||`` in fp64 (the error measure of the design's Numerics)."""
-    out, ref = out.double(), ref.double()
-    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))

@@ -94,6 +94,7 @@ def check(device: str = "cpu") -> list[str]:
     import torch
 
     from .. import cconv
+    from .._common.numerics import rel_rms
     from .._common.witness import launches
     from ..cconv.reference import conv_ref, conv_ref_bwd
 
@@ -121,7 +122,7 @@ def check(device: str = "cpu") -> list[str]:
         ref_grads = [g for g in conv_ref_bwd(x, w, b, dy, silu, cu) if g is not None]
         tol = 1e-5 if c["dtype"] == torch.float32 else 3e-3
         for name, a, r in [("y", y, y_ref)] + list(zip(("dx", "dw", "db"), grads, ref_grads)):
-            err = ((a.double() - r).norm() / r.norm().clamp_min(1e-30)).item()
+            err = rel_rms(a, r)
             if not err <= tol:
                 failures.append(f"cconv {c}: {name} relative error {err:.2e} > {tol:.0e}")
     return failures

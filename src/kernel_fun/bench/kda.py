@@ -53,6 +53,7 @@ def _case(name, B, T, H, HV, K, V, cu_seqlens=None, profile=False):
 
     from .. import kda
     from .._common.compat import fla_symbol
+    from .._common.numerics import rel_rms as rel
 
     fla_kda = fla_symbol("fla.ops.kda", "chunk_kda")
     t = _inputs(B, T, H, HV, K, V)
@@ -79,9 +80,6 @@ def _case(name, B, T, H, HV, K, V, cu_seqlens=None, profile=False):
     g_ours = torch.autograd.grad(o_ours, leaves, do)
     g_fla = torch.autograd.grad(o_fla, leaves, do)
     say("compiled, autotuned, parity computed")
-
-    def rel(a, b):
-        return float((a.detach().double() - b.detach().double()).norm() / b.detach().double().norm().clamp_min(1e-30))
 
     parity = {"o": rel(o_ours, o_fla)}
     for n, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias"), g_ours, g_fla):
@@ -147,13 +145,11 @@ def _check_inputs(device, B=1, T=100, H=1, HV=2, K=32, V=32, seed=0):
 def check(device: str = "cpu") -> list[str]:
     """Interpreted check of our KDA stage kernels against their plain-torch references at a
     small shape (T not a multiple of 64, grouped values), fp32."""
+    from .._common.numerics import rel_rms as rel
     from .._common.witness import launches
     from .._delta.reference import state_scan_fwd_ref
     from ..kda import chain
     from ..kda.reference_stages import intra_bwd_reference, wy_dqkg_bwd_reference
-
-    def rel(a, b):
-        return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
     t = _check_inputs(device)
     failures = []
