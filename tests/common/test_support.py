@@ -111,19 +111,20 @@ def test_tensors_on_two_devices_refused():
 # ----------------------------------------------------------------------------- capture gate
 def test_capture_gate(monkeypatch):
     sig = ("shape", (2, 3), torch.float16)
-    assert support.capture_gate("kda", sig, needs_grad=True) == (True, "")  # not capturing
+    assert support.capture_gate("kda", lambda: 1 / 0)[0]  # not capturing: nothing described
+    assert support.capture_gate("kda", lambda: (sig, True)) == (True, "")  # not capturing
     monkeypatch.setattr(support, "_capturing", lambda: True)
-    ok, reason = support.capture_gate("kda", sig, needs_grad=False)
+    ok, reason = support.capture_gate("kda", lambda: (sig, False))
     assert not ok and "capture" in reason and "fwd" in reason
     support.mark_warm("kda", sig, "fwd")
-    assert support.capture_gate("kda", sig, needs_grad=False)[0]
-    ok, reason = support.capture_gate("kda", sig, needs_grad=True)
+    assert support.capture_gate("kda", lambda: (sig, False))[0]
+    ok, reason = support.capture_gate("kda", lambda: (sig, True))
     assert not ok and "bwd" in reason
     support.mark_warm("kda", sig, "bwd")
-    assert support.capture_gate("kda", sig, needs_grad=True)[0]
+    assert support.capture_gate("kda", lambda: (sig, True))[0]
     # another family or signature is still cold
-    assert not support.capture_gate("cconv", sig, needs_grad=False)[0]
-    assert not support.capture_gate("kda", ("other",), needs_grad=False)[0]
+    assert not support.capture_gate("cconv", lambda: (sig, False))[0]
+    assert not support.capture_gate("kda", lambda: (("other",), False))[0]
 
 
 # ----------------------------------------------------------------------------- logging

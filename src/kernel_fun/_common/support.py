@@ -178,9 +178,12 @@ def mark_warm(family: str, signature, phase: str) -> None:
     _warm.setdefault((family, signature), set()).add(phase)
 
 
-def capture_gate(family: str, signature, needs_grad: bool) -> tuple[bool, str]:
+def capture_gate(family: str, describe) -> tuple[bool, str]:
+    """``describe()`` -> (signature, needs_grad); called only under capture, so an eager
+    call pays for nothing but the capture query."""
     if not is_capturing():
         return True, ""
+    signature, needs_grad = describe()
     seen = _warm.get((family, signature), set())
     need = {"fwd", "bwd"} if needs_grad else {"fwd"}
     if need <= seen:

@@ -81,18 +81,17 @@ def _decide(call: dict, extra: dict) -> tuple[bool, str]:
     x, weight, bias = call["x"], call["weight"], call["bias"]
     cu = call["cu_seqlens"]
 
-    def capture():
+    def describe():
         needs_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, weight, bias))
-        sig = _signature(x, weight, bias, call["activation"] is not None, cu)
-        return support.capture_gate(FAMILY, sig, needs_grad)
+        return _signature(x, weight, bias, call["activation"] is not None, cu), needs_grad
 
     return support.decide(
         FAMILY,
         lambda: C.classify(RULES, call, extra),
         lambda: _box(x, weight, bias, cu, call["cu_seqlens_cpu"]),
         lambda: support.tensor_gate(x, weight, bias, cu),
-        capture,
+        lambda: support.capture_gate(FAMILY, describe),
     )
 
 

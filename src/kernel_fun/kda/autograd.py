@@ -45,7 +45,7 @@ class ChunkKDAFunction(torch.autograd.Function):
         scale, use_qk_l2norm, use_gate_in_kernel, use_beta_sigmoid, beta_scale = ctx.flags
         dq, dk, dv, db, dg, dh0, dA_log, ddt_bias = chain.backward(
             q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, do.contiguous(),
-            dht, use_gate_in_kernel, cu_seqlens, chunk_indices, chunk_offsets, chain.STAGES)
+            dht, use_gate_in_kernel, cu_seqlens, chunk_indices, chunk_offsets)
         if use_qk_l2norm:
             dq = chain.l2norm_bwd(q, q_rstd, dq)
             dk = chain.l2norm_bwd(k, k_rstd, dk)

@@ -64,11 +64,9 @@ def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final
 
 
 def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, do, dht,
-             use_gate_in_kernel, cu_seqlens, chunk_indices, chunk_offsets, stages):
+             use_gate_in_kernel, cu_seqlens, chunk_indices, chunk_offsets):
     """Gradients w.r.t. the (normalized) q, k, v, the raw gate g, the (activated) beta, the
-    initial state, and A_log / dt_bias when the gate is in the op.
-
-    ``stages`` maps a stage name to ours (a callable) where ours replaces fla's."""
+    initial state, and A_log / dt_bias when the gate is in the op."""
     H, HV = q.shape[2], v.shape[2]
     gc = gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices)
     w, u, qg, kg = _fla("fla.ops.kda.wy_fast", "recompute_w_u_fwd")(
@@ -82,11 +80,11 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
     dh, dh0, dv = _fla("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_bwd_dhu")(
         q=qg, k=kg, w=w, gk=gc, h0=initial_state, dht=dht, do=do, dv=dv, scale=scale,
         cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
-    wy = stages.get("wy_bwd") or _fla("fla.ops.kda.chunk_bwd", "chunk_kda_bwd_wy_dqkg_fused")
+    wy = STAGES.get("wy_bwd") or _fla("fla.ops.kda.chunk_bwd", "chunk_kda_bwd_wy_dqkg_fused")
     dq, dk, dv, db, dg, dAkk = wy(
         q=q, k=k, v=v, v_new=v_new, g=gc, beta=beta, A=Akk, h=h, do=do, dh=dh, dv=dv, scale=scale,
         cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
-    intra = stages.get("intra_bwd") or _fla("fla.ops.kda.chunk_intra", "chunk_kda_bwd_intra")
+    intra = STAGES.get("intra_bwd") or _fla("fla.ops.kda.chunk_intra", "chunk_kda_bwd_intra")
     dq, dk, db, dg = intra(
         q=q, k=k, g=gc, beta=beta, dAqk=dAqk, dAkk=dAkk, dq=dq, dk=dk, db=db, dg=dg,
         cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)

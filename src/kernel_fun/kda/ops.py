@@ -130,12 +130,12 @@ def _signature(call: dict, extra: dict):
 
 
 def _decide(call: dict, extra: dict):
-    def capture():
+    def describe():
         tensors = [call[n] for n in ("q", "k", "v", "g", "beta", "initial_state")]
         tensors += [extra.get("A_log"), extra.get("dt_bias")]
         needs_grad = torch.is_grad_enabled() and any(
             isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
-        return support.capture_gate(FAMILY, _signature(call, extra), needs_grad)
+        return _signature(call, extra), needs_grad
 
     def tensors():
         return support.tensor_gate(call["q"], call["k"], call["v"], call["g"], call["beta"],
@@ -147,7 +147,7 @@ def _decide(call: dict, extra: dict):
         lambda: C.classify(RULES, call, extra),
         lambda: _box(call, extra),
         tensors,
-        capture,
+        lambda: support.capture_gate(FAMILY, describe),
     )
 
 
