@@ -2,7 +2,7 @@
 CPU, or compiled on the GPU when there is one (the `device` fixture).
 
 Every output is allocated NaN-poisoned (the launchers' `_alloc` hook), so an element a kernel
-forgets to write fails the comparison. `tiny_chunks` shrinks the time chunks to 8 rows so
+forgets to write fails the comparison. `tiny_chunks` shrinks the time chunks to 16 rows (the chunk alignment) so
 that chunk seams (halo rows, the dw split between chunks, the document search at each chunk
 start) are crossed many times even at these small shapes.
 """
@@ -21,17 +21,25 @@ from kernel_fun.cconv.reference import conv_ref, conv_ref_bwd
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
 
-from kernel_fun._common.numerics import rel_rms as rel_err  # noqa: E402
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in fp64 (NaN anywhere in out gives NaN, which fails `<`)."""
+    out, ref = out.double(), ref.double()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def _nan_empty(size, dtype=None, device=None):
+    return torch.full(size, float("nan"), dtype=dtype, device=device)
 
 
 @pytest.fixture(autouse=True)
-def poison(poison_outputs):
-    poison_outputs(fwd_mod, bwd_mod)
+def poison(monkeypatch):
+    monkeypatch.setattr(fwd_mod, "_alloc", _nan_empty)
+    monkeypatch.setattr(bwd_mod, "_alloc", _nan_empty)
 
 
 @pytest.fixture(params=["default", "tiny"])
 def chunking(request, monkeypatch):
-    if request.param == "tiny":  # as many chunks as possible: 8 rows each (the row alignment)
+    if request.param == "tiny":  # as many chunks as possible: 16 rows each (the row alignment)
         monkeypatch.setattr(fwd_mod, "_WARPS_PER_SM_FWD", 10**6)
         monkeypatch.setattr(fwd_mod, "_MIN_ROWS_FWD", 1)
         monkeypatch.setattr(bwd_mod, "_WARPS_PER_SM_BWD", 10**6)
@@ -227,10 +235,23 @@ def test_every_config(stage, idx, monkeypatch, device):
     """Each autotune candidate computes the same thing (the interpreter otherwise runs only
     the first): pin the kernel to one config, then check fwd + bwd, D-major with several
     channel blocks, and T-major (transposed x) with packed documents."""
-    kernel, configs = ((fwd_mod.conv_fwd_kernel, fwd_mod._FWD_CONFIGS) if stage == "fwd"
-                       else (bwd_mod.conv_bwd_kernel, bwd_mod._BWD_CONFIGS))
+    kernel, configs = {"fwd": (fwd_mod.conv_fwd_kernel, fwd_mod._FWD_CONFIGS),
+                       "bwd": (bwd_mod.conv_bwd_kernel, bwd_mod._BWD_CONFIGS)}[stage]
     monkeypatch.setattr(kernel, "configs", [configs[idx]])
     monkeypatch.setattr(fwd_mod, "_MIN_ROWS_FWD", 1)
     monkeypatch.setattr(bwd_mod, "_MIN_ROWS_BWD", 1)
     _check(2, 13, 130, 4, device, seed=idx)
     _check(1, 20, 9, 3, device, cu=_cu([7, 1, 2, 10]), x_layout="transposed", seed=idx)
+
+
+def test_chunking_policy(monkeypatch):
+    """time_chunks: chunks of at most max_rows, more for small grids, rows aligned to 16."""
+    cpu = torch.device("cpu")  # 4 "SMs"
+    n, rows = fwd_mod.time_chunks(16, 8192, 2048, cpu, 256, 32, 16)
+    assert (n, rows) == (32, 256)
+    n, rows = fwd_mod.time_chunks(1, 2048, 128, cpu, 10**9, 32, 16)  # fill: 128 units -> 128 chunks
+    assert (n, rows) == (128, 16)
+    n, rows = fwd_mod.time_chunks(1, 100, 128, cpu, 10**9, 1, 16)  # 4 units: 4 chunks
+    assert (n, rows) == (4, 32) and n * rows >= 100
+    n, rows = fwd_mod.time_chunks(1, 2 ** 24, 64, cpu, 16, 1, 16)  # chunk counts past 65535
+    assert n == 2 ** 20 and rows == 16

@@ -20,8 +20,9 @@ Issue: ~33 instructions per element in the loop (ptxas, 4 channels per thread: ~
 pre/dx/dw, the sigmoid, 3 converts, masks) = 276 M warp-instructions, ~0.26 ms at 4 per
 clock per SM on 132 SMs; MUFU 2 per element, ~0.13 ms. So the backward is memory-bound
 with little to spare: overlap (PF, enough warps) matters as much as bytes. The partials are
-B x n_chunks x (W+1) x D x 4 B = 2.6 MB there (`_WARPS_PER_SM_BWD`), written and read once:
-~1.3 us, 0.3% of the floor. Not yet timed on a GPU.
+B x n_chunks x (W+1) x D x 4 B, written and read once (`_MAX_ROWS_BWD` = 512 rows: 10.5 MB
+there, an estimated ~1.3% of the bytes). The one-wave sizing with long chunks measured 0.600 ms
+(63% of copy, H200, 2026-11-30).
 """
 from __future__ import annotations
 
@@ -38,34 +39,90 @@ from .fwd import (aligned16, conv_row, load_halo, load_rows, load_taps, seq_adva
 # Test-only hook (see fwd._alloc): tests swap in a NaN-filling allocator.
 _alloc = torch.empty
 
-# bwd moves 2 tensors in per trip, so half fwd's warps keep the same bytes in flight
-# (8 warps/SM x 2 trips x R=8 rows x 2 tensors x 8 B x 32 threads = 64 KB per SM), and fewer
-# warps mean fewer dw partials: B=16, T=8192, D=2048 gets 4 chunks of 2048 rows, i.e.
-# 64 x 5 x 2048 x 4 B = 2.6 MB of partials. The margin below the ~11 warps/SM that 173
-# registers allow keeps the grid in one wave. `_MIN_ROWS_BWD` bounds the partials at small
-# B x D (B=1, T=2048, D=2048: 64 chunks, 2.6 MB).
-_WARPS_PER_SM_BWD = 8
+# Grid sizing (fwd.time_chunks), set from scripts/cconv_sweep.py (H200, bf16, W=4, silu,
+# 2026-11-30; bench/records/raw/2026-11-30-h200-cconv-sweep.json): at B=16 T=8192 D=2048,
+# 512-row chunks 0.483 ms (77.5% of copy), 256 rows 0.489, 1024 rows 0.496, one wave of
+# 2048-row chunks 0.489-0.512 (the first sizing, with the first configs: 0.600). The dw
+# partials are B x n_chunks x (W+1) x D x 4 B, written and read once (10.5 MB there).
+_MAX_ROWS_BWD = 512
+_WARPS_PER_SM_BWD = 16
 _MIN_ROWS_BWD = 32
 
 _BWD_CONFIGS = [
     # BD channels per program (always 4 per thread: 8 per thread needs 255 registers and
-    # spills at R=8), R rows per trip, PF: prefetch the next trip's rows. Registers (ptxas
-    # sm_90, bf16, W=4, silu, aligned; varlen in brackets): 173 [168], 136 [156], 140 [167],
-    # 136 [156], 140 [167], ~110. No spills D-major. Unaligned strides (VEC16 false) cost
-    # a 64-bit address per element: 242, 168, 168, 166, 168, 122; T-major (transposed)
-    # unaligned inputs spill in the R=8 configs, hence the last, lean config.
-    triton.Config({"BD": 128, "R": 8, "PF": True}, num_warps=1),
-    triton.Config({"BD": 128, "R": 4, "PF": True}, num_warps=1),
-    triton.Config({"BD": 256, "R": 8, "PF": False}, num_warps=2),
-    triton.Config({"BD": 512, "R": 4, "PF": True}, num_warps=4),
-    triton.Config({"BD": 128, "R": 8, "PF": False}, num_warps=1),
-    triton.Config({"BD": 128, "R": 4, "PF": False}, num_warps=1),
+    # spills at R=8), R rows per trip, PF: prefetch the next trip's rows into registers,
+    # NS > 1: Triton's loop pipeliner instead (cp.async into shared memory, NS stages; used for
+    # D-major aligned inputs only, else the plain loop). The sweep's winners (H200, 2026-11-30;
+    # ms at B=16 T=8192 D=2048 / D=4096 / column slice / varlen / B=1 T=2048), registers
+    # (ptxas sm_90a, bf16, W=4, silu, aligned D-major) and shared memory in brackets.
+    triton.Config({"BD": 128, "R": 4, "PF": False, "NS": 4}, num_warps=1),  # 0.487 / 0.963 / 0.254 [96, 6 KB]
+    triton.Config({"BD": 128, "R": 4, "PF": False, "NS": 6}, num_warps=1),  # 0.489 / 0.995 / 0.248 [94, 10 KB]
+    triton.Config({"BD": 128, "R": 8, "PF": True, "NS": 1}, num_warps=1),   # varlen 0.570 / 0.129 [174]
+    triton.Config({"BD": 256, "R": 8, "PF": False, "NS": 1}, num_warps=2),  # latency 0.123 [134]
 ]
+
+@triton.jit
+def bwd_row(x0, g, u, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
+            c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end,
+            W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
+            ACC_DW: tl.constexpr):
+    """Lead row u: dpre[u] from the x window, dw/db partial sums (ACC_DW: u is one of the
+    chunk's own rows, or past T where dpre is 0), dx[u - (W-1)]; returns the new state."""
+    if IS_VARLEN:
+        s, start, end = seq_advance(cu_seqlens, s, start, end, tl.minimum(u, T - 1))
+        x1 = tl.where(u - 1 >= start, x1, 0.0)
+        x2 = tl.where(u - 2 >= start, x2, 0.0)
+        x3 = tl.where(u - 3 >= start, x3, 0.0)
+    if SILU:
+        pre = conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W, HAS_BIAS)
+        sg = tl.sigmoid(pre)
+        d0 = g * sg * (1.0 + pre * (1.0 - sg))
+    else:
+        d0 = g
+    if ACC_DW:
+        ab += d0
+        a0 += d0 * x0
+        if W >= 2:
+            a1 += d0 * x1
+        if W >= 3:
+            a2 += d0 * x2
+        if W >= 4:
+            a3 += d0 * x3
+    # dx[u-(W-1)] = sum_j weight[:, j] dpre[u-j] = sum_j c_{W-1-j} d_j, where with packed
+    # documents d_j counts only if row u-j shares a document with row u-(W-1).
+    # (Masked copies only: the same d_j may count for the next rows' dx.)
+    if W == 1:
+        gx = c0 * d0
+    elif W == 2:
+        e0 = d0
+        if IS_VARLEN:
+            e0 = tl.where(start == st1, d0, 0.0)
+        gx = c1 * e0 + c0 * d1
+    elif W == 3:
+        e0 = d0
+        e1 = d1
+        if IS_VARLEN:
+            e0 = tl.where(start == st2, d0, 0.0)
+            e1 = tl.where(st1 == st2, d1, 0.0)
+        gx = c2 * e0 + c1 * e1 + c0 * d2
+    else:
+        e0 = d0
+        e1 = d1
+        e2 = d2
+        if IS_VARLEN:
+            e0 = tl.where(start == st3, d0, 0.0)
+            e1 = tl.where(st1 == st3, d1, 0.0)
+            e2 = tl.where(st2 == st3, d2, 0.0)
+        gx = c3 * e0 + c2 * e1 + c1 * e2 + c0 * d3
+    t = u - (W - 1)
+    tl.store(pdx + t.to(tl.int64) * D, gx.to(pdx.dtype.element_ty),
+             mask=cmask & (t >= t_begin) & (t < t_end))
+    return x0, x1, x2, d0, d1, d2, start, st1, st2, a0, a1, a2, a3, ab, s, start, end
 
 
 @triton.autotune(
     configs=autotune_configs(_BWD_CONFIGS),
-    key=["D", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_TMAJOR", "DY_TMAJOR", "VEC16"],
+    key=["D", "TC", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_TMAJOR", "DY_TMAJOR", "VEC16"],
 )
 @triton.jit
 def conv_bwd_kernel(
@@ -75,11 +132,13 @@ def conv_bwd_kernel(
     W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
     X_TMAJOR: tl.constexpr, DY_TMAJOR: tl.constexpr,  # contiguous along T (see fwd.load_rows)
     VEC16: tl.constexpr,  # autotune key only: fwd.aligned16 of x and dy
-    BD: tl.constexpr, R: tl.constexpr, PF: tl.constexpr,
+    BD: tl.constexpr, R: tl.constexpr, PF: tl.constexpr, NS: tl.constexpr,
 ):
-    pid_d = tl.program_id(0)
-    pid_c = tl.program_id(1)
-    pid_b = tl.program_id(2).to(tl.int64)
+    n_d = tl.cdiv(D, BD)  # grid (channel blocks x time chunks, B), channel block fastest
+    pid = tl.program_id(0)
+    pid_c = pid // n_d
+    pid_d = pid - pid_c * n_d
+    pid_b = tl.program_id(1).to(tl.int64)
     cols = pid_d * BD + tl.arange(0, BD)
     cmask = cols < D
     cols64 = cols.to(tl.int64)
@@ -116,88 +175,51 @@ def conv_bwd_kernel(
     if IS_VARLEN:
         s, start, end = seq_locate(cu_seqlens, N_SEQ, N_STEPS, t_begin)
 
-    # Loads of all R rows first, and with PF the next trip's rows before this trip's math
-    # (see fwd).
+    # Main loop: the chunk's own rows, in trips of R (TC is a multiple of R, so only the last
+    # chunk of a sequence has a partial trip, whose rows past T load as 0 and give dpre = 0:
+    # no dw masking per element). Then the W-1 rows after t_end, for dx only. Loads of a trip
+    # are all issued before its math; PF also issues the next trip's (see fwd).
     lim = tl.minimum(t_end + (W - 1), T)
+    u_end = t_begin + tl.cdiv(t_end - t_begin, R) * R
     if PF:
         nx = load_rows(px, t_begin, s_xt, lim, cmask, R, BD, X_TMAJOR)
         ng = load_rows(pg, t_begin, s_gt, lim, cmask, R, BD, DY_TMAJOR)
-    for u0 in range(t_begin, t_end + (W - 1), R):
-        if PF:
+        for u0 in range(t_begin, t_end, R):
             xs = nx
             gs = ng
             nx = load_rows(px, u0 + R, s_xt, lim, cmask, R, BD, X_TMAJOR)
             ng = load_rows(pg, u0 + R, s_gt, lim, cmask, R, BD, DY_TMAJOR)
-        else:
+            for r in tl.static_range(R):
+                x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end = bwd_row(
+                    xs[r].to(tl.float32), gs[r].to(tl.float32), u0 + r, t_begin, t_end, T,
+                    x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
+                    c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end,
+                    W, HAS_BIAS, SILU, IS_VARLEN, True)
+        tx = nx  # the prefetched trip after the last starts with the tail rows
+        tg = ng
+    else:
+        for u0 in tl.range(t_begin, t_end, R, num_stages=NS):
             xs = load_rows(px, u0, s_xt, lim, cmask, R, BD, X_TMAJOR)
             gs = load_rows(pg, u0, s_gt, lim, cmask, R, BD, DY_TMAJOR)
-        for r in tl.static_range(R):
-            u = u0 + r
-            x0 = xs[r].to(tl.float32)
-            g = gs[r].to(tl.float32)
-            if IS_VARLEN:
-                s, start, end = seq_advance(cu_seqlens, s, start, end, tl.minimum(u, T - 1))
-                x1 = tl.where(u - 1 >= start, x1, 0.0)
-                x2 = tl.where(u - 2 >= start, x2, 0.0)
-                x3 = tl.where(u - 3 >= start, x3, 0.0)
-            if SILU:
-                pre = conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W, HAS_BIAS)
-                sg = tl.sigmoid(pre)
-                d0 = g * sg * (1.0 + pre * (1.0 - sg))
-            else:
-                d0 = g
-            # Rows past t_end belong to the next chunk's dw/db.
-            dw_row = tl.where(u < t_end, d0, 0.0)
-            ab += dw_row
-            a0 += dw_row * x0
-            if W >= 2:
-                a1 += dw_row * x1
-            if W >= 3:
-                a2 += dw_row * x2
-            if W >= 4:
-                a3 += dw_row * x3
-            # dx[u-(W-1)] = sum_j weight[:, j] dpre[u-j] = sum_j c_{W-1-j} d_j, where with
-            # packed documents d_j counts only if row u-j shares a document with row u-(W-1).
-            # (Masked copies only: the same d_j may count for the next rows' dx.)
-            if W == 1:
-                gx = c0 * d0
-            elif W == 2:
-                e0 = d0
-                if IS_VARLEN:
-                    e0 = tl.where(start == st1, d0, 0.0)
-                gx = c1 * e0 + c0 * d1
-            elif W == 3:
-                e0 = d0
-                e1 = d1
-                if IS_VARLEN:
-                    e0 = tl.where(start == st2, d0, 0.0)
-                    e1 = tl.where(st1 == st2, d1, 0.0)
-                gx = c2 * e0 + c1 * e1 + c0 * d2
-            else:
-                e0 = d0
-                e1 = d1
-                e2 = d2
-                if IS_VARLEN:
-                    e0 = tl.where(start == st3, d0, 0.0)
-                    e1 = tl.where(st1 == st3, d1, 0.0)
-                    e2 = tl.where(st2 == st3, d2, 0.0)
-                gx = c3 * e0 + c2 * e1 + c1 * e2 + c0 * d3
-            t = u - (W - 1)
-            tl.store(pdx + t.to(tl.int64) * D, gx.to(dx.dtype.element_ty),
-                     mask=cmask & (t >= t_begin) & (t < t_end))
-            d3 = d2
-            d2 = d1
-            d1 = d0
-            st3 = st2
-            st2 = st1
-            st1 = start
-            x3 = x2
-            x2 = x1
-            x1 = x0
+            for r in tl.static_range(R):
+                x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end = bwd_row(
+                    xs[r].to(tl.float32), gs[r].to(tl.float32), u0 + r, t_begin, t_end, T,
+                    x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
+                    c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end,
+                    W, HAS_BIAS, SILU, IS_VARLEN, True)
+        tx = load_rows(px, u_end, s_xt, lim, cmask, 4, BD, X_TMAJOR)
+        tg = load_rows(pg, u_end, s_gt, lim, cmask, 4, BD, DY_TMAJOR)
+    # Tail: rows u_end .. u_end + W-2 (the next chunk's, or past T) complete dx[t_end-(W-1)..].
+    for r in tl.static_range(W - 1):
+        x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end = bwd_row(
+            tx[r].to(tl.float32), tg[r].to(tl.float32), u_end + r, t_begin, t_end, T,
+            x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
+            c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end,
+            W, HAS_BIAS, SILU, IS_VARLEN, False)
 
-    # Partials: [n_chunks_total, W + HAS_BIAS, D] fp32, row W-1-k holds sum dpre[u] x[u-k].
+    # Partials: [B x n_chunks, W + HAS_BIAS, D] fp32, row W-1-k holds sum dpre[u] x[u-k].
     NROW: tl.constexpr = W + HAS_BIAS
-    pp = part + (pid_b * tl.num_programs(1) + pid_c) * (NROW * D) + cols64
+    pp = part + (pid_b * tl.cdiv(T, TC) + pid_c) * (NROW * D) + cols64
     tl.store(pp + (W - 1) * D, a0, mask=cmask)
     if W >= 2:
         tl.store(pp + (W - 2) * D, a1, mask=cmask)
@@ -250,11 +272,11 @@ def conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, d
         if db is not None:
             db.zero_()
         return dx, dw, db
-    n_chunks, rows = time_chunks(B, T, D, x.device, _WARPS_PER_SM_BWD, _MIN_ROWS_BWD)
+    n_chunks, rows = time_chunks(B, T, D, x.device, _MAX_ROWS_BWD, _WARPS_PER_SM_BWD, _MIN_ROWS_BWD)
     n_part = B * n_chunks
     part = _alloc((n_part, W + int(has_bias), D), dtype=torch.float32, device=x.device)
     n_seq, n_steps = varlen_args(cu_seqlens)
-    conv_bwd_kernel[lambda meta: (triton.cdiv(D, meta["BD"]), n_chunks, B)](
+    conv_bwd_kernel[lambda meta: (triton.cdiv(D, meta["BD"]) * n_chunks, B)](
         x, weight, bias if has_bias else weight, dy, dx, part,
         cu_seqlens if cu_seqlens is not None else weight,
         T, D, rows, n_seq, n_steps,

@@ -8,8 +8,10 @@ row is one coalesced [BD] load along the contiguous D axis: no shifted re-loads,
 memory. Floor reasoning (H200, bf16 [16, 8192, 2048]): x in + y out = 1.07 GB = 0.25 ms at
 the 4.24 TB/s copy ceiling; the loop issues ~15 instructions per element (~0.12 ms) and
 2 MUFU (~0.13 ms), below it, so the kernel has to keep enough bytes in flight: R rows per
-trip loaded before any math, the next trip's rows prefetched (PF), and a one-wave grid of
-about `_WARPS_PER_SM_FWD` warps per SM (`time_chunks`).
+trip loaded before any math, the next trip's rows prefetched into registers, and chunks short
+enough for many programs (`time_chunks`). Measured (H200, 2026-11-30): 87.5% of copy at
+128-row chunks; a one-wave grid of long chunks 79%; Triton's cp.async pipeliner in place of
+the register prefetch at best 83%; a tiled design (row blocks with a halo) 66%.
 
 Packed documents (`cu_seqlens`, B == 1): a program finds the document of its first row by a
 binary search over cu_seqlens, then advances document by document as its rows cross
@@ -34,12 +36,14 @@ install_interpreter_shims()
 # forgets to write fails the comparison. Production allocates with torch.empty.
 _alloc = torch.empty
 
-# Grid sizing: one wave of long chunks. The grid is sized in warps of 4 channels per thread
-# (every config but one: BD = 128 x num_warps) so that about `warps_per_sm` warps per SM run
-# at once, all co-resident (registers per config below: ptxas, sm_90, 2026-12; not yet timed).
-# fwd: 16 warps/SM x (2 trips x R=8 rows x 8 B per thread in flight with PF) = 64 KB per SM
-# in flight, about twice what 4.24 TB/s x ~1 us of HBM latency / 132 SMs needs.
-_WARPS_PER_SM_FWD = 16
+# Grid sizing (`time_chunks`): chunks of at most `_MAX_ROWS_FWD` rows; more (shorter) ones,
+# down to `_MIN_ROWS_FWD` rows, while the grid has fewer than `_WARPS_PER_SM_FWD` warp-units per
+# SM. Set from scripts/cconv_sweep.py (H200, bf16, W=4, silu, 2026-11-30; record
+# bench/records/raw/2026-11-30-h200-cconv-sweep.json): at B=16 T=8192 D=2048 chunks of 64 or
+# 128 rows 0.2857 ms (87.5% of copy), 256 rows 0.2934, one wave of long chunks (the first
+# sizing) 0.3187; D=4096 and the column slice also best at 128 rows.
+_MAX_ROWS_FWD = 128
+_WARPS_PER_SM_FWD = 32
 _MIN_ROWS_FWD = 16
 _ROW_ALIGN = 16  # chunk starts: multiples of 16 rows, so Triton sees aligned T-major vectors
 
@@ -56,14 +60,15 @@ def sm_count(device: torch.device) -> int:
     return _sm_count_cuda(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def time_chunks(B: int, T: int, D: int, device: torch.device, warps_per_sm: int, min_rows: int):
-    """(n_chunks, rows_per_chunk): split T so that the B x n_chunks x D / 128 warps of the
-    grid (4 channels per thread) come to at most `warps_per_sm` per SM: one wave, no tail of
-    half-empty SMs. Long chunks amortise the W-1 halo rows and, in the backward, shrink the
-    dw partials (B x n_chunks rows); `min_rows` bounds the chunk count when B x D is small
-    (B=1, T=2048, D=2048: fwd 128 chunks of 16 rows, bwd 64 of 32)."""
-    warps_per_chunk = max(1, B * triton.cdiv(D, 128))
-    n = max(1, min(sm_count(device) * warps_per_sm // warps_per_chunk, triton.cdiv(T, min_rows)))
+def time_chunks(B: int, T: int, D: int, device: torch.device, max_rows: int, warps_per_sm: int,
+                min_rows: int):
+    """(n_chunks, rows_per_chunk), rows a multiple of `_ROW_ALIGN`: chunks of at most
+    `max_rows` rows, and more (shorter) chunks while the grid has fewer than `warps_per_sm`
+    warp-units (128 channels of one chunk) per SM, down to `min_rows` rows per chunk.
+    A huge `max_rows` gives one wave of long chunks (the 2026-11-30 sizing)."""
+    units = max(1, B * triton.cdiv(D, 128))
+    fill = min(sm_count(device) * warps_per_sm // units, triton.cdiv(T, max(1, min_rows)))
+    n = max(1, triton.cdiv(T, max(1, max_rows)), fill)
     rows = triton.cdiv(triton.cdiv(T, n), _ROW_ALIGN) * _ROW_ALIGN
     return triton.cdiv(T, rows), rows
 
@@ -200,22 +205,47 @@ def conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W: tl.constexpr, HAS_BIAS: tl.co
     return acc
 
 
+@triton.jit
+def fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D, cmask, cu_seqlens, s, start, end,
+             W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
+             R: tl.constexpr):
+    """Rows u0 .. u0+R-1 (already loaded, `xs`) through the window: y stores, the new window."""
+    for r in tl.static_range(R):
+        u = u0 + r
+        x0 = xs[r].to(tl.float32)
+        if IS_VARLEN:
+            # x before the start of u's own document does not exist for u (zeroing the
+            # window in place is safe: a later row's document starts no earlier).
+            s, start, end = seq_advance(cu_seqlens, s, start, end, tl.minimum(u, T - 1))
+            x1 = tl.where(u - 1 >= start, x1, 0.0)
+            x2 = tl.where(u - 2 >= start, x2, 0.0)
+            x3 = tl.where(u - 3 >= start, x3, 0.0)
+        acc = conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W, HAS_BIAS)
+        if SILU:
+            acc = acc * tl.sigmoid(acc)
+        tl.store(py + u.to(tl.int64) * D, acc.to(py.dtype.element_ty), mask=cmask & (u < t_end))
+        x3 = x2
+        x2 = x1
+        x1 = x0
+    return x1, x2, x3, s, start, end
+
+
 _FWD_CONFIGS = [
-    # BD channels per program, R rows per loop trip, PF: prefetch the next trip's rows.
-    # Registers (ptxas sm_90, bf16, W=4, silu; varlen in brackets): 96 [110], 96 [110],
-    # 132 [143] (8 channels per thread: 16 B loads), 74 [72], 86 [79]. No spills.
-    triton.Config({"BD": 128, "R": 8, "PF": True}, num_warps=1),
-    triton.Config({"BD": 256, "R": 8, "PF": True}, num_warps=2),
-    triton.Config({"BD": 256, "R": 4, "PF": True}, num_warps=1),
-    triton.Config({"BD": 512, "R": 4, "PF": True}, num_warps=4),
-    triton.Config({"BD": 128, "R": 8, "PF": False}, num_warps=1),
+    # BD channels per program, R rows per loop trip; BD / (32 x num_warps) channels per
+    # thread (8 gives 16 B vectors). The sweep's winners (H200, 2026-11-30, ms at B=16 T=8192
+    # D=2048 / D=4096 / B=1 T=2048), registers (ptxas sm_90a, bf16, W=4, silu) in brackets.
+    triton.Config({"BD": 128, "R": 8}, num_warps=1),   # 0.286 / 0.560 [96]
+    triton.Config({"BD": 512, "R": 4}, num_warps=4),   # 0.287 / 0.561 / 0.0122 [72]
+    triton.Config({"BD": 256, "R": 8}, num_warps=2),   # 0.289 / 0.561 [96]
+    triton.Config({"BD": 256, "R": 8}, num_warps=1),   # latency 0.0133 [176]
 ]
 
 
 @triton.autotune(
     configs=autotune_configs(_FWD_CONFIGS),
-    # dtypes of the tensor arguments are part of Triton's autotune key already.
-    key=["D", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_TMAJOR", "VEC16"],
+    # dtypes of the tensor arguments are part of Triton's autotune key already. TC (rows per
+    # chunk) separates small grids (B=1, T=2048: 16-row chunks) from production ones.
+    key=["D", "TC", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_TMAJOR", "VEC16"],
 )
 @triton.jit
 def conv_fwd_kernel(
@@ -225,11 +255,15 @@ def conv_fwd_kernel(
     W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
     X_TMAJOR: tl.constexpr,  # x contiguous along T, not D (see load_rows)
     VEC16: tl.constexpr,  # autotune key only: aligned16(x)
-    BD: tl.constexpr, R: tl.constexpr, PF: tl.constexpr,
+    BD: tl.constexpr, R: tl.constexpr,
 ):
-    pid_d = tl.program_id(0)
-    pid_c = tl.program_id(1)
-    pid_b = tl.program_id(2).to(tl.int64)
+    # Grid (channel blocks x time chunks, B), channel block fastest: programs that run
+    # together read neighbouring columns of the same rows (and chunk counts past 65535 fit).
+    n_d = tl.cdiv(D, BD)
+    pid = tl.program_id(0)
+    pid_c = pid // n_d
+    pid_d = pid - pid_c * n_d
+    pid_b = tl.program_id(1).to(tl.int64)
     cols = pid_d * BD + tl.arange(0, BD)
     cmask = cols < D
     cols64 = cols.to(tl.int64)
@@ -251,34 +285,16 @@ def conv_fwd_kernel(
         s, start, end = seq_locate(cu_seqlens, N_SEQ, N_STEPS, t_begin)
 
     # Each loop trip loads its R rows before any math: a store between two loads would keep
-    # the next load from issuing (y may alias x as far as the compiler knows). With PF the
-    # rows of the next trip are loaded before this trip's math (double buffering in
-    # registers), so a warp keeps loads in flight while it computes.
-    if PF:
-        nxt = load_rows(px, t_begin, s_xt, t_end, cmask, R, BD, X_TMAJOR)
+    # the next load from issuing (y may alias x as far as the compiler knows), and the rows of
+    # the next trip are loaded before this trip's math (double buffering in registers), so a
+    # warp keeps loads in flight while it computes.
+    nxt = load_rows(px, t_begin, s_xt, t_end, cmask, R, BD, X_TMAJOR)
     for u0 in range(t_begin, t_end, R):
-        if PF:
-            xs = nxt
-            nxt = load_rows(px, u0 + R, s_xt, t_end, cmask, R, BD, X_TMAJOR)
-        else:
-            xs = load_rows(px, u0, s_xt, t_end, cmask, R, BD, X_TMAJOR)
-        for r in tl.static_range(R):
-            u = u0 + r
-            x0 = xs[r].to(tl.float32)
-            if IS_VARLEN:
-                # x before the start of u's own document does not exist for u (zeroing the
-                # window in place is safe: a later row's document starts no earlier).
-                s, start, end = seq_advance(cu_seqlens, s, start, end, tl.minimum(u, T - 1))
-                x1 = tl.where(u - 1 >= start, x1, 0.0)
-                x2 = tl.where(u - 2 >= start, x2, 0.0)
-                x3 = tl.where(u - 3 >= start, x3, 0.0)
-            acc = conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W, HAS_BIAS)
-            if SILU:
-                acc = acc * tl.sigmoid(acc)
-            tl.store(py + u.to(tl.int64) * D, acc.to(y.dtype.element_ty), mask=cmask & (u < t_end))
-            x3 = x2
-            x2 = x1
-            x1 = x0
+        xs = nxt
+        nxt = load_rows(px, u0 + R, s_xt, t_end, cmask, R, BD, X_TMAJOR)
+        x1, x2, x3, s, start, end = fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D,
+                                             cmask, cu_seqlens, s, start, end,
+                                             W, HAS_BIAS, SILU, IS_VARLEN, R)
 
 
 def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool,
@@ -296,9 +312,9 @@ def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, s
     y = _alloc((B, T, D), dtype=x.dtype, device=x.device)
     if y.numel() == 0:
         return y
-    n_chunks, rows = time_chunks(B, T, D, x.device, _WARPS_PER_SM_FWD, _MIN_ROWS_FWD)
     n_seq, n_steps = varlen_args(cu_seqlens)
-    conv_fwd_kernel[lambda meta: (triton.cdiv(D, meta["BD"]), n_chunks, B)](
+    n_chunks, rows = time_chunks(B, T, D, x.device, _MAX_ROWS_FWD, _WARPS_PER_SM_FWD, _MIN_ROWS_FWD)
+    conv_fwd_kernel[lambda meta: (triton.cdiv(D, meta["BD"]) * n_chunks, B)](
         x, weight, bias if bias is not None else weight, y,
         cu_seqlens if cu_seqlens is not None else weight,
         T, D, rows, n_seq, n_steps,
