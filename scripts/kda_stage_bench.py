@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Bench: KDA's two costliest backward stages, ours vs fla's stage functions, on one GPU.
 
-    python scripts/kda_stage_bench.py out.json [--only wy,intra] [--intra-variants subchunk,levels]
+    python scripts/kda_stage_bench.py out.json [--only wy,intra]
                                                [--B 8 --T 8192 ...]
 
 At B=8, T=8192, H=HV=16, K=128, V=256 bf16 (the baseline shape) the stage inputs come from
@@ -14,8 +14,7 @@ fla's own chain: ``kda_gate_chunk_cumsum`` (model-like A_log / dt_bias), ``chunk
 
 run side by side (``triton.testing.do_bench`` medians). fla is autotuned once (its wy autotune
 alone took 67 s on the H200); ours is never autotuned here: every configuration of every
-variant is forced and timed (``wy_bwd.bench_configs()``, ``intra_bwd.configs()`` for the
-"subchunk" variant and ``level_configs()`` for "levels"), and each is checked against fla's
+is forced and timed (``wy_bwd.configs()``, ``intra_bwd.configs()``), and each is checked against fla's
 outputs (relative RMS error; the intra stage's own contribution, outputs minus the wy inputs).
 A configuration with non-finite outputs or an error above 2e-2 is flagged BAD and is never
 the best. Prints as it goes; the JSON at argv[1] is rewritten after each stage.
@@ -133,12 +132,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--only", default="wy,intra", help="comma list: wy, intra")
-    ap.add_argument("--intra-variants", default="subchunk,levels", help="comma list of intra_bwd variants")
     for n, d in dict(B=8, T=8192, H=16, HV=16, K=128, V=256).items():
         ap.add_argument(f"--{n}", type=int, default=d)
     a = ap.parse_args()
     a.only = a.only.split(",")
-    a.intra_variants = a.intra_variants.split(",")
 
     from fla.ops.kda.chunk_bwd import chunk_kda_bwd_wy_dqkg_fused
     from fla.ops.kda.chunk_intra import chunk_kda_bwd_intra
@@ -175,11 +172,10 @@ def main() -> None:
     wy = {"fla_ms": bench(fla_wy)}
     log(f"fla  chunk_kda_bwd_wy_dqkg_fused {wy['fla_ms']:.3f} ms")
     if "wy" in a.only:
-        # every configuration forced (no autotune): configs() are the production autotune set,
-        # the rest experiments (wy_bwd.bench_configs)
+        # every configuration of the production autotune set forced (no autotune)
         log("  ours wy, every configuration forced:")
         names = ("dq", "dk", "dv", "db", "dg", "dA")
-        wy["per_config"] = per_config(wy_mod.bench_configs(), lambda c: ours_wy(config=c),
+        wy["per_config"] = per_config(wy_mod.configs(), lambda c: ours_wy(config=c),
                                       lambda res: {n: rel(o, r) for n, o, r in zip(names, res, ref_wy)}, "wy")
         wy["best_config"], wy["ours_ms"] = best_of(wy["per_config"])
         wy["speedup"] = wy["fla_ms"] / wy["ours_ms"]
@@ -216,13 +212,8 @@ def main() -> None:
         def check(res):
             return {n: rel(o - x, r) for n, o, x, r in zip(names, res, base, ref_part)}
 
-        intra["per_config"] = {}
-        for variant in a.intra_variants:
-            log(f"  ours intra, variant {variant}, every configuration forced (errors: intra part vs fla's):")
-            intra["per_config"].update(per_config(
-                intra_mod.VARIANT_CONFIGS[variant](), lambda c, v=variant: ours_intra(config=c, variant=v), check,
-                variant))
-            dump(rec | {"intra": intra}, a.out)
+        log("  ours intra, every configuration forced (errors: intra part vs fla's):")
+        intra["per_config"] = per_config(intra_mod.configs(), lambda c: ours_intra(config=c), check, "intra")
         intra["best_config"], intra["ours_ms"] = best_of(intra["per_config"])
         intra["speedup"] = intra["fla_ms"] / intra["ours_ms"]
         intra["ours_tbps"] = nbytes / intra["ours_ms"] / 1e9

@@ -124,14 +124,16 @@ def bench(families: list[str], overrides: dict, json_path: str | None, only: lis
           flush=True)
     print(harness.header(), flush=True)
     rows = []
-    for fam in families:
+    rec = harness.record(rows, ceilings)  # rows fill in place; rewritten after every case, so
+    for fam in families:                  # an interrupted run keeps what it measured
         mod = importlib.import_module(f"kernel_fun.bench.{fam}")
         for name, build in mod.cases(overrides):
             if only and name not in only:
                 continue
             rows += harness.run_case(build(), ceilings)
             torch.cuda.empty_cache()
-    harness.write_record(harness.record(rows, ceilings), json_path)
+            json_path = harness.write_record(rec, json_path)
+    harness.write_record(rec, json_path)
     return 0 if all(r["engaged"] for r in rows) else 3
 
 

@@ -124,14 +124,13 @@ def test_wy_bwd_against_fla_and_reference(name):
     _check(name, ours, fla_wy, ref, ("dq", "dk", "dv", "db", "dg", "dA"))
 
 
-@pytest.mark.parametrize("variant", ["subchunk", "levels"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_intra_bwd_against_fla_and_reference(name, variant):
+def test_intra_bwd_against_fla_and_reference(name):
     from kernel_fun.kda._kernels.intra_bwd import intra_bwd
 
     _, _, intra_in = _inputs(name)
     before = launch_counts("kda.")
-    ours = intra_bwd(**intra_in, variant=variant)
+    ours = intra_bwd(**intra_in)
     torch.cuda.synchronize()
     assert launch_counts("kda.").get("kda.intra_bwd", 0) == before.get("kda.intra_bwd", 0) + 1
     _, ref, fla_out = _refs(name)
@@ -139,16 +138,15 @@ def test_intra_bwd_against_fla_and_reference(name, variant):
 
 
 def _intra_configs():
-    """(variant, config) for every configuration of every intra_bwd variant."""
-    from kernel_fun.kda._kernels.intra_bwd import VARIANT_CONFIGS
+    from kernel_fun.kda._kernels.intra_bwd import configs
 
-    return [(v, c) for v, cfgs in VARIANT_CONFIGS.items() for c in cfgs()]
+    return configs()
 
 
 def _wy_configs():
-    from kernel_fun.kda._kernels.wy_bwd import bench_configs
+    from kernel_fun.kda._kernels.wy_bwd import configs
 
-    return bench_configs()
+    return configs()
 
 
 def _ids(cfgs):
@@ -156,16 +154,15 @@ def _ids(cfgs):
             + (f",r{c.maxnreg}" if getattr(c, "maxnreg", None) else "") for i, c in enumerate(cfgs)]
 
 
-@pytest.mark.parametrize("variant,config", _intra_configs(),
-                         ids=[f"{v}-{i}" for (v, _), i in zip(_intra_configs(), _ids([c for _, c in _intra_configs()]))])
+@pytest.mark.parametrize("config", _intra_configs(), ids=_ids(_intra_configs()))
 @pytest.mark.parametrize("name", ["tail", "varlen"])
-def test_intra_bwd_every_config(name, variant, config):
+def test_intra_bwd_every_config(name, config):
     from kernel_fun.kda._kernels.intra_bwd import intra_bwd
 
     _, _, intra_in = _inputs(name)
-    ours = intra_bwd(**intra_in, config=config, variant=variant)
+    ours = intra_bwd(**intra_in, config=config)
     _, ref, fla_out = _refs(name)
-    _check(f"{name}/{variant}/{config}", ours, fla_out, ref, ("dq", "dk", "db", "dg"))
+    _check(f"{name}/{config}", ours, fla_out, ref, ("dq", "dk", "db", "dg"))
 
 
 @pytest.mark.parametrize("config", _wy_configs(), ids=_ids(_wy_configs()))

@@ -50,7 +50,8 @@ FLA_CALLS: tuple = (
     FlaCall("fla.ops.utils.cumsum", "chunk_local_cumsum", (
         "g", "chunk_size", "reverse", "scale", "cu_seqlens", "chunk_indices")),
     FlaCall("fla.ops.kda.chunk_intra", "chunk_kda_fwd_intra", (
-        "q", "k", "v", "gk", "beta", "scale", "cu_seqlens", "chunk_size", "chunk_indices")),
+        "q", "k", "v", "gk", "beta", "scale", "cu_seqlens", "chunk_size", "chunk_indices",
+        "disable_recompute")),
     FlaCall("fla.ops.kda.chunk_intra", "chunk_kda_bwd_intra", (
         "q", "k", "g", "beta", "dAqk", "dAkk", "dq", "dk", "db", "dg", "cu_seqlens",
         "chunk_indices", "chunk_size")),

@@ -461,12 +461,14 @@ def state_scan_fwd_kernel(
 
 _AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "Q_GATED", "HAS_AQK", "USE_H0", "STORE_HT",
                  "SAVE_H", "SAVE_V_NEW", "STATE_V_FIRST", "IS_VARLEN"]
-# Production autotune set: the measured winners. H200, KDA B=8, T=8192, H=HV=16, K=128, V=256,
-# bf16, 2026-11-30: BV128-w8-s2 1.577 ms, BV64-w4-s2 2.019, every other key-major config
-# slower (2.1-4.6 ms). The first entry is the one the interpreter runs. The value-major (VK)
-# configs stay in CONFIGS (tests, scripts/delta_scan_bench.py) until they are timed.
+# Production autotune set: the measured winners. H200, KDA T=8192, H=HV=16, K=128, V=256, bf16,
+# every configuration forced, 2026-11-30 (bench/records/raw/2026-11-30-h200-delta-scan-bench-r2.json):
+# at B=8 VK-BV128-w8-s2 1.265 ms, BV128-w8-s2 1.576, VK-BV64-w4-s2 2.024, BV64-w4-s2 2.020 (fla's
+# fwd_h + fwd_o 1.863); at B=16 2.520 / 3.118 (fla 3.714); with q_gated VK-BV64-w4-s2 0.930 and
+# VK-BV128-w8-s2 1.076 at B=8. Every other configuration was slower (1.39-4.6 ms). The first
+# entry in CONFIGS order is the one the interpreter runs.
 PRODUCTION_CONFIGS = [c for c in CONFIGS if config_name(c) in
-                      ("BV32-w4-s1-rNone", "BV128-w8-s2-rNone", "BV64-w4-s2-rNone")]
+                      ("VK-BV128-w8-s2-rNone", "BV128-w8-s2-rNone", "VK-BV64-w4-s2-rNone", "BV64-w4-s2-rNone")]
 state_scan_fwd_kernel_tuned = triton.autotune(
     configs=autotune_configs(PRODUCTION_CONFIGS),
     key=_AUTOTUNE_KEY,

@@ -36,7 +36,8 @@ overflows however strong the decay, and no lower bound on the gate is needed.
 dA is read only on and below the diagonal (fla reads the same entries). Gate factors of rows
 past the end of a sequence are exp2(-inf) = 0, so padded rows never meet an exponent.
 Loops over sub-chunks, levels and partners are runtime loops: unrolled, ptxas keeps every
-tile live at once.
+tile live at once. (A whole-chunk alternative, one masked M=64 product per bit level, measured
+5.9-9.7 ms against this kernel's 4.25 at B=8 on the H200, 2026-11-30, and was deleted.)
 
 Precision: gated operands are fp32; dots use ``DOT_PRECISION`` (tf32 by default, like fla's
 own off-diagonal blocks; "ieee"/"tf32x3"/"bf16x3" selectable).
@@ -47,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_configs, interpreting
+from kernel_fun._common.tuning import autotune_configs
 from kernel_fun._common.witness import record_launch
 from kernel_fun.kda._kernels import chunk_indices_for, launch
 
@@ -241,172 +242,6 @@ def _intra_bwd_kernel(
             tl.store(db_out + r_i * HV, (b_dbi + b_db).to(db_out.dtype.element_ty), mask=m_i)
 
 
-def level_configs():
-    """Configurations of the whole-chunk kernel (``variant="levels"``). The chunk's two
-    symmetric dA tiles stay in registers across the K loop, so 8 warps (two warpgroups
-    sharing each M=64 product); BK=32 keeps the per-level temporaries small. Estimates from
-    sm_90a ahead-of-time compiles, not measured."""
-    return [
-        triton.Config({"BK": bk, "OPS_BF16": ob, "S_PER_LEVEL": sl, "EARLY_LOADS": el},
-                      num_warps=w, num_stages=st, maxnreg=mr)
-        for bk, ob, sl, el, w, st, mr in [
-            (32, False, False, False, 8, 1, None),
-            (32, False, False, True, 8, 1, None),
-            (64, False, False, False, 8, 1, None),
-            (32, False, False, False, 8, 1, 128),
-            (32, True, False, False, 8, 1, None),
-            (32, False, True, False, 8, 1, None),
-            (16, False, False, True, 8, 1, 128),
-            (32, False, False, False, 8, 2, None),
-            (64, False, False, True, 8, 1, None),
-        ]
-    ]
-
-
-@triton.jit
-def _dot_bf16(a, b, INTERPRETED: tl.constexpr):
-    """``a @ b`` with both operands rounded to bf16, fp32 accumulation. Triton 3.6's
-    interpreter gets bf16 dots wrong (NumPy has no bf16), so there the rounded values are
-    multiplied in fp32, which is the same arithmetic."""
-    if INTERPRETED:
-        return tl.dot(a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32), input_precision="ieee")
-    else:
-        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
-
-
-@triton.autotune(configs=autotune_configs(level_configs()),
-                 key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION"])
-@triton.jit(do_not_specialize=["T"])
-def _intra_bwd_levels_kernel(
-    q, k, g, beta, dAqk, dAkk,
-    dq, dk, db, dg,
-    dq_out, dk_out, db_out, dg_out,
-    cu_seqlens, chunk_indices, T,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, OPS_BF16: tl.constexpr, S_PER_LEVEL: tl.constexpr, EARLY_LOADS: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
-):
-    """The whole chunk at once: every gated pair (i > j) of the chunk belongs to exactly one
-    bit level ``b`` (the highest bit where i and j differ, b < log2(BT)), whose anchor
-    ``a = (i >> (b+1) << (b+1)) | (1 << b)`` is a function of i alone and of j alone, with
-    j < a <= i. So each level is one masked ``[BT, BT] @ [BT, BK]`` product (M = BT = 64:
-    wgmma) with the gate split as ``exp2(g_i - g_a) * exp2(g_a - g_j)``, both <= 1; a row
-    whose bit b is set is a row (dq, dkr) at that level, one whose bit is clear a column
-    (dkt), so one exp2 per element and level serves both sides through the symmetric
-    ``S_rc = dA[max(r,c), min(r,c)]``. log2(BT) levels (6 at BT=64): 6 exp2 per element,
-    12 dots per K block; the i == j term is element-wise. The dA tiles are read once."""
-    NEG_INF: tl.constexpr = float("-inf")
-    NLV: tl.constexpr = 6 if BT == 64 else 5
-    i_t = tl.program_id(0).to(tl.int64)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // HV
-    i_hv = i_bh % HV
-    i_h = i_hv // (HV // H)
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int64)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    else:
-        bos = i_b * T
-        eos = bos + T
-    t0 = bos + i_t * BT
-    n_valid = tl.minimum(eos - t0, BT).to(tl.int32)
-
-    HK: tl.constexpr = H * K
-    HVK: tl.constexpr = HV * K
-    HVBT: tl.constexpr = HV * BT
-    q += t0 * HK + i_h * K
-    k += t0 * HK + i_h * K
-    g += t0 * HVK + i_hv * K
-    beta += t0 * HV + i_hv
-    dAqk += t0 * HVBT + i_hv * BT
-    dAkk += t0 * HVBT + i_hv * BT
-    dq += t0 * HVK + i_hv * K
-    dk += t0 * HVK + i_hv * K
-    dg += t0 * HVK + i_hv * K
-    dq_out += t0 * HVK + i_hv * K
-    dk_out += t0 * HVK + i_hv * K
-    dg_out += t0 * HVK + i_hv * K
-    db += t0 * HV + i_hv
-    db_out += t0 * HV + i_hv
-
-    o_t = tl.arange(0, BT)
-    m_t = o_t < n_valid
-    # S_rc = dA[max(r, c), min(r, c)]: lower triangle mirrored; rows past the end read 0
-    o_s = tl.maximum(o_t[:, None], o_t[None, :]) * HVBT + tl.minimum(o_t[:, None], o_t[None, :])
-    x_rc = o_t[:, None] ^ o_t[None, :]
-    m_s = (tl.maximum(o_t[:, None], o_t[None, :]) < n_valid) & (x_rc != 0)
-    if not S_PER_LEVEL:
-        s_qk = tl.load(dAqk + o_s, mask=m_s, other=0.).to(tl.float32)
-        s_kk = tl.load(dAkk + o_s, mask=m_s, other=0.).to(tl.float32)
-    b_beta = tl.load(beta + o_t * HV, mask=m_t, other=0.).to(tl.float32)
-    dqk_d = tl.load(dAqk + o_t * HVBT + o_t, mask=m_t, other=0.).to(tl.float32)[:, None]
-    dkk_d = tl.load(dAkk + o_t * HVBT + o_t, mask=m_t, other=0.).to(tl.float32)[:, None]
-
-    b_db = tl.zeros([BT], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = (o_k < K)[None, :]
-        m_tk = m_t[:, None] & m_k
-        o_out = o_t[:, None] * HVK + o_k[None, :]
-        b_q = tl.load(q + o_t[:, None] * HK + o_k[None, :], mask=m_tk, other=0.).to(tl.float32)
-        b_k = tl.load(k + o_t[:, None] * HK + o_k[None, :], mask=m_tk, other=0.).to(tl.float32)
-        b_g = tl.load(g + o_t[:, None] * HVK + o_k[None, :], mask=m_tk, other=0.).to(tl.float32)
-        if EARLY_LOADS:  # the addends' loads in flight during the level loop
-            b_dqi = tl.load(dq + o_out, mask=m_tk, other=0.)
-            b_dki = tl.load(dk + o_out, mask=m_tk, other=0.)
-            b_dgi = tl.load(dg + o_out, mask=m_tk, other=0.)
-        acc_q = dqk_d * b_k
-        acc_r = dkk_d * b_k
-        acc_t = dqk_d * b_q + dkk_d * b_k * b_beta[:, None]
-        for lv in range(0, NLV):
-            r_a = ((o_t >> lv) << lv) | (1 << lv)  # the row's anchor at this level
-            m_a = r_a < n_valid
-            g_a = tl.load(g + r_a[:, None] * HVK + o_k[None, :], mask=m_a[:, None] & m_k, other=0.).to(tl.float32)
-            is_row = (((o_t >> lv) & 1) == 1)[:, None]
-            f = tl.exp2(tl.where((m_t & m_a)[:, None], tl.where(is_row, b_g - g_a, g_a - b_g), NEG_INF))
-            f_row = tl.where(is_row, f, 0.)
-            f_col = f - f_row
-            rhs1 = b_q * f_row + b_k * f_col
-            rhs2 = b_k * (f_row * b_beta[:, None] + f_col)
-            m_lv = (x_rc >> lv) == 1  # the pairs of this level
-            if S_PER_LEVEL:  # the level's entries only, from L1: no resident dA tiles
-                a1 = tl.load(dAqk + o_s, mask=m_s & m_lv, other=0.).to(tl.float32)
-                a2 = tl.load(dAkk + o_s, mask=m_s & m_lv, other=0.).to(tl.float32)
-            else:
-                a1 = tl.where(m_lv, s_qk, 0.)
-                a2 = tl.where(m_lv, s_kk, 0.)
-            if OPS_BF16:
-                r1 = _dot_bf16(a1, rhs1, INTERPRETED)
-                r2 = _dot_bf16(a2, rhs2, INTERPRETED)
-            else:
-                r1 = tl.dot(a1, rhs1, input_precision=DOT_PRECISION)
-                r2 = tl.dot(a2, rhs2, input_precision=DOT_PRECISION)
-            acc_q += r1 * f_row
-            acc_r += r2 * f_row
-            acc_t += (r1 + r2) * f_col
-
-        b_db += tl.sum(acc_r * b_k, axis=1)
-        acc_r = acc_r * b_beta[:, None]
-        if not EARLY_LOADS:
-            b_dqi = tl.load(dq + o_out, mask=m_tk, other=0.)
-            b_dki = tl.load(dk + o_out, mask=m_tk, other=0.)
-            b_dgi = tl.load(dg + o_out, mask=m_tk, other=0.)
-        tl.store(dq_out + o_out, (b_dqi.to(tl.float32) + acc_q).to(dq_out.dtype.element_ty), mask=m_tk)
-        tl.store(dk_out + o_out, (b_dki.to(tl.float32) + acc_r + acc_t).to(dk_out.dtype.element_ty), mask=m_tk)
-        tl.store(dg_out + o_out, (b_dgi.to(tl.float32) + b_q * acc_q + (acc_r - acc_t) * b_k).to(dg_out.dtype.element_ty),
-                 mask=m_tk)
-    b_dbi = tl.load(db + o_t * HV, mask=m_t, other=0.).to(tl.float32)
-    tl.store(db_out + o_t * HV, (b_dbi + b_db).to(db_out.dtype.element_ty), mask=m_t)
-
-
-# variant -> kernel; the H200 measurement decides the default (kda_stage_bench.py times both)
-VARIANTS = {"subchunk": _intra_bwd_kernel, "levels": _intra_bwd_levels_kernel}
-VARIANT_CONFIGS = {"subchunk": configs, "levels": level_configs}
-DEFAULT_VARIANT = "subchunk"
-
-
 def intra_bwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -426,7 +261,6 @@ def intra_bwd(
     use_graph: bool = False,
     dot_precision: str = "tf32",
     config=None,
-    variant: str | None = None,
 ):
     """Intra-chunk backward of KDA; drop-in for fla's ``chunk_kda_bwd_intra``.
 
@@ -446,10 +280,8 @@ def intra_bwd(
             in fla, not different math, and this kernel needs no bound on the gate.
         use_graph: fla's static-buffer capture mode; not supported (raises).
         dot_precision: ``tl.dot`` input precision for the fp32 gated products.
-        config: a ``triton.Config`` from the variant's config list (``configs()`` or
-            ``level_configs()``) to run instead of autotuning (tests, bench).
-        variant: ``"subchunk"`` (16-row sub-chunk loops) or ``"levels"`` (whole chunk, one
-            masked M=64 product per bit level); ``None`` takes ``DEFAULT_VARIANT``.
+        config: a ``triton.Config`` from ``configs()`` to run instead of autotuning (tests,
+            bench).
 
     Returns:
         ``(dq, dk, db, dg)``: new tensors (inputs are not modified) holding the inputs plus the
@@ -481,18 +313,14 @@ def intra_bwd(
     if NT == 0:
         return dq_out, dk_out, db_out, dg_out
     grid = (NT, B * HV)
-    variant = variant or DEFAULT_VARIANT
-    if variant not in VARIANTS:
-        raise ValueError(f"intra_bwd: unknown variant {variant!r} (one of {sorted(VARIANTS)})")
     launch(
-        VARIANTS[variant], grid, config,
+        _intra_bwd_kernel, grid, config,
         q, k, g, beta, dAqk, dAkk,
         dq, dk, db, dg,
         dq_out, dk_out, db_out, dg_out,
         cu_seqlens, chunk_indices, T,
         H=H, HV=HV, K=K, BT=BT,
         IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision,
-        **({"INTERPRETED": interpreting()} if variant == "levels" else {}),
     )
     record_launch("kda.intra_bwd")
     return dq_out, dk_out, db_out, dg_out

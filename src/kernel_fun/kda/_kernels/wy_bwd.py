@@ -42,41 +42,20 @@ def _alloc(size, dtype=None, device=None):
 def configs():
     """Every configuration the autotuner may pick (the interpreter runs only the first).
 
-    8 warps: two warpgroups share the M=64 wgmma tiles; on 4 warps ptxas spills 1-2 KB in
-    the K loop (sm_90a ahead-of-time compile, triton 3.6). BK=128 joins the V-only work to
-    the single K pass."""
+    Measured on the H200 (B=8, T=8192, H=HV=16, K=128, V=256 bf16, every configuration forced,
+    2026-11-30, bench/records/raw/2026-11-30-h200-kda-stage-bench-r2.json; fla 6.25 ms): these
+    four 3.63, 3.75, 4.19 and 4.29 ms; eight others 4.33-6.94 ms (BK=32 or 128 on 8 warps,
+    BV=128, 2 stages, a 128-register cap) were dropped. 8 warps: two warpgroups share the M=64
+    wgmma tiles. ``EARLY_EPI`` issues the epilogue's loads before the V loop."""
     return [
-        triton.Config({"BK": bk, "BV": bv}, num_warps=w, num_stages=s, maxnreg=mr)
-        for bk, bv, w, s, mr in [
-            (64, 64, 8, 2, None),
-            (64, 64, 8, 3, None),
-            (32, 64, 8, 2, None),
-            (32, 128, 8, 2, None),
-            (64, 128, 8, 2, None),
-            (64, 64, 8, 3, 128),
-            (128, 64, 8, 2, None),
-            (32, 64, 4, 2, None),
+        triton.Config({"BK": bk, "BV": bv, "EARLY_EPI": ee}, num_warps=w, num_stages=s)
+        for bk, bv, ee, w, s in [
+            (64, 64, False, 8, 4),
+            (32, 64, True, 4, 3),
+            (64, 64, False, 8, 3),
+            (64, 32, False, 8, 4),
         ]
     ]
-
-
-def bench_configs():
-    """``configs()`` plus experiments the bench times forced, one by one (not autotuned):
-    the epilogue's loads issued before the V loop (``EARLY_EPI``), deeper pipelining at
-    BV=32, register caps. Predictions, not measurements: sm_90a compiles show 255 registers
-    with small spills for every 8-warp configuration, so 1 CTA (8 warps) per SM."""
-    extra = [
-        triton.Config({"BK": bk, "BV": bv, "EARLY_EPI": ee}, num_warps=w, num_stages=s, maxnreg=mr)
-        for bk, bv, ee, w, s, mr in [
-            (64, 64, True, 8, 3, None),
-            (64, 64, True, 8, 2, None),
-            (64, 32, False, 8, 4, None),
-            (64, 32, True, 8, 4, None),
-            (64, 64, False, 8, 4, None),
-            (32, 64, True, 4, 3, None),
-        ]
-    ]
-    return configs() + extra
 
 
 @triton.jit
