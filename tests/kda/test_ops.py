@@ -109,14 +109,18 @@ def test_switch_routes(fla_calls, monkeypatch):
 @pytest.mark.parametrize("change,needle", [
     (dict(cu_seqlens=torch.tensor([0, 30, 70])), "cu_seqlens: not yet verified on the GPU"),
     (dict(initial_state=torch.zeros(1, 4, 128, 128)), "initial_state: not yet verified"),
-    (dict(use_beta_sigmoid_in_kernel=True), "beta sigmoid / precomputed gate: not yet verified"),
+    (dict(use_beta_sigmoid_in_kernel=True), "use_beta_sigmoid_in_kernel: not yet verified"),
+    (dict(use_gate_in_kernel=False, A_log=None, dt_bias=None), "precomputed gate (use_gate_in_kernel=False): not"),
 ])
 def test_gpu_unverified_paths_route_until_verified(monkeypatch, change, needle):
     q, k, v, g, beta = _inputs()
-    kw = dict(A_log=torch.randn(4), dt_bias=torch.randn(4 * 128), use_gate_in_kernel=True, **change)
+    kw = dict(dict(A_log=torch.randn(4), dt_bias=torch.randn(4 * 128), use_gate_in_kernel=True), **change)
     ok, reason = kda.is_supported(q, k, v, g, beta, **kw)
     assert not ok and needle in reason
-    monkeypatch.setattr(ops, "ROUTE_GPU_UNVERIFIED", False)
+    ok, reason = kda.is_supported(*_inputs(K=64, V=64), A_log=torch.randn(4), dt_bias=torch.randn(4 * 64),
+                                  use_gate_in_kernel=True)
+    assert not ok and "K=64, V=64: not yet verified" in reason
+    monkeypatch.setattr(ops, "GPU_UNVERIFIED", frozenset())
     assert kda.is_supported(q, k, v, g, beta, **kw) == (True, "")
     ok, reason = kda.is_supported(*_inputs(K=64, V=64), A_log=torch.randn(4), dt_bias=torch.randn(4 * 64),
                                   use_gate_in_kernel=True)
