@@ -321,22 +321,16 @@ def sweep_case(c, copy_tbps, budget, fla, plan):
             log(f"latency host/GPU split: {info}")
 
     # 2. forced scan configs x grid sizings.
-    for i, cfg in enumerate(F_._FWD_CONFIGS):
-        if plan.get("fwd_cfgs") is not None and i not in plan["fwd_cfgs"]:
-            continue
-        for chunk in plan["fwd_chunks"]:
-            name = f"scan[{cfg_name(cfg)}] chunk={chunk}"
-            with forced(fwd_cfg=cfg, fwd_chunk=chunk):
-                run_variant(c, "fwd", name, fwd, chk_y, fb, copy_tbps, budget,
-                            dict(config=cfg_name(cfg), chunk=chunk_desc("fwd", chunk, B, T, D, dev)))
-    for i, cfg in enumerate(B_._BWD_CONFIGS):
-        if plan.get("bwd_cfgs") is not None and i not in plan["bwd_cfgs"]:
-            continue
-        for chunk in plan["bwd_chunks"]:
-            name = f"scan[{cfg_name(cfg)}] chunk={chunk}"
-            with forced(bwd_cfg=cfg, bwd_chunk=chunk):
-                run_variant(c, "bwd", name, bwd, chk_b, bb, copy_tbps, budget,
-                            dict(config=cfg_name(cfg), chunk=chunk_desc("bwd", chunk, B, T, D, dev)))
+    for d, configs, run, chk, nbytes in (("fwd", F_._FWD_CONFIGS, fwd, chk_y, fb),
+                                         ("bwd", B_._BWD_CONFIGS, bwd, chk_b, bb)):
+        for i, cfg in enumerate(configs):
+            if plan.get(f"{d}_cfgs") is not None and i not in plan[f"{d}_cfgs"]:
+                continue
+            for chunk in plan[f"{d}_chunks"]:
+                name = f"scan[{cfg_name(cfg)}] chunk={chunk}"
+                with forced(**{f"{d}_cfg": cfg, f"{d}_chunk": chunk}):
+                    run_variant(c, d, name, run, chk, nbytes, copy_tbps, budget,
+                                dict(config=cfg_name(cfg), chunk=chunk_desc(d, chunk, B, T, D, dev)))
 
 
 # Grid sizings per case: (max_rows, warps_per_sm, min_rows) or ONE_WAVE.

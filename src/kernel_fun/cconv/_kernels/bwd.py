@@ -120,6 +120,21 @@ def bwd_row(x0, g, u, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, 
     return x0, x1, x2, d0, d1, d2, start, st1, st2, a0, a1, a2, a3, ab, s, start, end
 
 
+@triton.jit
+def bwd_trip(xs, gs, u0, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
+             c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end,
+             W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
+             R: tl.constexpr):
+    """Lead rows u0 .. u0+R-1 of the chunk (already loaded: `xs`, `gs`) through `bwd_row`."""
+    for r in tl.static_range(R):
+        x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end = bwd_row(
+            xs[r].to(tl.float32), gs[r].to(tl.float32), u0 + r, t_begin, t_end, T,
+            x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
+            c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end,
+            W, HAS_BIAS, SILU, IS_VARLEN, True)
+    return x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end
+
+
 @triton.autotune(
     configs=autotune_configs(_BWD_CONFIGS),
     key=["D", "TC", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_TMAJOR", "DY_TMAJOR", "VEC16"],
@@ -189,24 +204,18 @@ def conv_bwd_kernel(
             gs = ng
             nx = load_rows(px, u0 + R, s_xt, lim, cmask, R, BD, X_TMAJOR)
             ng = load_rows(pg, u0 + R, s_gt, lim, cmask, R, BD, DY_TMAJOR)
-            for r in tl.static_range(R):
-                x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end = bwd_row(
-                    xs[r].to(tl.float32), gs[r].to(tl.float32), u0 + r, t_begin, t_end, T,
-                    x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
-                    c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end,
-                    W, HAS_BIAS, SILU, IS_VARLEN, True)
+            x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end = bwd_trip(
+                xs, gs, u0, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
+                c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end, W, HAS_BIAS, SILU, IS_VARLEN, R)
         tx = nx  # the prefetched trip after the last starts with the tail rows
         tg = ng
     else:
         for u0 in tl.range(t_begin, t_end, R, num_stages=NS):
             xs = load_rows(px, u0, s_xt, lim, cmask, R, BD, X_TMAJOR)
             gs = load_rows(pg, u0, s_gt, lim, cmask, R, BD, DY_TMAJOR)
-            for r in tl.static_range(R):
-                x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end = bwd_row(
-                    xs[r].to(tl.float32), gs[r].to(tl.float32), u0 + r, t_begin, t_end, T,
-                    x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
-                    c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end,
-                    W, HAS_BIAS, SILU, IS_VARLEN, True)
+            x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end = bwd_trip(
+                xs, gs, u0, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
+                c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end, W, HAS_BIAS, SILU, IS_VARLEN, R)
         tx = load_rows(px, u_end, s_xt, lim, cmask, 4, BD, X_TMAJOR)
         tg = load_rows(pg, u_end, s_gt, lim, cmask, 4, BD, DY_TMAJOR)
     # Tail: rows u_end .. u_end + W-2 (the next chunk's, or past T) complete dx[t_end-(W-1)..].
