@@ -131,7 +131,7 @@ def build_inputs(B, T, H, HV, K, V):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--only", default="wy,intra", help="comma list: wy, intra")
+    ap.add_argument("--only", default="wy,intra,l2norm", help="comma list: wy, intra, l2norm")
     for n, d in dict(B=8, T=8192, H=16, HV=16, K=128, V=256).items():
         ap.add_argument(f"--{n}", type=int, default=d)
     a = ap.parse_args()
@@ -220,6 +220,34 @@ def main() -> None:
         log(f"ours intra best {intra['best_config']}: {intra['ours_ms']:.3f} ms ({intra['speedup']:.2f}x; "
             f"target <= 2.0 ms; moves >= {nbytes / 1e9:.2f} GB: {intra['ours_tbps']:.2f} TB/s)")
     rec["intra"] = intra
+    dump(rec, a.out)
+
+    if "l2norm" in a.only:
+        # intra with the l2norm backward in its epilogue, against intra (autotuned) followed by
+        # fla's l2norm_bwd of dq and dk (what the chain runs without the fusion). q and k are
+        # unit rows here (F.normalize), so any positive rstd is a consistent test input.
+        from fla.modules.norm.l2norm import l2norm_bwd
+
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        B, T, H = intra_in["q"].shape[:3]
+        rq = torch.rand(B * T * H, device="cuda", generator=gen) + 0.5
+        rk = torch.rand(B * T * H, device="cuda", generator=gen) + 0.5
+
+        def unfused():
+            dq_, dk_, db_, dg_ = ours_intra()
+            return (l2norm_bwd(intra_in["q"], rq, dq_), l2norm_bwd(intra_in["k"], rk, dk_), db_, dg_)
+
+        def fused():
+            return ours_intra(l2norm_rstd=(rq, rk), out_dtype=intra_in["q"].dtype)
+
+        want, got = unfused(), fused()
+        torch.cuda.synchronize()
+        errs = {n: rel(o.float(), w.float()) for n, o, w in zip(("dq", "dk", "db", "dg"), got, want)}
+        fl = {"unfused_ms": bench(unfused), "fused_ms": bench(fused), "err_fused_vs_unfused": errs}
+        fl["saved_ms"] = fl["unfused_ms"] - fl["fused_ms"]
+        rec["l2norm_fused"] = fl
+        log(f"intra + fla l2norm_bwd x2 {fl['unfused_ms']:.3f} ms; fused {fl['fused_ms']:.3f} ms "
+            f"(saves {fl['saved_ms']:.3f}); errors " + " ".join(f"{n} {e:.1e}" for n, e in errs.items()))
 
     rec["total_s"] = round(time.time() - T0, 1)
     dump(rec, a.out)

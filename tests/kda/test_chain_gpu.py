@@ -107,6 +107,29 @@ def test_against_fp64_naive_recurrence(name):
         assert e <= TOL[k], (k, e)
 
 
+def test_fused_l2norm_backward(monkeypatch):
+    """chain.FUSE_L2NORM_BWD (the l2norm backward in our intra backward's epilogue, HV == H):
+    against the fp64 recurrence, and dq/dk close to the unfused chain's."""
+    t = _make(2, 200, 2, 2, 128, 128)
+    flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, output_final_state=True)
+    do = torch.randn_like(t["v"])
+    dht = torch.randn(2, 2, 128, 128, device="cuda")
+    monkeypatch.setattr(chain, "FUSE_L2NORM_BWD", False)
+    plain = _run(kda.chunk_kda, t, do, dht, **flags)
+    monkeypatch.setattr(chain, "FUSE_L2NORM_BWD", True)
+    before = launches("kda.intra_bwd")
+    fused = _run(kda.chunk_kda, t, do, dht, **flags)
+    assert launches("kda.intra_bwd") == before + 1
+    ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},
+               do.double(), dht.double(), **flags)
+    errs = {k: _rel(fused[k], ref[k]) for k in fused if fused[k] is not None and k in TOL}
+    print("fused l2norm bwd", {k: f"{v:.2e}" for k, v in errs.items()},
+          "vs unfused dq", f"{_rel(fused['dq'], plain['dq']):.2e}", "dk", f"{_rel(fused['dk'], plain['dk']):.2e}")
+    for k, e in errs.items():
+        assert e <= TOL[k], (k, e)
+    assert _rel(fused["dq"], plain["dq"]) < 2e-3 and _rel(fused["dk"], plain["dk"]) < 2e-3
+
+
 def test_against_fla_at_production_heads():
     t = _make(1, 8192, 16, 16, 128, 256)
     flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True)

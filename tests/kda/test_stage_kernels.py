@@ -233,6 +233,56 @@ def test_intra_bwd_matches_reference(case, io_dtype):
     assert torch.equal(inp["dq"], stage_inputs(ch, io_dtype, cu_t)[1]["dq"])
 
 
+def _l2norm(x):
+    """fla's l2norm_fwd in fp64: (y, rstd) with rstd = 1 / sqrt(sum x^2 + 1e-6)."""
+    rstd = 1.0 / torch.sqrt((x * x).sum(-1) + 1e-6)
+    return x * rstd[..., None], rstd
+
+
+@pytest.mark.parametrize("case", [(2, 130, 2, 2, 32, 16, None), (1, 150, 2, 2, 64, 16, [0, 40, 41, 150])],
+                         ids=["fixed-k32", "varlen-k64"])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
+def test_intra_bwd_fused_l2norm_backward(case, out_dtype):
+    """l2norm_rstd: dq, dk come out as the gradients of the raw q, k (autograd through the
+    l2norm, fp64), db and dg as without it."""
+    from kernel_fun.kda._kernels.intra_bwd import can_fuse_l2norm, intra_bwd
+
+    B, T, H, HV, K, V, cu = case
+    cu_t = torch.tensor(cu) if cu is not None else None
+    ch = build_chain(B, T, H, HV, K, V, cu=cu_t, decay="strong", seed=9, beta_max=1.5)
+    _, inp = stage_inputs(ch, torch.float32, cu_t)
+    gen = torch.Generator().manual_seed(2)
+    xq = torch.randn(B, T, H, K, generator=gen, dtype=torch.float64) * 3
+    xk = torch.randn(B, T, H, K, generator=gen, dtype=torch.float64) * 3
+    (yq, rq), (yk, rk) = _l2norm(xq), _l2norm(xk)
+    inp["q"], inp["k"] = yq.float(), yk.float()
+    assert can_fuse_l2norm(H, HV, K)
+    out = intra_bwd(**inp, l2norm_rstd=(rq.float(), rk.float()), out_dtype=out_dtype)
+    plain = intra_bwd(**inp)
+    ref = refs.intra_bwd_reference(**inp)
+    xq_, xk_ = xq.clone().requires_grad_(), xk.clone().requires_grad_()
+    want_q, want_k = torch.autograd.grad((_l2norm(xq_)[0], _l2norm(xk_)[0]), (xq_, xk_), (ref[0], ref[1]))
+    tol = 1e-5 if out_dtype == torch.float32 else 2e-3
+    for name, o, w in (("dq", out[0], want_q), ("dk", out[1], want_k)):
+        assert o.dtype == out_dtype and o.shape == (B, T, HV, K), name
+        assert torch.isfinite(o).all(), name
+        assert rel_err(o, w) < tol, (name, rel_err(o, w))
+    assert torch.equal(out[2], plain[2]) and torch.equal(out[3], plain[3])  # db, dg untouched
+
+
+def test_intra_bwd_fused_l2norm_needs_one_head_per_value_head_and_whole_k_blocks():
+    from kernel_fun.kda._kernels.intra_bwd import can_fuse_l2norm, configs, intra_bwd
+
+    assert not can_fuse_l2norm(1, 2, 32)  # grouped: dq, dk are summed over value heads first
+    small = next(c for c in configs() if c.kwargs["BK"] == 32)
+    assert not can_fuse_l2norm(2, 2, 64, small)
+    ch = build_chain(1, 70, 2, 2, 64, 16, seed=3)
+    _, inp = stage_inputs(ch, torch.float32, None)
+    rstd = torch.ones(1, 70, 2)
+    with pytest.raises(ValueError, match="K block covering K"):
+        intra_bwd(**inp, config=small, l2norm_rstd=(rstd, rstd))
+
+
 def test_intra_bwd_extreme_decay_is_finite():
     """Per-token log decay down to -60 (whole chunks underflow): no inf/NaN anywhere."""
     from kernel_fun.kda._kernels.intra_bwd import intra_bwd

@@ -43,12 +43,11 @@ class ChunkKDAFunction(torch.autograd.Function):
         (q, q_rstd, k, k_rstd, v, g, beta_raw, beta, A_log, dt_bias, initial_state, Aqk, Akk,
          cu_seqlens, chunk_indices, chunk_offsets) = ctx.saved_tensors
         scale, use_qk_l2norm, use_gate_in_kernel, use_beta_sigmoid, beta_scale = ctx.flags
+        # with use_qk_l2norm, dq and dk come back for the raw q and k (the l2norm backward is
+        # the chain's last step, or fused into its intra backward)
         dq, dk, dv, db, dg, dh0, dA_log, ddt_bias = chain.backward(
             q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, do.contiguous(),
-            dht, use_gate_in_kernel, cu_seqlens, chunk_indices, chunk_offsets)
-        if use_qk_l2norm:
-            dq = chain.l2norm_bwd(q, q_rstd, dq)
-            dk = chain.l2norm_bwd(k, k_rstd, dk)
+            dht, use_gate_in_kernel, cu_seqlens, chunk_indices, chunk_offsets, q_rstd, k_rstd)
         if use_beta_sigmoid:
             db = chain.beta_sigmoid_bwd(beta_raw, db, beta_scale)
         if not support.is_capturing():

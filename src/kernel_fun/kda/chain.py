@@ -68,10 +68,11 @@ def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final
 
 
 def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, do, dht,
-             use_gate_in_kernel, cu_seqlens, chunk_indices, chunk_offsets):
-    """Gradients w.r.t. the (normalized) q, k, v, the raw gate g, the (activated) beta, the
-    initial state, and A_log / dt_bias when the gate is in the op."""
-    H, HV = q.shape[2], v.shape[2]
+             use_gate_in_kernel, cu_seqlens, chunk_indices, chunk_offsets, q_rstd=None, k_rstd=None):
+    """Gradients w.r.t. q, k, v, the raw gate g, the (activated) beta, the initial state, and
+    A_log / dt_bias when the gate is in the op. q and k are the normalized ones when
+    ``q_rstd``/``k_rstd`` (l2norm_fwd's) are given, and dq, dk then are those of the raw q, k."""
+    H, HV, K = q.shape[2], v.shape[2], q.shape[3]
     gc = gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices)
     w, u, qg, kg = _fla("fla.ops.kda.wy_fast", "recompute_w_u_fwd")(
         q=q, k=k, v=v, beta=beta, A=Akk, gk=gc, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
@@ -88,13 +89,20 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
     dq, dk, dv, db, dg, dAkk = wy(
         q=q, k=k, v=v, v_new=v_new, g=gc, beta=beta, A=Akk, h=h, do=do, dh=dh, dv=dv, scale=scale,
         cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
-    intra = STAGES.get("intra_bwd") or _fla("fla.ops.kda.chunk_intra", "chunk_kda_bwd_intra")
+    intra = STAGES.get("intra_bwd")
+    fused_l2 = (q_rstd is not None and intra is not None and FUSE_L2NORM_BWD
+                and intra_can_fuse_l2norm(H, HV, K))
+    extra = dict(l2norm_rstd=(q_rstd, k_rstd), out_dtype=q.dtype) if fused_l2 else {}
+    intra = intra or _fla("fla.ops.kda.chunk_intra", "chunk_kda_bwd_intra")
     dq, dk, db, dg = intra(
         q=q, k=k, g=gc, beta=beta, dAqk=dAqk, dAkk=dAkk, dq=dq, dk=dk, db=db, dg=dg,
-        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
+        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT, **extra)
     if HV > H:  # grouped values: dq, dk come out per value head
         dq = dq.view(*dq.shape[:2], H, HV // H, dq.shape[-1]).sum(dim=3)
         dk = dk.view(*dk.shape[:2], H, HV // H, dk.shape[-1]).sum(dim=3)
+    if q_rstd is not None and not fused_l2:
+        dq = l2norm_bwd(q, q_rstd, dq)
+        dk = l2norm_bwd(k, k_rstd, dk)
     dg = _fla("fla.ops.utils.cumsum", "chunk_local_cumsum")(
         g=dg, chunk_size=BT, reverse=True, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
     dA_log = ddt_bias = None
@@ -125,7 +133,14 @@ def beta_sigmoid_bwd(x, dy, scale):
 # intra_bwd 4.31 ms vs fla 7.39; wy_bwd 4.37 vs 6.33; state_scan_fwd 1.58 vs fla's
 # fwd_h + fwd_o 1.88.
 from .._delta._kernels.state_scan_fwd import state_scan_fwd  # noqa: E402
+from ._kernels.intra_bwd import can_fuse_l2norm as intra_can_fuse_l2norm  # noqa: E402
 from ._kernels.intra_bwd import intra_bwd  # noqa: E402
 from ._kernels.wy_bwd import wy_dqkg_bwd  # noqa: E402
 
 STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bwd": wy_dqkg_bwd}
+
+# The l2norm backward of q and k inside our intra backward's epilogue (HV == H): saves fla's
+# l2norm_bwd (0.96 ms at B=16) and the fp32 dq/dk round trip. Interpreter-tested against the
+# torch reference; off until tests/kda/test_chain_gpu.py and the bench have run with it on an
+# H200 (the switch tests flip it).
+FUSE_L2NORM_BWD = False

@@ -90,15 +90,28 @@ def _sym_block(pA, I, o_r, n_valid, HVBT: tl.constexpr, BC: tl.constexpr):
     return tl.load(pA + row * HVBT + col, mask=row < n_valid, other=0.).to(tl.float32)
 
 
-@triton.autotune(configs=autotune_configs(configs()), key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION"])
+def _one_k_block(configs, named_args, **kwargs):
+    """With the l2norm backward fused (L2NORM_BWD), only configurations whose K block covers
+    all of K: the epilogue needs whole rows of dq and dk."""
+    if not kwargs.get("L2NORM_BWD", named_args.get("L2NORM_BWD", False)):
+        return configs
+    K = kwargs.get("K", named_args.get("K"))
+    return [c for c in configs if c.kwargs["BK"] >= K]
+
+
+@triton.autotune(configs=autotune_configs(configs()),
+                 key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION", "L2NORM_BWD"],
+                 prune_configs_by={"early_config_prune": _one_k_block})
 @triton.jit(do_not_specialize=["T"])
 def _intra_bwd_kernel(
     q, k, g, beta, dAqk, dAkk,
     dq, dk, db, dg,
     dq_out, dk_out, db_out, dg_out,
+    q_rstd, k_rstd,
     cu_seqlens, chunk_indices, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, HOIST_S: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    L2NORM_BWD: tl.constexpr = False,
 ):
     BC: tl.constexpr = 16
     NC: tl.constexpr = BT // BC
@@ -136,6 +149,9 @@ def _intra_bwd_kernel(
     dg_out += t0 * HVK + i_hv * K
     db += t0 * HV + i_hv
     db_out += t0 * HV + i_hv
+    if L2NORM_BWD:  # [B*T*H] fp32, one per (token, head): l2norm_fwd's rstd of q and k
+        q_rstd += t0 * H + i_h
+        k_rstd += t0 * H + i_h
 
     o_r = tl.arange(0, BC)
     # level of a pair inside a 16-block: the highest bit where r and c differ (-1 on r == c)
@@ -234,12 +250,29 @@ def _intra_bwd_kernel(
                 b_dqi = tl.load(dq + o_out, mask=m_ik, other=0.).to(tl.float32)
                 b_dki = tl.load(dk + o_out, mask=m_ik, other=0.).to(tl.float32)
                 b_dgi = tl.load(dg + o_out, mask=m_ik, other=0.).to(tl.float32)
-                tl.store(dq_out + o_out, (b_dqi + acc_q).to(dq_out.dtype.element_ty), mask=m_ik)
-                tl.store(dk_out + o_out, (b_dki + acc_r + acc_t).to(dk_out.dtype.element_ty), mask=m_ik)
                 tl.store(dg_out + o_out, (b_dgi + b_q * acc_q + (acc_r - acc_t) * b_k).to(dg_out.dtype.element_ty),
                          mask=m_ik)
+                b_dqf = b_dqi + acc_q
+                b_dkf = b_dki + acc_r + acc_t
+                if L2NORM_BWD:
+                    # q, k here are the normalized y = x * rstd (whole rows: BK >= K), so the
+                    # l2norm backward dx = rstd * (dy - y * sum(dy * y)) happens in registers.
+                    b_rq = tl.load(q_rstd + r_i * H, mask=m_i, other=0.).to(tl.float32)[:, None]
+                    b_rk = tl.load(k_rstd + r_i * H, mask=m_i, other=0.).to(tl.float32)[:, None]
+                    b_dqf = (b_dqf - tl.sum(b_dqf * b_q, axis=1)[:, None] * b_q) * b_rq
+                    b_dkf = (b_dkf - tl.sum(b_dkf * b_k, axis=1)[:, None] * b_k) * b_rk
+                tl.store(dq_out + o_out, b_dqf.to(dq_out.dtype.element_ty), mask=m_ik)
+                tl.store(dk_out + o_out, b_dkf.to(dk_out.dtype.element_ty), mask=m_ik)
             b_dbi = tl.load(db + r_i * HV, mask=m_i, other=0.).to(tl.float32)
             tl.store(db_out + r_i * HV, (b_dbi + b_db).to(db_out.dtype.element_ty), mask=m_i)
+
+
+def can_fuse_l2norm(H: int, HV: int, K: int, config=None) -> bool:
+    """Whether ``intra_bwd(..., l2norm_rstd=...)`` can run: one q/k head per value head (grouped
+    heads are summed after this stage, before the l2norm backward) and a K block covering K
+    (the given config's, or one the autotuner may pick)."""
+    cands = [config] if config is not None else autotune_configs(configs())
+    return H == HV and any(c.kwargs["BK"] >= K for c in cands)
 
 
 def intra_bwd(
@@ -261,6 +294,9 @@ def intra_bwd(
     use_graph: bool = False,
     dot_precision: str = "tf32",
     config=None,
+    *,
+    l2norm_rstd: tuple[torch.Tensor, torch.Tensor] | None = None,
+    out_dtype: torch.dtype | None = None,
 ):
     """Intra-chunk backward of KDA; drop-in for fla's ``chunk_kda_bwd_intra``.
 
@@ -282,6 +318,12 @@ def intra_bwd(
         dot_precision: ``tl.dot`` input precision for the fp32 gated products.
         config: a ``triton.Config`` from ``configs()`` to run instead of autotuning (tests,
             bench).
+        l2norm_rstd: ``(q_rstd, k_rstd)``, each ``[B, T, H]`` fp32 (``l2norm_fwd``'s rstd, any
+            shape with that many elements), when q and k are l2-normalized in the op: dq and dk
+            then come out as the gradients of the raw (un-normalized) q and k, the l2norm
+            backward done in the epilogue. Needs ``HV == H`` and a K block covering K
+            (``can_fuse_l2norm``); kernel-fun's extension, not in fla's signature.
+        out_dtype: dtype of dq and dk when ``l2norm_rstd`` is given (default: dq's).
 
     Returns:
         ``(dq, dk, db, dg)``: new tensors (inputs are not modified) holding the inputs plus the
@@ -306,8 +348,19 @@ def intra_bwd(
     q, k, g, beta, dAqk, dAkk, dq, dk, db, dg = (
         x.contiguous() for x in (q, k, g, beta, dAqk, dAkk, dq, dk, db, dg))
 
-    dq_out = _alloc(dq.shape, dq.dtype, dq.device)
-    dk_out = _alloc(dk.shape, dk.dtype, dk.device)
+    fuse = l2norm_rstd is not None
+    if fuse:
+        if not can_fuse_l2norm(H, HV, K, config):
+            raise ValueError(f"intra_bwd: the l2norm backward fuses only with HV == H and a K block "
+                             f"covering K (H={H}, HV={HV}, K={K}, config={config})")
+        q_rstd, k_rstd = (r.contiguous() for r in l2norm_rstd)
+        if q_rstd.numel() != B * T * H or k_rstd.numel() != B * T * H:
+            raise ValueError(f"intra_bwd: rstd must have B*T*H = {B * T * H} elements")
+    else:
+        q_rstd = k_rstd = g  # unused
+    qk_dtype = (out_dtype or dq.dtype) if fuse else dq.dtype
+    dq_out = _alloc(dq.shape, qk_dtype, dq.device)
+    dk_out = _alloc(dk.shape, (out_dtype or dk.dtype) if fuse else dk.dtype, dk.device)
     db_out = _alloc(db.shape, torch.float32, db.device)
     dg_out = _alloc(dg.shape, torch.float32, dg.device)
     if NT == 0:
@@ -318,9 +371,10 @@ def intra_bwd(
         q, k, g, beta, dAqk, dAkk,
         dq, dk, db, dg,
         dq_out, dk_out, db_out, dg_out,
+        q_rstd, k_rstd,
         cu_seqlens, chunk_indices, T,
         H=H, HV=HV, K=K, BT=BT,
-        IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision,
+        IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision, L2NORM_BWD=fuse,
     )
     record_launch("kda.intra_bwd")
     return dq_out, dk_out, db_out, dg_out
