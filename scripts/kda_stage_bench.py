@@ -240,14 +240,30 @@ def main() -> None:
         def fused():
             return ours_intra(l2norm_rstd=(rq, rk), out_dtype=intra_in["q"].dtype)
 
+        from fla.ops.utils.cumsum import chunk_local_cumsum
+
+        def unfused_both():
+            dq_, dk_, db_, dg_ = unfused()
+            return dq_, dk_, db_, chunk_local_cumsum(g=dg_, chunk_size=64, reverse=True)
+
+        def fused_both():
+            return ours_intra(l2norm_rstd=(rq, rk), out_dtype=intra_in["q"].dtype, dg_reverse_cumsum=True)
+
         want, got = unfused(), fused()
         torch.cuda.synchronize()
         errs = {n: rel(o.float(), w.float()) for n, o, w in zip(("dq", "dk", "db", "dg"), got, want)}
         fl = {"unfused_ms": bench(unfused), "fused_ms": bench(fused), "err_fused_vs_unfused": errs}
         fl["saved_ms"] = fl["unfused_ms"] - fl["fused_ms"]
-        rec["l2norm_fused"] = fl
         log(f"intra + fla l2norm_bwd x2 {fl['unfused_ms']:.3f} ms; fused {fl['fused_ms']:.3f} ms "
             f"(saves {fl['saved_ms']:.3f}); errors " + " ".join(f"{n} {e:.1e}" for n, e in errs.items()))
+        want, got = unfused_both(), fused_both()
+        torch.cuda.synchronize()
+        errs = {n: rel(o.float(), w.float()) for n, o, w in zip(("dq", "dk", "db", "dg"), got, want)}
+        fl.update(unfused_both_ms=bench(unfused_both), fused_both_ms=bench(fused_both), err_both=errs)
+        fl["saved_both_ms"] = fl["unfused_both_ms"] - fl["fused_both_ms"]
+        log(f"... + fla reverse cumsum of dg {fl['unfused_both_ms']:.3f} ms; both fused {fl['fused_both_ms']:.3f} ms "
+            f"(saves {fl['saved_both_ms']:.3f}); errors " + " ".join(f"{n} {e:.1e}" for n, e in errs.items()))
+        rec["l2norm_fused"] = fl
 
     rec["total_s"] = round(time.time() - T0, 1)
     dump(rec, a.out)

@@ -270,6 +270,44 @@ def test_intra_bwd_fused_l2norm_backward(case, out_dtype):
     assert torch.equal(out[2], plain[2]) and torch.equal(out[3], plain[3])  # db, dg untouched
 
 
+@pytest.mark.parametrize("case", [(2, 130, 1, 2, 32, 16, None), (1, 200, 2, 4, 64, 16, [0, 1, 64, 80, 150, 200])],
+                         ids=["fixed-grouped", "varlen-k64"])
+def test_intra_bwd_fused_dg_reverse_cumsum(case):
+    """dg_reverse_cumsum: dg comes out chunk-local reverse-cumsummed (as fla's chunk_local_cumsum
+    leaves it), chunks counted from each sequence start; dq, dk, db as without it. With the
+    l2norm fused too where the heads allow."""
+    from kernel_fun.kda._kernels.intra_bwd import can_fuse_l2norm, intra_bwd
+
+    B, T, H, HV, K, V, cu = case
+    cu_t = torch.tensor(cu) if cu is not None else None
+    ch = build_chain(B, T, H, HV, K, V, cu=cu_t, decay="strong", seed=13, beta_max=1.5)
+    _, inp = stage_inputs(ch, torch.float32, cu_t)
+    out = intra_bwd(**inp, dg_reverse_cumsum=True)
+    plain = intra_bwd(**inp)
+    ref = refs.intra_bwd_reference(**inp)
+    want = chunk_cumsum(ref[3], cu_t, reverse=True)
+    assert torch.isfinite(out[3]).all()
+    assert rel_err(out[3], want) < 1e-5, rel_err(out[3], want)
+    for i in range(3):
+        assert torch.equal(out[i], plain[i])
+    if can_fuse_l2norm(H, HV, K):
+        raise AssertionError("cases are grouped: the l2norm fusion is covered elsewhere")
+
+
+def test_intra_bwd_both_fusions_together():
+    from kernel_fun.kda._kernels.intra_bwd import intra_bwd
+
+    ch = build_chain(1, 150, 2, 2, 64, 16, decay="normal", seed=14)
+    _, inp = stage_inputs(ch, torch.float32, None)
+    rq = torch.rand(1, 150, 2) + 0.5
+    rk = torch.rand(1, 150, 2) + 0.5
+    both = intra_bwd(**inp, l2norm_rstd=(rq, rk), dg_reverse_cumsum=True)
+    only_l2 = intra_bwd(**inp, l2norm_rstd=(rq, rk))
+    only_cs = intra_bwd(**inp, dg_reverse_cumsum=True)
+    assert torch.equal(both[0], only_l2[0]) and torch.equal(both[1], only_l2[1])
+    assert torch.equal(both[3], only_cs[3]) and torch.equal(both[2], only_cs[2])
+
+
 def test_intra_bwd_fused_l2norm_needs_one_head_per_value_head_and_whole_k_blocks():
     from kernel_fun.kda._kernels.intra_bwd import can_fuse_l2norm, configs, intra_bwd
 
@@ -281,6 +319,8 @@ def test_intra_bwd_fused_l2norm_needs_one_head_per_value_head_and_whole_k_blocks
     rstd = torch.ones(1, 70, 2)
     with pytest.raises(ValueError, match="K block covering K"):
         intra_bwd(**inp, config=small, l2norm_rstd=(rstd, rstd))
+    with pytest.raises(ValueError, match="K block covering K"):
+        intra_bwd(**inp, config=small, dg_reverse_cumsum=True)
 
 
 def test_intra_bwd_extreme_decay_is_finite():

@@ -48,9 +48,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_configs
+from kernel_fun._common.tuning import autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
 from kernel_fun.kda._kernels import chunk_indices_for, launch
+
+install_interpreter_shims()  # runtime-bound loops under TRITON_INTERPRET=1 (see tuning.py)
 
 
 
@@ -91,16 +93,17 @@ def _sym_block(pA, I, o_r, n_valid, HVBT: tl.constexpr, BC: tl.constexpr):
 
 
 def _one_k_block(configs, named_args, **kwargs):
-    """With the l2norm backward fused (L2NORM_BWD), only configurations whose K block covers
-    all of K: the epilogue needs whole rows of dq and dk."""
-    if not kwargs.get("L2NORM_BWD", named_args.get("L2NORM_BWD", False)):
+    """With a fused epilogue (L2NORM_BWD, DG_CUMSUM), only configurations whose K block covers
+    all of K: the l2norm backward needs whole rows of dq and dk, the cumsum one carry over K."""
+    flag = lambda n: kwargs.get(n, named_args.get(n, False))  # noqa: E731
+    if not (flag("L2NORM_BWD") or flag("DG_CUMSUM")):
         return configs
     K = kwargs.get("K", named_args.get("K"))
     return [c for c in configs if c.kwargs["BK"] >= K]
 
 
 @triton.autotune(configs=autotune_configs(configs()),
-                 key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION", "L2NORM_BWD"],
+                 key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION", "L2NORM_BWD", "DG_CUMSUM"],
                  prune_configs_by={"early_config_prune": _one_k_block})
 @triton.jit(do_not_specialize=["T"])
 def _intra_bwd_kernel(
@@ -111,7 +114,7 @@ def _intra_bwd_kernel(
     cu_seqlens, chunk_indices, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, HOIST_S: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    L2NORM_BWD: tl.constexpr = False,
+    L2NORM_BWD: tl.constexpr = False, DG_CUMSUM: tl.constexpr = False,
 ):
     BC: tl.constexpr = 16
     NC: tl.constexpr = BT // BC
@@ -159,7 +162,14 @@ def _intra_bwd_kernel(
     lvl = tl.where(x_rc >= 8, 3, tl.where(x_rc >= 4, 2, tl.where(x_rc >= 2, 1, tl.where(x_rc >= 1, 0, -1))))
 
     # one output sub-chunk I (16 rows) at a time: its dq / dk / dg rows for every K block
-    for I in range(0, NC):
+    # DG_CUMSUM: dg leaves chunk-local reverse-cumsummed (dg_i = sum over the chunk's rows
+    # j >= i), so the sub-chunks run last to first with the sum of the later rows carried.
+    carry = tl.zeros([BK], dtype=tl.float32)
+    for I_ in range(0, NC):
+        if DG_CUMSUM:
+            I = NC - 1 - I_
+        else:
+            I = I_
         if I * BC < n_valid:
             r_i = I * BC + o_r
             m_i = r_i < n_valid
@@ -250,8 +260,12 @@ def _intra_bwd_kernel(
                 b_dqi = tl.load(dq + o_out, mask=m_ik, other=0.).to(tl.float32)
                 b_dki = tl.load(dk + o_out, mask=m_ik, other=0.).to(tl.float32)
                 b_dgi = tl.load(dg + o_out, mask=m_ik, other=0.).to(tl.float32)
-                tl.store(dg_out + o_out, (b_dgi + b_q * acc_q + (acc_r - acc_t) * b_k).to(dg_out.dtype.element_ty),
-                         mask=m_ik)
+                b_dgf = b_dgi + b_q * acc_q + (acc_r - acc_t) * b_k  # rows past the end are 0
+                if DG_CUMSUM:
+                    b_rs = tl.cumsum(b_dgf, axis=0, reverse=True) + carry[None, :]
+                    carry += tl.sum(b_dgf, axis=0)
+                    b_dgf = b_rs
+                tl.store(dg_out + o_out, b_dgf.to(dg_out.dtype.element_ty), mask=m_ik)
                 b_dqf = b_dqi + acc_q
                 b_dkf = b_dki + acc_r + acc_t
                 if L2NORM_BWD:
@@ -267,12 +281,17 @@ def _intra_bwd_kernel(
             tl.store(db_out + r_i * HV, (b_dbi + b_db).to(db_out.dtype.element_ty), mask=m_i)
 
 
+def whole_k_block(K: int, config=None) -> bool:
+    """Whether a K block covering K is available: the given config's, or one the autotuner may
+    pick (the fused epilogues need it)."""
+    cands = [config] if config is not None else autotune_configs(configs())
+    return any(c.kwargs["BK"] >= K for c in cands)
+
+
 def can_fuse_l2norm(H: int, HV: int, K: int, config=None) -> bool:
     """Whether ``intra_bwd(..., l2norm_rstd=...)`` can run: one q/k head per value head (grouped
-    heads are summed after this stage, before the l2norm backward) and a K block covering K
-    (the given config's, or one the autotuner may pick)."""
-    cands = [config] if config is not None else autotune_configs(configs())
-    return H == HV and any(c.kwargs["BK"] >= K for c in cands)
+    heads are summed after this stage, before the l2norm backward) and a whole-K block."""
+    return H == HV and whole_k_block(K, config)
 
 
 def intra_bwd(
@@ -297,6 +316,7 @@ def intra_bwd(
     *,
     l2norm_rstd: tuple[torch.Tensor, torch.Tensor] | None = None,
     out_dtype: torch.dtype | None = None,
+    dg_reverse_cumsum: bool = False,
 ):
     """Intra-chunk backward of KDA; drop-in for fla's ``chunk_kda_bwd_intra``.
 
@@ -324,6 +344,9 @@ def intra_bwd(
             backward done in the epilogue. Needs ``HV == H`` and a K block covering K
             (``can_fuse_l2norm``); kernel-fun's extension, not in fla's signature.
         out_dtype: dtype of dq and dk when ``l2norm_rstd`` is given (default: dq's).
+        dg_reverse_cumsum: dg comes out chunk-local reverse-cumsummed (what fla's chain does
+            next with ``chunk_local_cumsum(reverse=True)``). Needs a K block covering K
+            (``whole_k_block``); kernel-fun's extension.
 
     Returns:
         ``(dq, dk, db, dg)``: new tensors (inputs are not modified) holding the inputs plus the
@@ -348,6 +371,8 @@ def intra_bwd(
     q, k, g, beta, dAqk, dAkk, dq, dk, db, dg = (
         x.contiguous() for x in (q, k, g, beta, dAqk, dAkk, dq, dk, db, dg))
 
+    if dg_reverse_cumsum and not whole_k_block(K, config):
+        raise ValueError(f"intra_bwd: the dg cumsum fuses only with a K block covering K (K={K}, config={config})")
     fuse = l2norm_rstd is not None
     if fuse:
         if not can_fuse_l2norm(H, HV, K, config):
@@ -375,6 +400,7 @@ def intra_bwd(
         cu_seqlens, chunk_indices, T,
         H=H, HV=HV, K=K, BT=BT,
         IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision, L2NORM_BWD=fuse,
+        DG_CUMSUM=bool(dg_reverse_cumsum),
     )
     record_launch("kda.intra_bwd")
     return dq_out, dk_out, db_out, dg_out
