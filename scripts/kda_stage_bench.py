@@ -263,6 +263,29 @@ def main() -> None:
         fl["saved_both_ms"] = fl["unfused_both_ms"] - fl["fused_both_ms"]
         log(f"... + fla reverse cumsum of dg {fl['unfused_both_ms']:.3f} ms; both fused {fl['fused_both_ms']:.3f} ms "
             f"(saves {fl['saved_both_ms']:.3f}); errors " + " ".join(f"{n} {e:.1e}" for n, e in errs.items()))
+        from fla.ops.kda.gate import kda_gate_bwd
+
+        HV, K = intra_in["g"].shape[2], intra_in["g"].shape[3]
+        g_raw = torch.randn(intra_in["g"].shape, device="cuda", generator=gen).to(intra_in["q"].dtype)
+        A_log = torch.rand(HV, device="cuda", generator=gen)
+        dt_bias = torch.randn(HV * K, device="cuda", generator=gen) * 0.1
+
+        def unfused_all():
+            dq_, dk_, db_, dg_ = unfused_both()
+            dg_, dA_, dbias_ = kda_gate_bwd(g=g_raw, A_log=A_log, dt_bias=dt_bias, dyg=dg_)
+            return dq_, dk_, db_, dg_, dA_, dbias_
+
+        def fused_all():
+            return ours_intra(l2norm_rstd=(rq, rk), out_dtype=intra_in["q"].dtype, dg_reverse_cumsum=True,
+                              gate_bwd=(g_raw, A_log, dt_bias))
+
+        want, got = unfused_all(), fused_all()
+        torch.cuda.synchronize()
+        errs = {n: rel(o.float(), w.float()) for n, o, w in zip(("dq", "dk", "db", "dg", "dA_log", "ddt_bias"), got, want)}
+        fl.update(unfused_all_ms=bench(unfused_all), fused_all_ms=bench(fused_all), err_all=errs)
+        fl["saved_all_ms"] = fl["unfused_all_ms"] - fl["fused_all_ms"]
+        log(f"... + fla kda_gate_bwd {fl['unfused_all_ms']:.3f} ms; all three fused {fl['fused_all_ms']:.3f} ms "
+            f"(saves {fl['saved_all_ms']:.3f}); errors " + " ".join(f"{n} {e:.1e}" for n, e in errs.items()))
         rec["l2norm_fused"] = fl
 
     rec["total_s"] = round(time.time() - T0, 1)

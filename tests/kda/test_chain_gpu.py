@@ -107,27 +107,30 @@ def test_against_fp64_naive_recurrence(name):
         assert e <= TOL[k], (k, e)
 
 
-@pytest.mark.parametrize("fuse", ["l2norm", "dg_cumsum", "both"])
+@pytest.mark.parametrize("fuse", ["l2norm", "dg_cumsum", "dg_cumsum+gate", "l2norm+dg_cumsum+gate"])
 def test_fused_intra_epilogues(fuse, monkeypatch):
-    """chain.FUSE_L2NORM_BWD / FUSE_DG_CUMSUM (the l2norm backward of q, k and the reverse
-    cumsum of dg in our intra backward's epilogue): against the fp64 recurrence, and close to
-    the unfused chain."""
+    """chain.FUSE_L2NORM_BWD / FUSE_DG_CUMSUM / FUSE_GATE_BWD (the l2norm backward of q, k, the
+    reverse cumsum of dg and the gate's backward in our intra backward's epilogue): against the
+    fp64 recurrence, close to the unfused chain, and fla's kernels for them did not run."""
     t = _make(2, 200, 2, 2, 128, 128)
     flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, output_final_state=True)
     do = torch.randn_like(t["v"])
     dht = torch.randn(2, 2, 128, 128, device="cuda")
     monkeypatch.setattr(chain, "FUSE_L2NORM_BWD", False)
     monkeypatch.setattr(chain, "FUSE_DG_CUMSUM", False)
+    monkeypatch.setattr(chain, "FUSE_GATE_BWD", False)
     plain = _run(kda.chunk_kda, t, do, dht, **flags)
-    monkeypatch.setattr(chain, "FUSE_L2NORM_BWD", fuse in ("l2norm", "both"))
-    monkeypatch.setattr(chain, "FUSE_DG_CUMSUM", fuse in ("dg_cumsum", "both"))
+    parts = fuse.split("+")
+    monkeypatch.setattr(chain, "FUSE_L2NORM_BWD", "l2norm" in parts)
+    monkeypatch.setattr(chain, "FUSE_DG_CUMSUM", "dg_cumsum" in parts)
+    monkeypatch.setattr(chain, "FUSE_GATE_BWD", "gate" in parts)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fused = _run(kda.chunk_kda, t, do, dht, **flags)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    ran_l2 = any(n.startswith("l2norm_bwd") for n in names)
-    ran_cs = any(n.startswith("chunk_local_cumsum") for n in names)
-    assert ran_l2 == (fuse == "dg_cumsum") and ran_cs == (fuse == "l2norm"), (fuse, ran_l2, ran_cs)
+    ran = {p: any(n.startswith(k) for n in names) for p, k in
+           (("l2norm", "l2norm_bwd"), ("dg_cumsum", "chunk_local_cumsum"), ("gate", "kda_gate_bwd"))}
+    assert all(ran[p] == (p not in parts) for p in ran), (fuse, ran)
     ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},
                do.double(), dht.double(), **flags)
     errs = {k: _rel(fused[k], ref[k]) for k in fused if fused[k] is not None and k in TOL}
@@ -136,8 +139,8 @@ def test_fused_intra_epilogues(fuse, monkeypatch):
           {k: f"{v:.1e}" for k, v in vs_plain.items()})
     for k, e in errs.items():
         assert e <= TOL[k], (k, e)
-    for k, e in vs_plain.items():
-        assert e < 2e-3, (k, e)
+    for k, e in vs_plain.items():  # the gate sums are reduced in another order: looser
+        assert e < (1e-2 if k in ("dA_log", "ddt_bias") else 2e-3), (k, e)
 
 
 def test_against_fla_at_production_heads():

@@ -294,6 +294,43 @@ def test_intra_bwd_fused_dg_reverse_cumsum(case):
         raise AssertionError("cases are grouped: the l2norm fusion is covered elsewhere")
 
 
+@pytest.mark.parametrize("case", [(2, 130, 1, 2, 32, 16, None, True), (1, 200, 2, 4, 64, 16, [0, 1, 64, 80, 150, 200], False)],
+                         ids=["fixed-grouped-bias", "varlen-k64-nobias"])
+def test_intra_bwd_fused_gate_backward(case):
+    """gate_bwd (with dg_reverse_cumsum): fla's kda_gate_bwd in the epilogue. dg for the raw
+    gate input (its dtype), dA_log and ddt_bias, against autograd through the gate
+    g_log = -exp(A_log) * softplus(g_raw + dt_bias) in fp64."""
+    from kernel_fun.kda._kernels.intra_bwd import intra_bwd
+
+    B, T, H, HV, K, V, cu, has_bias = case
+    cu_t = torch.tensor(cu) if cu is not None else None
+    ch = build_chain(B, T, H, HV, K, V, cu=cu_t, decay="normal", seed=15, beta_max=1.5)
+    _, inp = stage_inputs(ch, torch.float32, cu_t)
+    gen = torch.Generator().manual_seed(4)
+    g_raw = (torch.randn(B, T, HV, K, generator=gen) * 4).to(torch.float16)  # some past softplus' 20
+    A_log = torch.randn(HV, generator=gen)
+    dt_bias = torch.randn(HV * K, generator=gen) if has_bias else None
+    out = intra_bwd(**inp, dg_reverse_cumsum=True, gate_bwd=(g_raw, A_log, dt_bias))
+    assert len(out) == 6
+    dyg = chunk_cumsum(refs.intra_bwd_reference(**inp)[3], cu_t, reverse=True)
+    leaves = [g_raw.double().requires_grad_(), A_log.double().requires_grad_()]
+    if has_bias:
+        leaves.append(dt_bias.double().requires_grad_())
+    x = leaves[0] + (leaves[2].view(HV, K) if has_bias else 0)
+    g_log = -leaves[1].exp()[:, None] * torch.nn.functional.softplus(x)
+    want = torch.autograd.grad(g_log, leaves, dyg)
+    plain = intra_bwd(**inp)
+    assert out[3].dtype == g_raw.dtype and out[4].dtype == A_log.dtype
+    assert rel_err(out[3], want[0]) < 2e-3, rel_err(out[3], want[0])  # fp16 output
+    assert rel_err(out[4], want[1]) < 1e-5, rel_err(out[4], want[1])
+    if has_bias:
+        assert out[5].dtype == dt_bias.dtype and rel_err(out[5], want[2]) < 1e-5
+    else:
+        assert out[5] is None
+    for i in range(3):
+        assert torch.equal(out[i], plain[i])
+
+
 def test_intra_bwd_both_fusions_together():
     from kernel_fun.kda._kernels.intra_bwd import intra_bwd
 

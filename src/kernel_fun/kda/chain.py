@@ -93,11 +93,14 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
     fused_l2 = (q_rstd is not None and intra is not None and FUSE_L2NORM_BWD
                 and intra_can_fuse_l2norm(H, HV, K))
     fused_cs = intra is not None and FUSE_DG_CUMSUM and intra_whole_k_block(K)
+    fused_gate = fused_cs and use_gate_in_kernel and FUSE_GATE_BWD
     extra = dict(l2norm_rstd=(q_rstd, k_rstd), out_dtype=q.dtype) if fused_l2 else {}
     if fused_cs:
         extra["dg_reverse_cumsum"] = True
+    if fused_gate:
+        extra["gate_bwd"] = (g, A_log, dt_bias)
     intra = intra or _fla("fla.ops.kda.chunk_intra", "chunk_kda_bwd_intra")
-    dq, dk, db, dg = intra(
+    dq, dk, db, dg, *gate_grads = intra(
         q=q, k=k, g=gc, beta=beta, dAqk=dAqk, dAkk=dAkk, dq=dq, dk=dk, db=db, dg=dg,
         cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT, **extra)
     if HV > H:  # grouped values: dq, dk come out per value head
@@ -109,8 +112,8 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
     if not fused_cs:
         dg = _fla("fla.ops.utils.cumsum", "chunk_local_cumsum")(
             g=dg, chunk_size=BT, reverse=True, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
-    dA_log = ddt_bias = None
-    if use_gate_in_kernel:
+    dA_log, ddt_bias = gate_grads if fused_gate else (None, None)
+    if use_gate_in_kernel and not fused_gate:
         dg, dA_log, ddt_bias = _fla("fla.ops.kda.gate", "kda_gate_bwd")(
             g=g, A_log=A_log, dt_bias=dt_bias, dyg=dg)
     return dq, dk, dv, db, dg, dh0, dA_log, ddt_bias
@@ -152,3 +155,6 @@ FUSE_L2NORM_BWD = False
 # The chunk-local reverse cumsum of dg in the same epilogue: saves fla's chunk_local_cumsum
 # (0.58 ms at B=16, a read and a write of the fp32 dg). Same status as the switch above.
 FUSE_DG_CUMSUM = False
+# With it, the gate's backward too (fla's kda_gate_bwd, 0.59 ms at B=16: dg for the raw gate,
+# dA_log, ddt_bias from per-program partials). Same status.
+FUSE_GATE_BWD = False

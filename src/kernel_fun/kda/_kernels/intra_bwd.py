@@ -111,15 +111,18 @@ def _intra_bwd_kernel(
     dq, dk, db, dg,
     dq_out, dk_out, db_out, dg_out,
     q_rstd, k_rstd,
+    g_raw, A_log, dt_bias, dA_part, dbias_part,
     cu_seqlens, chunk_indices, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, HOIST_S: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
     L2NORM_BWD: tl.constexpr = False, DG_CUMSUM: tl.constexpr = False,
+    GATE_BWD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False,
 ):
     BC: tl.constexpr = 16
     NC: tl.constexpr = BT // BC
     NEG_INF: tl.constexpr = float("-inf")  # exp2(-inf) = 0: masked gate factors
     i_t = tl.program_id(0).to(tl.int64)
+    i_part = i_t  # this program's row of the gate-gradient partials (before the varlen remap)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // HV
     i_hv = i_bh % HV
@@ -165,6 +168,13 @@ def _intra_bwd_kernel(
     # DG_CUMSUM: dg leaves chunk-local reverse-cumsummed (dg_i = sum over the chunk's rows
     # j >= i), so the sub-chunks run last to first with the sum of the later rows carried.
     carry = tl.zeros([BK], dtype=tl.float32)
+    # GATE_BWD (after DG_CUMSUM): the gate's own backward, dg_raw = -exp(A_log) sigmoid(g_raw +
+    # dt_bias) dyg, with this program's sums toward dA_log and ddt_bias (reduced on the host).
+    if GATE_BWD:
+        g_raw += t0 * HVK + i_hv * K
+        b_nA = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+    dA_acc = tl.zeros([BK], dtype=tl.float32)
+    dbias_acc = tl.zeros([BK], dtype=tl.float32)
     for I_ in range(0, NC):
         if DG_CUMSUM:
             I = NC - 1 - I_
@@ -265,6 +275,14 @@ def _intra_bwd_kernel(
                     b_rs = tl.cumsum(b_dgf, axis=0, reverse=True) + carry[None, :]
                     carry += tl.sum(b_dgf, axis=0)
                     b_dgf = b_rs
+                if GATE_BWD:
+                    b_gr = tl.load(g_raw + o_out, mask=m_ik, other=0.).to(tl.float32)
+                    if HAS_DT_BIAS:
+                        b_gr += tl.load(dt_bias + i_hv * K + o_k, mask=o_k < K, other=0.).to(tl.float32)[None, :]
+                    b_sp = tl.where(b_gr < 20.0, tl.log(1.0 + tl.exp(b_gr)), b_gr)  # softplus, as fla
+                    dA_acc += tl.sum(b_dgf * (b_nA * b_sp), axis=0)  # rows past the end: dyg = 0
+                    b_dgf = b_nA * b_dgf * tl.sigmoid(b_gr)
+                    dbias_acc += tl.sum(b_dgf, axis=0)
                 tl.store(dg_out + o_out, b_dgf.to(dg_out.dtype.element_ty), mask=m_ik)
                 b_dqf = b_dqi + acc_q
                 b_dkf = b_dki + acc_r + acc_t
@@ -279,6 +297,11 @@ def _intra_bwd_kernel(
                 tl.store(dk_out + o_out, b_dkf.to(dk_out.dtype.element_ty), mask=m_ik)
             b_dbi = tl.load(db + r_i * HV, mask=m_i, other=0.).to(tl.float32)
             tl.store(db_out + r_i * HV, (b_dbi + b_db).to(db_out.dtype.element_ty), mask=m_i)
+    if GATE_BWD:
+        o_kk = tl.arange(0, BK)
+        i_p = (i_part * (tl.num_programs(1) // HV) + i_b) * HV + i_hv
+        tl.store(dA_part + i_p, tl.sum(dA_acc, axis=0))
+        tl.store(dbias_part + i_p * K + o_kk, dbias_acc, mask=o_kk < K)
 
 
 def whole_k_block(K: int, config=None) -> bool:
@@ -317,6 +340,7 @@ def intra_bwd(
     l2norm_rstd: tuple[torch.Tensor, torch.Tensor] | None = None,
     out_dtype: torch.dtype | None = None,
     dg_reverse_cumsum: bool = False,
+    gate_bwd: tuple | None = None,
 ):
     """Intra-chunk backward of KDA; drop-in for fla's ``chunk_kda_bwd_intra``.
 
@@ -347,6 +371,10 @@ def intra_bwd(
         dg_reverse_cumsum: dg comes out chunk-local reverse-cumsummed (what fla's chain does
             next with ``chunk_local_cumsum(reverse=True)``). Needs a K block covering K
             (``whole_k_block``); kernel-fun's extension.
+        gate_bwd: ``(g_raw, A_log, dt_bias)`` (dt_bias may be None), with
+            ``dg_reverse_cumsum``: the KDA gate's backward too (fla's ``kda_gate_bwd``, without a
+            lower bound): dg comes out for the raw gate input in its dtype, and the return gains
+            ``dA_log`` (A_log's dtype) and ``ddt_bias`` (dt_bias's dtype, or None).
 
     Returns:
         ``(dq, dk, db, dg)``: new tensors (inputs are not modified) holding the inputs plus the
@@ -383,24 +411,41 @@ def intra_bwd(
             raise ValueError(f"intra_bwd: rstd must have B*T*H = {B * T * H} elements")
     else:
         q_rstd = k_rstd = g  # unused
+    if gate_bwd is not None:
+        if not dg_reverse_cumsum:
+            raise ValueError("intra_bwd: gate_bwd needs dg_reverse_cumsum")
+        g_raw, A_log, dt_bias = gate_bwd
+        if g_raw.shape != g.shape or A_log.numel() != HV or (dt_bias is not None and dt_bias.numel() != HV * K):
+            raise ValueError(f"intra_bwd: gate_bwd shapes: g_raw {tuple(g_raw.shape)} (want {tuple(g.shape)}), "
+                             f"A_log {A_log.numel()} (want {HV}), dt_bias (want {HV * K})")
+        g_raw = g_raw.contiguous()
+        n_part = NT * B * HV
+        dA_part = torch.zeros(n_part, dtype=torch.float32, device=g.device)
+        dbias_part = torch.zeros(n_part * K, dtype=torch.float32, device=g.device)
+    else:
+        g_raw = A_log = dt_bias = dA_part = dbias_part = g  # unused
     qk_dtype = (out_dtype or dq.dtype) if fuse else dq.dtype
     dq_out = _alloc(dq.shape, qk_dtype, dq.device)
     dk_out = _alloc(dk.shape, (out_dtype or dk.dtype) if fuse else dk.dtype, dk.device)
     db_out = _alloc(db.shape, torch.float32, db.device)
-    dg_out = _alloc(dg.shape, torch.float32, dg.device)
-    if NT == 0:
-        return dq_out, dk_out, db_out, dg_out
-    grid = (NT, B * HV)
-    launch(
-        _intra_bwd_kernel, grid, config,
-        q, k, g, beta, dAqk, dAkk,
-        dq, dk, db, dg,
-        dq_out, dk_out, db_out, dg_out,
-        q_rstd, k_rstd,
-        cu_seqlens, chunk_indices, T,
-        H=H, HV=HV, K=K, BT=BT,
-        IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision, L2NORM_BWD=fuse,
-        DG_CUMSUM=bool(dg_reverse_cumsum),
-    )
-    record_launch("kda.intra_bwd")
+    dg_out = _alloc(dg.shape, g_raw.dtype if gate_bwd is not None else torch.float32, dg.device)
+    if NT > 0:
+        launch(
+            _intra_bwd_kernel, (NT, B * HV), config,
+            q, k, g, beta, dAqk, dAkk,
+            dq, dk, db, dg,
+            dq_out, dk_out, db_out, dg_out,
+            q_rstd, k_rstd,
+            g_raw, A_log, dt_bias if dt_bias is not None else g, dA_part, dbias_part,
+            cu_seqlens, chunk_indices, T,
+            H=H, HV=HV, K=K, BT=BT,
+            IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision, L2NORM_BWD=fuse,
+            DG_CUMSUM=bool(dg_reverse_cumsum), GATE_BWD=gate_bwd is not None,
+            HAS_DT_BIAS=gate_bwd is not None and dt_bias is not None,
+        )
+        record_launch("kda.intra_bwd")
+    if gate_bwd is not None:
+        dA_log = dA_part.view(-1, HV).sum(0).to(A_log.dtype)
+        ddt_bias = dbias_part.view(-1, HV * K).sum(0).to(dt_bias.dtype) if dt_bias is not None else None
+        return dq_out, dk_out, db_out, dg_out, dA_log, ddt_bias
     return dq_out, dk_out, db_out, dg_out
