@@ -170,8 +170,13 @@ def test_intra_bwd_every_config(name, config):
 def test_wy_bwd_every_config(name, config):
     from kernel_fun.kda._kernels.wy_bwd import wy_dqkg_bwd
 
+    from triton.runtime.errors import OutOfResources
+
     wy_in, fla_wy, _ = _inputs(name)
-    ours = wy_dqkg_bwd(**wy_in, config=config)
+    try:
+        ours = wy_dqkg_bwd(**wy_in, config=config)
+    except OutOfResources as e:  # the autotuner skips such a configuration too
+        pytest.skip(f"does not fit on this GPU: {e}")
     ref = _refs(name)[0]
     _check(f"{name}/{config}", ours, fla_wy, ref, ("dq", "dk", "dv", "db", "dg", "dA"))
 
