@@ -1,0 +1,116 @@
+"""The whole KDA chain on the CPU: our stage kernels through Triton's interpreter, fla's stages
+as plain-torch stand-ins (``fla_standins``, NaN where fla leaves memory unwritten), end to
+end through ``kda.chunk_kda`` and autograd against the fp64 recurrence. This checks the
+chain's wiring (arguments, layouts, grouped heads, packed documents, the initial state, the
+fused epilogue switches) before any GPU time is spent; the GPU tier checks fla's real stages
+and the numerics at real shapes."""
+import pytest
+import torch
+
+from kernel_fun import kda
+from kernel_fun._common.numerics import rel_rms as _rel
+from kernel_fun._common.witness import launch_counts
+from kernel_fun.kda import chain
+from kernel_fun.kda.reference import chunk_kda_ref
+
+import fla_standins  # noqa: E402  (tests/kda/conftest.py puts this folder on sys.path)
+
+# fp16 operands, fp32 accumulation, fp64 stand-ins: measured at these shapes every error is
+# 1e-5..5e-4 except dA_log (a sum over every token and channel: up to 3.2e-3), so the bounds
+# are 4x that, far inside the GPU tier's (fla's) ceilings.
+TOL = dict(o=2e-3, ht=2e-3, dq=2e-3, dk=2e-3, dv=2e-3, dh0=2e-3, dg=2e-3, dbeta=2e-3,
+           dA_log=1.3e-2, ddt_bias=2e-3)
+
+
+@pytest.fixture(autouse=True)
+def _standins(monkeypatch, clean_state):
+    from kernel_fun.kda import ops
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU tier (interpreter + stand-ins); the GPU tier runs fla's stages")
+    monkeypatch.setattr(ops, "GPU_UNVERIFIED", frozenset())
+    return fla_standins.install(monkeypatch)
+
+
+def _make(B, T, H, HV, K, V, h0=False, N=None, gate_in_kernel=True, beta_logits=False, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def r(*s, dt=torch.float16):
+        return torch.randn(*s, generator=gen).to(dt)
+
+    t = dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, HV, V))
+    if gate_in_kernel:
+        t["g"] = r(B, T, HV, K)
+        t["A_log"] = torch.rand(HV, generator=gen) * 2 - 1.0
+        t["dt_bias"] = r(HV * K, dt=torch.float32)
+    else:
+        t["g"] = torch.nn.functional.logsigmoid(r(B, T, HV, K, dt=torch.float32) + 1).to(torch.float16)
+    t["beta"] = r(B, T, HV) if beta_logits else torch.rand(B, T, HV, generator=gen).to(torch.float16)
+    if h0:
+        t["initial_state"] = r(N or B, HV, K, V, dt=torch.float32)
+    for x in t.values():
+        x.requires_grad_(True)
+    return t
+
+
+def _run(fn, t, do, dht, **flags):
+    kw = {k: v for k, v in t.items() if k not in ("q", "k", "v", "g", "beta")}
+    o, ht = fn(t["q"], t["k"], t["v"], t["g"], t["beta"], **kw, **flags)
+    outs = [o] + ([ht] if ht is not None else [])
+    grads = [do] + ([dht] if ht is not None else [])
+    names = list(t)
+    gs = torch.autograd.grad(outs, [t[n] for n in names], grads, allow_unused=True)
+    rename = dict(q="dq", k="dk", v="dv", g="dg", beta="dbeta", initial_state="dh0", A_log="dA_log",
+                  dt_bias="ddt_bias")
+    return {"o": o, "ht": ht, **{rename[n]: g for n, g in zip(names, gs)}}
+
+
+CASES = {  # the box's smallest heads (K=64, V=64: the interpreter's cost grows with them)
+    "tail_grouped": dict(B=2, T=100, H=1, HV=2, K=64, V=64),
+    "initial_state": dict(B=1, T=130, H=2, HV=2, K=64, V=64, h0=True),
+    "beta_sigmoid_negeig": dict(B=1, T=80, H=1, HV=2, K=64, V=128, beta_logits=True, neg=True),
+    "precomputed_gate": dict(B=1, T=70, H=2, HV=2, K=64, V=64, gate_in_kernel=False),
+    "cu_seqlens": dict(B=1, T=150, H=1, HV=2, K=64, V=64, h0=True, N=3, cu=[0, 37, 38, 150]),
+}
+FUSIONS = {"none": (), "all": ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD")}
+
+
+@pytest.mark.parametrize("fusions", list(FUSIONS))
+@pytest.mark.parametrize("name", list(CASES))
+def test_chain_against_fp64_recurrence(name, fusions, monkeypatch, _standins):
+    c = dict(CASES[name])
+    cu, neg = c.pop("cu", None), c.pop("neg", False)
+    for switch in FUSIONS[fusions]:
+        monkeypatch.setattr(chain, switch, True)
+    t = _make(**c)
+    cu_t = None if cu is None else torch.tensor(cu)
+    flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=c.get("gate_in_kernel", True),
+                 output_final_state=True, cu_seqlens=cu_t)
+    if c.get("beta_logits"):
+        flags.update(use_beta_sigmoid_in_kernel=True, allow_neg_eigval=neg)
+    assert kda.is_supported(t["q"], t["k"], t["v"], t["g"], t["beta"],
+                            **{k: v for k, v in t.items() if k not in ("q", "k", "v", "g", "beta")}, **flags)[0]
+    gen = torch.Generator().manual_seed(1)
+    do = torch.randn(t["v"].shape, generator=gen).to(torch.float16)
+    dht = torch.randn(len(cu) - 1 if cu else c["B"], c["HV"], c["K"], c["V"], generator=gen)
+    before = launch_counts()
+    ours = _run(kda.chunk_kda, t, do, dht, **flags)
+    ran = {k: n - before.get(k, 0) for k, n in launch_counts().items() if n != before.get(k, 0)}
+    assert ran == {"delta.state_scan_fwd": 1, "kda.wy_bwd": 1, "kda.intra_bwd": 1}, ran
+    ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},
+               do.double(), dht.double(), **flags)
+    errs = {k: _rel(ours[k], ref[k]) for k in ours if ours[k] is not None and k in TOL}
+    assert set(errs) >= {"o", "ht", "dq", "dk", "dv", "dg", "dbeta"}
+    print(name, fusions, {k: f"{e:.1e}" for k, e in errs.items()})
+    bad = {k: f"{e:.2e}" for k, e in errs.items() if not e <= TOL[k]}
+    assert not bad, (bad, {k: f"{e:.1e}" for k, e in errs.items()})
+    fused_away = {"FUSE_L2NORM_BWD": ("fla.modules.norm.l2norm", "l2norm_bwd"),
+                  "FUSE_DG_CUMSUM": ("fla.ops.utils.cumsum", "chunk_local_cumsum"),
+                  "FUSE_GATE_BWD": ("fla.ops.kda.gate", "kda_gate_bwd")}
+    H, HV, gate = c["H"], c["HV"], flags["use_gate_in_kernel"]
+    applies = {"FUSE_L2NORM_BWD": H == HV, "FUSE_DG_CUMSUM": True, "FUSE_GATE_BWD": gate}
+    for switch, fla_fn in fused_away.items():
+        if switch != "FUSE_L2NORM_BWD" and not gate:
+            continue  # no gate backward; the forward's cumsum of a precomputed gate is the same function
+        fused = switch in FUSIONS[fusions] and applies[switch]
+        assert (fla_fn in _standins) != fused, (switch, "fused" if fused else "not fused", _standins)
