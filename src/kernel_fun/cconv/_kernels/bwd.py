@@ -49,8 +49,8 @@ _WARPS_PER_SM_BWD = 16
 _MIN_ROWS_BWD = 32
 
 _BWD_CONFIGS = [
-    # BD channels per program (always 4 per thread: 8 per thread needs 255 registers and
-    # spills at R=8), R rows per trip, PF: prefetch the next trip's rows into registers,
+    # BD channels per program (4 per thread; 8 per thread with register prefetch needs 255
+    # registers and spills at R=8), R rows per trip, PF: prefetch the next trip's rows into registers,
     # NS > 1: Triton's loop pipeliner instead (cp.async into shared memory, NS stages; used for
     # D-major aligned inputs only, else the plain loop). The sweep's winners (H200, 2026-11-30;
     # ms at B=16 T=8192 D=2048 / D=4096 / column slice / varlen / B=1 T=2048), registers
@@ -59,6 +59,9 @@ _BWD_CONFIGS = [
     triton.Config({"BD": 128, "R": 4, "PF": False, "NS": 6}, num_warps=1),  # 0.489 / 0.995 / 0.248 [94, 10 KB]
     triton.Config({"BD": 128, "R": 8, "PF": True, "NS": 1}, num_warps=1),   # varlen 0.570 / 0.129 [174]
     triton.Config({"BD": 256, "R": 8, "PF": False, "NS": 1}, num_warps=2),  # latency 0.123 [134]
+    # Not yet timed: 8 channels per thread (16-byte vectors) with the loads staged by cp.async,
+    # so the 8-wide window does not also hold the next trip in registers.
+    triton.Config({"BD": 256, "R": 4, "PF": False, "NS": 4}, num_warps=1),
 ]
 
 @triton.jit
