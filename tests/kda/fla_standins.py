@@ -41,6 +41,11 @@ def _segments(B, T, cu_seqlens):
     return [(n, 0, [c for c in chunks if bos <= c[1] < eos]) for n, (bos, eos) in enumerate(zip(cu[:-1], cu[1:]))]
 
 
+def _per_sequence(B, T, cu_seqlens):
+    """(NT, [(n, b, chunks)]): the chunk count of h's layout and each sequence's chunks."""
+    return max(c[3] for c in _chunks(B, T, cu_seqlens)) + 1, _segments(B, T, cu_seqlens)
+
+
 def _rep(x, G):  # q/k heads to value heads
     return x.repeat_interleave(G, dim=-2)
 
@@ -147,11 +152,9 @@ def chunk_gated_delta_rule_fwd_h(k, w, u, gk, initial_state=None, output_final_s
                                  chunk_size=BT, **_):
     B, T, HV, K = k.shape
     V = u.shape[-1]
-    chunks = _chunks(B, T, cu_seqlens)
-    NT = max(c[3] for c in chunks) + 1
+    NT, segs = _per_sequence(B, T, cu_seqlens)
     h = torch.empty(B, NT, HV, K, V, dtype=k.dtype)
     v_new = torch.empty_like(u)
-    segs = _segments(B, T, cu_seqlens)
     final = torch.zeros(len(segs), HV, K, V) if output_final_state else None
     for n, b, cs in segs:
         S = initial_state[n].double() if initial_state is not None else torch.zeros(HV, K, V, dtype=F64)
@@ -184,11 +187,9 @@ def chunk_kda_bwd_dAv(q, k, v, do, A, scale, cu_seqlens=None, chunk_size=BT, chu
 def chunk_gated_delta_rule_bwd_dhu(q, k, w, gk, h0, dht, do, dv, scale, cu_seqlens=None, chunk_size=BT, **_):
     B, T, HV, K = q.shape
     V = do.shape[-1]
-    chunks = _chunks(B, T, cu_seqlens)
-    NT = max(c[3] for c in chunks) + 1
+    NT, segs = _per_sequence(B, T, cu_seqlens)
     dh = torch.empty(B, NT, HV, K, V, dtype=q.dtype)
     dv2 = torch.empty_like(dv)
-    segs = _segments(B, T, cu_seqlens)
     dh0 = torch.empty(len(segs), HV, K, V) if h0 is not None else None
     for n, b, cs in segs:
         dS = dht[n].double() if dht is not None else torch.zeros(HV, K, V, dtype=F64)

@@ -14,6 +14,7 @@ from kernel_fun.kda import chain
 from kernel_fun.kda.reference import chunk_kda_ref
 
 import fla_standins  # noqa: E402  (tests/kda/conftest.py puts this folder on sys.path)
+from chain_cases import make_inputs, run as _run  # noqa: E402
 
 # fp16 operands, fp32 accumulation, fp64 stand-ins: measured at these shapes every error is
 # 1e-5..5e-4 except dA_log (a sum over every token and channel: up to 3.2e-3), so the bounds
@@ -32,37 +33,8 @@ def _standins(monkeypatch, clean_state):
     return fla_standins.install(monkeypatch)
 
 
-def _make(B, T, H, HV, K, V, h0=False, N=None, gate_in_kernel=True, beta_logits=False, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-
-    def r(*s, dt=torch.float16):
-        return torch.randn(*s, generator=gen).to(dt)
-
-    t = dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, HV, V))
-    if gate_in_kernel:
-        t["g"] = r(B, T, HV, K)
-        t["A_log"] = torch.rand(HV, generator=gen) * 2 - 1.0
-        t["dt_bias"] = r(HV * K, dt=torch.float32)
-    else:
-        t["g"] = torch.nn.functional.logsigmoid(r(B, T, HV, K, dt=torch.float32) + 1).to(torch.float16)
-    t["beta"] = r(B, T, HV) if beta_logits else torch.rand(B, T, HV, generator=gen).to(torch.float16)
-    if h0:
-        t["initial_state"] = r(N or B, HV, K, V, dt=torch.float32)
-    for x in t.values():
-        x.requires_grad_(True)
-    return t
-
-
-def _run(fn, t, do, dht, **flags):
-    kw = {k: v for k, v in t.items() if k not in ("q", "k", "v", "g", "beta")}
-    o, ht = fn(t["q"], t["k"], t["v"], t["g"], t["beta"], **kw, **flags)
-    outs = [o] + ([ht] if ht is not None else [])
-    grads = [do] + ([dht] if ht is not None else [])
-    names = list(t)
-    gs = torch.autograd.grad(outs, [t[n] for n in names], grads, allow_unused=True)
-    rename = dict(q="dq", k="dk", v="dv", g="dg", beta="dbeta", initial_state="dh0", A_log="dA_log",
-                  dt_bias="ddt_bias")
-    return {"o": o, "ht": ht, **{rename[n]: g for n, g in zip(names, gs)}}
+def _make(*args, **kw):
+    return make_inputs(*args, **kw, device="cpu", dtype=torch.float16)
 
 
 CASES = {  # the box's smallest heads (K=64, V=64: the interpreter's cost grows with them)

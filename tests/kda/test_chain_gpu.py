@@ -26,43 +26,11 @@ TOL = dict(o=5e-3, ht=5e-3, dq=8e-3, dk=8e-3, dv=8e-3, dh0=8e-3, dg=2e-2, dbeta=
 
 from kernel_fun._common.numerics import rel_rms as _rel  # noqa: E402
 
-
-def _make(B, T, H, HV, K, V, h0=False, N=None, gate_in_kernel=True, beta_logits=False,
-          strong_decay=False, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-
-    def r(*s, dt=torch.bfloat16):
-        return torch.randn(*s, device="cuda", generator=gen).to(dt)
-
-    t = dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, HV, V))
-    if gate_in_kernel:
-        t["g"] = r(B, T, HV, K)
-        a = 2.0 if strong_decay else 0.0  # exp(A_log) up to ~e^3: per-token log decay down to ~-60
-        t["A_log"] = (torch.rand(HV, device="cuda", generator=gen) * 3 + a - 1.0)
-        t["dt_bias"] = r(HV * K, dt=torch.float32)
-    else:
-        t["g"] = torch.nn.functional.logsigmoid(r(B, T, HV, K, dt=torch.float32)).to(torch.bfloat16)
-    t["beta"] = r(B, T, HV) if beta_logits else torch.rand(B, T, HV, device="cuda", generator=gen).to(torch.bfloat16)
-    if h0:
-        t["initial_state"] = r(N or B, HV, K, V, dt=torch.float32)
-    for x in t.values():
-        x.requires_grad_(True)
-    return t
+from chain_cases import make_inputs, run as _run  # noqa: E402  (tests/kda/conftest.py: this folder on sys.path)
 
 
-def _run(fn, t, do, dht, **flags):
-    kw = {k: v for k, v in t.items() if k not in ("q", "k", "v", "g", "beta")}
-    o, ht = fn(t["q"], t["k"], t["v"], t["g"], t["beta"], **kw, **flags)
-    outs = [o] + ([ht] if ht is not None else [])
-    grads = [do] + ([dht] if ht is not None else [])
-    names = [n for n in t]
-    gs = torch.autograd.grad(outs, [t[n] for n in names], grads, allow_unused=True)
-    res = {"o": o, "ht": ht}
-    rename = dict(q="dq", k="dk", v="dv", g="dg", beta="dbeta", initial_state="dh0",
-                  A_log="dA_log", dt_bias="ddt_bias")
-    for n, gr in zip(names, gs):
-        res[rename[n]] = gr
-    return res
+def _make(*args, **kw):
+    return make_inputs(*args, **kw, device="cuda", dtype=torch.bfloat16)
 
 
 # Every path of the box at one head configuration (H=2, HV=4, K=V=128): fla's stages and ours
