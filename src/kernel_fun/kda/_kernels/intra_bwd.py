@@ -103,7 +103,7 @@ def _one_k_block(configs, named_args, **kwargs):
 
 
 @triton.autotune(configs=autotune_configs(configs()),
-                 key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION", "L2NORM_BWD", "DG_CUMSUM"],
+                 key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION", "L2NORM_BWD", "DG_CUMSUM", "GATE_BWD"],
                  prune_configs_by={"early_config_prune": _one_k_block})
 @triton.jit(do_not_specialize=["T"])
 def _intra_bwd_kernel(
