@@ -39,3 +39,19 @@ def test_shim_is_idempotent():
 
 def test_autotune_configs_first_only_under_interpreter():
     assert tuning.autotune_configs([1, 2, 3]) == [1]
+
+
+def test_autotune_results_kept_on_disk_where_triton_can():
+    """Every autotuned kernel of the package asks Triton to keep its results on disk (a
+    restarted job does not re-time every configuration), as fla does for its own."""
+    import inspect
+    import pathlib
+
+    import triton
+
+    assert ("cache_results" in inspect.signature(triton.autotune).parameters) == bool(tuning.autotune_cache())
+    src = pathlib.Path(tuning.__file__).parents[1]
+    for path in src.rglob("*.py"):
+        text = path.read_text()
+        for call in text.split("triton.autotune(")[1:]:
+            assert "autotune_cache()" in call.split(")(")[0].split("@triton.jit")[0], path

@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_configs, install_interpreter_shims
+from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
 
 
@@ -470,7 +470,7 @@ _AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "Q_GATED", "HAS_AQK",
 PRODUCTION_CONFIGS = [c for c in CONFIGS if config_name(c) in
                       ("VK-BV128-w8-s2-rNone", "BV128-w8-s2-rNone", "VK-BV64-w4-s2-rNone", "BV64-w4-s2-rNone")]
 state_scan_fwd_kernel_tuned = triton.autotune(
-    configs=autotune_configs(PRODUCTION_CONFIGS),
+    configs=autotune_configs(PRODUCTION_CONFIGS), **autotune_cache(),
     key=_AUTOTUNE_KEY,
     prune_configs_by={"early_config_prune": _prune},
 )(state_scan_fwd_kernel)

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_configs
+from kernel_fun._common.tuning import autotune_cache, autotune_configs
 from kernel_fun._common.witness import record_launch
 
 from .fwd import (aligned16, conv_row, load_halo, load_rows, load_taps, seq_advance, seq_locate, t_major,
@@ -139,7 +139,7 @@ def bwd_trip(xs, gs, u0, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st
 
 
 @triton.autotune(
-    configs=autotune_configs(_BWD_CONFIGS),
+    configs=autotune_configs(_BWD_CONFIGS), **autotune_cache(),
     key=["D", "TC", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_TMAJOR", "DY_TMAJOR", "VEC16"],
 )
 @triton.jit

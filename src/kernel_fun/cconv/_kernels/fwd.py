@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_configs, install_interpreter_shims
+from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
 
 
@@ -242,7 +242,7 @@ _FWD_CONFIGS = [
 
 
 @triton.autotune(
-    configs=autotune_configs(_FWD_CONFIGS),
+    configs=autotune_configs(_FWD_CONFIGS), **autotune_cache(),
     # dtypes of the tensor arguments are part of Triton's autotune key already. TC (rows per
     # chunk) separates small grids (B=1, T=2048: 16-row chunks) from production ones.
     key=["D", "TC", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_TMAJOR", "VEC16"],

@@ -48,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_configs, install_interpreter_shims
+from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
 from kernel_fun.kda._kernels import chunk_indices_for, launch
 
@@ -102,7 +102,7 @@ def _one_k_block(configs, named_args, **kwargs):
     return [c for c in configs if c.kwargs["BK"] >= K]
 
 
-@triton.autotune(configs=autotune_configs(configs()),
+@triton.autotune(configs=autotune_configs(configs()), **autotune_cache(),
                  key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION", "L2NORM_BWD", "DG_CUMSUM", "GATE_BWD"],
                  prune_configs_by={"early_config_prune": _one_k_block})
 @triton.jit(do_not_specialize=["T"])

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_configs
+from kernel_fun._common.tuning import autotune_cache, autotune_configs
 from kernel_fun._common.witness import record_launch
 from kernel_fun.kda._kernels import chunk_indices_for, launch
 
@@ -78,7 +78,7 @@ def _v_only(b_At, b_beta, v, dv, dv2, o_t, m_t, o_v, HVV: tl.constexpr, V: tl.co
     return b_dA, b_db
 
 
-@triton.autotune(configs=autotune_configs(configs()), key=["H", "HV", "K", "V", "BT", "IS_VARLEN", "DOT_PRECISION"])
+@triton.autotune(configs=autotune_configs(configs()), **autotune_cache(), key=["H", "HV", "K", "V", "BT", "IS_VARLEN", "DOT_PRECISION"])
 @triton.jit(do_not_specialize=["T"])
 def _wy_bwd_kernel(
     q, k, v, v_new, g, beta, A, h, do, dh, dv,
