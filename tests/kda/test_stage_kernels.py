@@ -473,9 +473,9 @@ def _intra_configs():
 
 
 def _wy_configs():
-    from kernel_fun.kda._kernels.wy_bwd import configs
+    from kernel_fun.kda._kernels.wy_bwd import bench_configs
 
-    return configs()
+    return bench_configs()
 
 
 @pytest.mark.parametrize("config", _intra_configs(), ids=_config_ids(_intra_configs()))

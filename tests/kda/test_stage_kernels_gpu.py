@@ -144,9 +144,9 @@ def _intra_configs():
 
 
 def _wy_configs():
-    from kernel_fun.kda._kernels.wy_bwd import configs
+    from kernel_fun.kda._kernels.wy_bwd import bench_configs
 
-    return configs()
+    return bench_configs()
 
 
 def _ids(cfgs):

@@ -59,8 +59,11 @@ _BWD_CONFIGS = [
     triton.Config({"BD": 128, "R": 4, "PF": False, "NS": 6}, num_warps=1),  # 0.489 / 0.995 / 0.248 [94, 10 KB]
     triton.Config({"BD": 128, "R": 8, "PF": True, "NS": 1}, num_warps=1),   # varlen 0.570 / 0.129 [174]
     triton.Config({"BD": 256, "R": 8, "PF": False, "NS": 1}, num_warps=2),  # latency 0.123 [134]
-    # Not yet timed: 8 channels per thread (16-byte vectors) with the loads staged by cp.async,
-    # so the 8-wide window does not also hold the next trip in registers.
+]
+# Not yet timed or checked on a GPU (scripts/cconv_sweep.py forces them; they join the list
+# above only after that): 8 channels per thread (16-byte vectors) with the loads staged by
+# cp.async, so the 8-wide window does not also hold the next trip in registers.
+_BWD_CANDIDATES = [
     triton.Config({"BD": 256, "R": 4, "PF": False, "NS": 4}, num_warps=1),
 ]
 
