@@ -1,0 +1,59 @@
+#!/usr/bin/env python
+"""Compile a kernel ahead of time for sm_90a on a machine without a GPU and print what ptxas
+made of it: registers, local memory (spills), static SASS instructions and MUFU (special
+function) instructions. A proxy to check before spending device time, not a timing.
+
+    python scripts/sass_stats.py intra_bwd     # the KDA intra backward at K=128, BK=128, 4 warps,
+                                               # with each fused epilogue switched on in turn
+
+Uses the ptxas and cuobjdump that ship with the triton wheel.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def stats(fn, pointer_types: dict, constexprs: dict, num_warps: int, num_stages: int = 1) -> dict:
+    """Compile ``fn`` (a JITFunction) for sm_90a; pointers default to fp32, ``T`` is i32."""
+    sig = {n: pointer_types.get(n, "*fp32") for n in fn.arg_names}
+    sig["T"] = "i32"
+    for c in constexprs:
+        sig[c] = "constexpr"
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(k.asm["cubin"])
+    res = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "--dump-resource-usage", f.name],
+                         capture_output=True, text=True).stdout
+    sass = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
+    os.unlink(f.name)
+    m = re.search(r"REG:(\d+).*?LOCAL:(\d+)", res, re.S)
+    return dict(regs=int(m.group(1)), local_bytes=int(m.group(2)),
+                sass=len(re.findall(r"^\s+/\*[0-9a-f]{4,6}\*/", sass, re.M)), mufu=sass.count("MUFU"))
+
+
+def intra_bwd():
+    from kernel_fun.kda._kernels import intra_bwd as m
+
+    ptr = {n: "*bf16" for n in ("q", "k", "beta", "dq_out", "dk_out", "g_raw")}
+    ptr.update(cu_seqlens="*i64", chunk_indices="*i64")
+    base = dict(H=16, HV=16, K=128, BT=64, BK=128, HOIST_S=False, IS_VARLEN=False, DOT_PRECISION="tf32")
+    for name, flags in [("plain", ()), ("+l2norm", ("L2NORM_BWD",)), ("+l2norm+cumsum", ("L2NORM_BWD", "DG_CUMSUM")),
+                        ("+l2norm+cumsum+gate", ("L2NORM_BWD", "DG_CUMSUM", "GATE_BWD", "HAS_DT_BIAS"))]:
+        c = dict(base, L2NORM_BWD=False, DG_CUMSUM=False, GATE_BWD=False, HAS_DT_BIAS=False)
+        c.update({f: True for f in flags})
+        print(f"intra_bwd {name:22s}", stats(m._intra_bwd_kernel.fn, ptr, c, num_warps=4), flush=True)
+
+
+if __name__ == "__main__":
+    {"intra_bwd": intra_bwd}[sys.argv[1] if len(sys.argv) > 1 else "intra_bwd"]()
