@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Bench: the fused forward state scan vs fla's fwd_h + fwd_o, on one GPU.
+"""Bench: the fused forward state scan vs fla's fwd_h + fwd_o, and the backward state scan vs
+fla's dhu, on one GPU.
 
     python scripts/delta_scan_bench.py out.json [--no-gdn] [--no-b16] [--all-configs]
 
@@ -158,6 +159,7 @@ def kda_rows(B=8, T=8192, H=16, HV=16, K=128, V=256, full=True, all_configs=Fals
     r["best_config"], r["ours_ms"], r["speedup"] = name, ms, r["fla_pair_ms"] / ms
     r["ours_tbps"] = nbytes / ms / 1e9
     log(f"ours best {name}: {ms:.3f} ms ({r['speedup']:.2f}x fla, {r['ours_tbps']:.2f} TB/s)")
+    r.update(dhu_rows(qg, kg, w, gk, u, scale))
     if full:
         from kernel_fun._delta._kernels.state_scan_fwd import CONFIGS, config_name
         byname = {config_name(c): c for c in CONFIGS}
@@ -173,6 +175,37 @@ def kda_rows(B=8, T=8192, H=16, HV=16, K=128, V=256, full=True, all_configs=Fals
             return {"o": rel(res[0], o_fla), "ht": rel(res[1], ht_fla), "h": rel(res[2], h), "v_new": rel(res[3], v_new)}
         sv = [byname[name]] + ([byname["BV128-w8-s2-rNone"]] if name != "BV128-w8-s2-rNone" else [])
         r["save_h_v_new_per_config"] = per_config(lambda c: ours(config=c, save_h=True, save_v_new=True), sv, check_saves)
+    return r
+
+
+def dhu_rows(qg, kg, w, gk, u, scale) -> dict:
+    """The backward state scan: fla's chunk_gated_delta_rule_bwd_dhu against ours, every
+    configuration forced and checked against fla (dh, dh0, dv2), on the KDA chain's tensors
+    (do, dv and dht random: the timing does not depend on their values)."""
+    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu
+
+    from kernel_fun._delta._kernels import state_scan_bwd as sb
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    B, _, HV, K = w.shape
+    V = u.shape[-1]
+    kw = dict(q=qg, k=kg, w=w, gk=gk, do=torch.randn(u.shape, device="cuda", generator=gen).to(u.dtype),
+              dv=torch.randn(u.shape, device="cuda", generator=gen).to(u.dtype),
+              h0=torch.zeros(B, HV, K, V, device="cuda"), dht=torch.randn(B, HV, K, V, device="cuda", generator=gen),
+              scale=scale, chunk_size=64)
+    want = chunk_gated_delta_rule_bwd_dhu(**kw)
+    r = {"fla_dhu_ms": bench(lambda: chunk_gated_delta_rule_bwd_dhu(**kw))}
+    log(f"fla chunk_gated_delta_rule_bwd_dhu {r['fla_dhu_ms']:.3f} ms; ours, every configuration (vs fla):")
+
+    def check(res):
+        return {n: rel(o, f) for n, o, f in zip(("dh", "dh0", "dv2"), res, want)}
+
+    r["dhu_per_config"] = rows = per_config(lambda c: sb.state_scan_bwd(**kw, config=c), sb.CONFIGS, check)
+    good = {k: v for k, v in rows.items() if isinstance(v, dict) and max(v[n] for n in ("dh", "dh0", "dv2")) < 1e-2}
+    if good:
+        name, ms = _best(good)
+        r.update(dhu_best_config=name, ours_dhu_ms=ms, dhu_speedup=r["fla_dhu_ms"] / ms)
+        log(f"ours dhu best {name}: {ms:.3f} ms ({r['dhu_speedup']:.2f}x fla)")
     return r
 
 

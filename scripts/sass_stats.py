@@ -1,10 +1,12 @@
 #!/usr/bin/env python
 """Compile a kernel ahead of time for sm_90a on a machine without a GPU and print what ptxas
-made of it: registers, local memory (spills), static SASS instructions and MUFU (special
-function) instructions. A proxy to check before spending device time, not a timing.
+made of it: registers, local memory (spills), the shared memory Triton allocates, static SASS
+instructions and MUFU (special function) instructions. A proxy to check before spending device
+time, not a timing.
 
-    python scripts/sass_stats.py intra_bwd     # the KDA intra backward at K=128, BK=128, 4 warps,
-                                               # with each fused epilogue switched on in turn
+    python scripts/sass_stats.py intra_bwd       # the KDA intra backward at K=128, BK=128, 4 warps,
+                                                 # with each fused epilogue switched on in turn
+    python scripts/sass_stats.py state_scan_bwd  # the backward state scan, KDA K=128 V=256, each config
 
 Uses the ptxas and cuobjdump that ship with the triton wheel.
 """
@@ -38,7 +40,7 @@ def stats(fn, pointer_types: dict, constexprs: dict, num_warps: int, num_stages:
     sass = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
     os.unlink(f.name)
     m = re.search(r"REG:(\d+).*?LOCAL:(\d+)", res, re.S)
-    return dict(regs=int(m.group(1)), local_bytes=int(m.group(2)),
+    return dict(regs=int(m.group(1)), local_bytes=int(m.group(2)), shared_bytes=k.metadata.shared,
                 sass=len(re.findall(r"^\s+/\*[0-9a-f]{4,6}\*/", sass, re.M)), mufu=sass.count("MUFU"))
 
 
@@ -55,5 +57,18 @@ def intra_bwd():
         print(f"intra_bwd {name:22s}", stats(m._intra_bwd_kernel.fn, ptr, c, num_warps=4), flush=True)
 
 
+def state_scan_bwd():
+    from kernel_fun._delta._kernels import state_scan_bwd as m
+
+    ptr = {n: "*bf16" for n in ("q", "k", "w", "do", "dv", "dh", "dv2")}
+    ptr.update(cu_seqlens="*i64", chunk_offsets="*i64")
+    for c in m.CONFIGS:
+        const = dict(HQ=16, HK=16, HV=16, K=128, V=256, BT=64, KP=128, BV=c.kwargs["BV"], GATE=2, USE_DHT=True,
+                     STORE_DH0=True, IS_VARLEN=False, DOT_PRECISION="tf32")
+        fn = m.state_scan_bwd_kernel
+        print(f"state_scan_bwd {m.config_name(c):14s}", stats(fn, dict(ptr, scale="fp32"), const, c.num_warps,
+                                                         c.num_stages), flush=True)
+
+
 if __name__ == "__main__":
-    {"intra_bwd": intra_bwd}[sys.argv[1] if len(sys.argv) > 1 else "intra_bwd"]()
+    {"intra_bwd": intra_bwd, "state_scan_bwd": state_scan_bwd}[sys.argv[1] if len(sys.argv) > 1 else "intra_bwd"]()

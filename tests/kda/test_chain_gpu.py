@@ -75,11 +75,13 @@ def test_against_fp64_naive_recurrence(name):
         assert e <= TOL[k], (k, e)
 
 
-@pytest.mark.parametrize("fuse", ["l2norm", "dg_cumsum", "dg_cumsum+gate", "l2norm+dg_cumsum+gate"])
+@pytest.mark.parametrize("fuse", ["l2norm", "dg_cumsum", "dg_cumsum+gate", "l2norm+dg_cumsum+gate", "dhu",
+                                  "l2norm+dg_cumsum+gate+dhu"])
 def test_fused_intra_epilogues(fuse, monkeypatch):
     """chain.FUSE_L2NORM_BWD / FUSE_DG_CUMSUM / FUSE_GATE_BWD (the l2norm backward of q, k, the
-    reverse cumsum of dg and the gate's backward in our intra backward's epilogue): against the
-    fp64 recurrence, close to the unfused chain, and fla's kernels for them did not run."""
+    reverse cumsum of dg and the gate's backward in our intra backward's epilogue) and "dhu"
+    (chain.CANDIDATE_STAGES: our backward state scan): against the fp64 recurrence, close to
+    the default chain, and fla's kernels for them did not run."""
     t = _make(2, 200, 2, 2, 128, 128)
     flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, output_final_state=True)
     do = torch.randn_like(t["v"])
@@ -92,12 +94,15 @@ def test_fused_intra_epilogues(fuse, monkeypatch):
     monkeypatch.setattr(chain, "FUSE_L2NORM_BWD", "l2norm" in parts)
     monkeypatch.setattr(chain, "FUSE_DG_CUMSUM", "dg_cumsum" in parts)
     monkeypatch.setattr(chain, "FUSE_GATE_BWD", "gate" in parts)
+    if "dhu" in parts:
+        monkeypatch.setattr(chain, "STAGES", {**chain.STAGES, **chain.CANDIDATE_STAGES})
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fused = _run(kda.chunk_kda, t, do, dht, **flags)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     ran = {p: any(n.startswith(k) for n in names) for p, k in
-           (("l2norm", "l2norm_bwd"), ("dg_cumsum", "chunk_local_cumsum"), ("gate", "kda_gate_bwd"))}
+           (("l2norm", "l2norm_bwd"), ("dg_cumsum", "chunk_local_cumsum"), ("gate", "kda_gate_bwd"),
+            ("dhu", "chunk_gated_delta_rule_bwd_kernel_dhu"))}
     assert all(ran[p] == (p not in parts) for p in ran), (fuse, ran)
     ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},
                do.double(), dht.double(), **flags)

@@ -235,6 +235,69 @@ def state_scan_fwd_ref(
     return o, (final if output_final_state else None), h, v_new
 
 
+def state_scan_bwd_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    do: torch.Tensor,
+    dv: torch.Tensor,
+    g: torch.Tensor | None = None,
+    gk: torch.Tensor | None = None,
+    dht: torch.Tensor | None = None,
+    scale: float | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward state scan (what fla's ``chunk_gated_delta_rule_bwd_dhu`` computes), chunk by
+    chunk from the last: ``dh[c] = dS``; ``dv2 = dv + k dS`` (times ``exp2(G_last - G)`` per
+    token with a scalar gate); ``dS = decay dS + scale qg^T do - w^T dv2``.
+
+    q ``[B, T, HQ, K]``: with ``gk`` (KDA) the gated ``qg`` (``HQ == HV``); with ``g`` (GDN) or
+    no gate the raw queries. k likewise (``kg`` with ``gk``). Returns ``dh [B, NT, HV, K, V]``,
+    ``dh0 [N, HV, K, V]`` (the gradient of the initial state) and ``dv2 [B, T, HV, V]`` in ``dtype``.
+    """
+    B, T, _, K = q.shape
+    HV, V = do.shape[2], do.shape[-1]
+    BT = chunk_size
+    if scale is None:
+        scale = K ** -0.5
+    dev = q.device
+    qe = _expand_heads(q.to(dtype), HV)
+    ke = _expand_heads(k.to(dtype), HV)
+    we, doe, dve = w.to(dtype), do.to(dtype), dv.to(dtype)
+    segs = _segments(T, B, cu_seqlens)
+    NT = sum((e - s + BT - 1) // BT for _, s, e in segs) if cu_seqlens is not None else (T + BT - 1) // BT
+    dh = torch.zeros(B, NT, HV, K, V, dtype=dtype, device=dev)
+    dh0 = torch.zeros(len(segs), HV, K, V, dtype=dtype, device=dev)
+    dv2 = torch.zeros(B, T, HV, V, dtype=dtype, device=dev)
+    ic = 0
+    for n, (b, bos, eos) in enumerate(segs):
+        starts = list(range(bos, eos, BT))
+        dS = dht[n].to(dtype) if dht is not None else torch.zeros(HV, K, V, dtype=dtype, device=dev)
+        for c in range(len(starts) - 1, -1, -1):
+            s, e = starts[c], min(starts[c] + BT, eos)
+            dh[b, ic + c if cu_seqlens is not None else c] = dS
+            kdS = torch.einsum("thk,hkv->thv", ke[b, s:e], dS)
+            qc = qe[b, s:e]
+            if gk is not None:
+                decay = torch.exp2(gk[b, e - 1].to(dtype))[:, :, None]    # [HV, K, 1]
+            elif g is not None:
+                Gc = g[b, s:e].to(dtype)                                  # [nn, HV]
+                decay = torch.exp2(Gc[-1])[:, None, None]
+                kdS = kdS * torch.exp2(Gc[-1:] - Gc)[..., None]
+                qc = qc * torch.exp2(Gc)[..., None]
+            else:
+                decay = 1.0
+            dvc = dve[b, s:e] + kdS
+            dv2[b, s:e] = dvc
+            dS = decay * dS + scale * torch.einsum("thk,thv->hkv", qc, doe[b, s:e]) \
+                - torch.einsum("thk,thv->hkv", we[b, s:e], dvc)
+        dh0[n] = dS
+        ic += len(starts)
+    return dh, dh0, dv2
+
+
 def naive_recurrence_ref(
     q: torch.Tensor,
     k: torch.Tensor,

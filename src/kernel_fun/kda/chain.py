@@ -82,7 +82,8 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
     dAqk, dv = _fla("fla.ops.kda.chunk_bwd", "chunk_kda_bwd_dAv")(
         q=q, k=k, v=v_new, do=do, A=Aqk, scale=scale, cu_seqlens=cu_seqlens, chunk_size=BT,
         chunk_indices=chunk_indices)
-    dh, dh0, dv = _fla("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_bwd_dhu")(
+    dhu = STAGES.get("state_scan_bwd") or _fla("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_bwd_dhu")
+    dh, dh0, dv = dhu(
         q=qg, k=kg, w=w, gk=gc, h0=initial_state, dht=dht, do=do, dv=dv, scale=scale,
         cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
     wy = STAGES.get("wy_bwd") or _fla("fla.ops.kda.chunk_bwd", "chunk_kda_bwd_wy_dqkg_fused")
@@ -139,6 +140,7 @@ def beta_sigmoid_bwd(x, dy, scale):
 # H200 at B=8, T=8192, H=HV=16, K=128, V=256 bf16, 2026-11-30 (bench/records/raw/):
 # intra_bwd 4.31 ms vs fla 7.39; wy_bwd 4.37 vs 6.33; state_scan_fwd 1.58 vs fla's
 # fwd_h + fwd_o 1.88.
+from .._delta._kernels.state_scan_bwd import state_scan_bwd  # noqa: E402
 from .._delta._kernels.state_scan_fwd import state_scan_fwd  # noqa: E402
 from ._kernels.intra_bwd import can_fuse_l2norm as intra_can_fuse_l2norm  # noqa: E402
 from ._kernels.intra_bwd import intra_bwd  # noqa: E402
@@ -146,6 +148,11 @@ from ._kernels.intra_bwd import whole_k_block as intra_whole_k_block  # noqa: E4
 from ._kernels.wy_bwd import wy_dqkg_bwd  # noqa: E402
 
 STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bwd": wy_dqkg_bwd}
+
+# Stages of ours built and interpreter-tested but not yet timed and checked on a GPU; each
+# moves into STAGES once scripts/delta_scan_bench.py and the GPU tests have run it:
+# the backward state scan (fla's chunk_gated_delta_rule_bwd_dhu, 2.99 ms at B=16).
+CANDIDATE_STAGES: dict = {"state_scan_bwd": state_scan_bwd}
 
 # The l2norm backward of q and k inside our intra backward's epilogue (HV == H): saves fla's
 # l2norm_bwd (0.96 ms at B=16) and the fp32 dq/dk round trip. Interpreter-tested against the

@@ -634,13 +634,20 @@ def state_scan_fwd(
         # the default, which only concerns fp32 operands.
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",
     )
-
-    def grid(meta):
-        return (triton.cdiv(V, meta["BV"]) * N * HV,)
-
-    if config is not None:
-        state_scan_fwd_kernel[grid](**args, **config.all_kwargs())
-    else:
-        state_scan_fwd_kernel_tuned[grid](**args)
+    launch_scan(state_scan_fwd_kernel, state_scan_fwd_kernel_tuned, args, N * HV, config)
     record_launch("delta.state_scan_fwd")
     return o, final_state, h, v_new
+
+
+def launch_scan(kernel, tuned, args: dict, n_heads: int, config=None) -> None:
+    """Launch a state scan, one program per (V-block, value head, sequence), V-blocks of a head
+    adjacent: autotuned (``tuned``), or the jit ``kernel`` with one forced ``config``."""
+    V = args["V"]
+
+    def grid(meta):
+        return (triton.cdiv(V, meta["BV"]) * n_heads,)
+
+    if config is not None:
+        kernel[grid](**args, **config.all_kwargs())
+    else:
+        tuned[grid](**args)

@@ -1,0 +1,249 @@
+"""Backward state scan of the chunked delta rule: the state gradients ``dh`` and the full
+gradient of v_new, in one reverse pass over the chunks.
+
+Drop-in for fla 0.6.0's ``chunk_gated_delta_rule_bwd_dhu`` (fla/ops/common/chunk_delta_h.py,
+``state_v_first=False``): same keywords, same returns ``(dh, dh0, dv2)``. With ``dS`` the
+gradient of the state leaving the chunk (``dht`` after the last chunk), per chunk from last
+to first:
+
+    dh[c] = dS
+    dv2   = dv + k dS                      (per-channel gate, KDA: k is kg; ungated)
+    dv2   = dv + (k dS) * exp2(G_last - G) (scalar gate, GDN)
+    dS    = diag(exp2(G_last)) dS + scale qg^T do - w^T dv2          (KDA: q is qg)
+    dS    = exp2(G_last) dS + scale (q * exp2(G))^T do - w^T dv2     (GDN)
+
+and ``dh0`` is the final ``dS``. Rounding follows fla's kernel: the state enters ``k dS`` in
+k's dtype, dv2 enters ``w^T dv2`` in w's dtype; with the scalar gate the gated q and do enter
+their product in fp32 (as fla's do).
+
+Layout: value-major, as the forward scan's VK configurations (``state_scan_fwd``): one
+program per (V-block, value head, sequence) holds ``dS^T [BV, K]`` in fp32 registers, and
+every product has the V-block as its M dimension (``dv2^T = dS^T k^T``, ``dS^T += do^T qg -
+dv2^T w``), with the loaded tiles as right operands; no dot result is transposed into another
+dot (the Triton 3.4-3.7.0 Hopper miscompile). The forward scan in this layout ran 1.27 ms
+against fla's fwd_h + fwd_o 1.86 at B=8 (H200, 2026-11-30). Not yet timed: fla's dhu is
+1.50 ms at B=8 (2.99 at B=16) against a floor near 0.85 (``scripts/delta_scan_bench.py``
+times both), and the KDA chain uses this stage only once it is (``kda.chain.STAGES``).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.witness import record_launch
+
+from .state_scan_fwd import GATE_CHANNEL, GATE_NONE, GATE_SCALAR, _chunk_offsets, _prune, launch_scan
+
+install_interpreter_shims()
+
+# Candidates, none timed yet: (BV, num_warps, num_stages). The first (BV=32) is the one the
+# interpreter runs, so the CPU tests (V = 32/64) exercise the V split. sm_90a compile at K=128,
+# V=256 (scripts/sass_stats.py): 255 registers and no spills each; 41 KB shared memory at
+# BV 32/64, 48 KB at 128 (num_stages 1 and 2 compile to the same code: the reverse loop is not
+# pipelined).
+CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
+           for bv, nw, ns in [(32, 4, 2), (64, 4, 2), (128, 8, 2)]]
+
+
+def config_name(c) -> str:
+    return f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}"
+
+
+@triton.jit(do_not_specialize=["T"])
+def state_scan_bwd_kernel(
+    q,  # [B, T, HQ, K] (qg with the per-channel gate, HQ == HV)
+    k,  # [B, T, HK, K] (kg with the per-channel gate)
+    w,  # [B, T, HV, K]
+    g,  # [B, T, HV] (GATE == 1) | gk [B, T, HV, K] (GATE == 2) | unused
+    dht,  # [N, HV, K, V] | unused
+    do,  # [B, T, HV, V]
+    dv,  # [B, T, HV, V]
+    dh,  # [B, NT, HV, K, V]
+    dh0,  # [N, HV, K, V] fp32 | unused
+    dv2,  # [B, T, HV, V]
+    cu_seqlens,  # [N + 1] | unused
+    chunk_offsets,  # [N + 1] | unused
+    scale,
+    T,
+    HQ: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
+    GATE: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    NV = tl.cdiv(V, BV)
+    i_v = pid % NV
+    i_nh = pid // NV
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    i_hq = i_hv // (HV // HQ)
+    i_hk = i_hv // (HV // HK)
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        T = (eos - bos).to(tl.int32)
+        boh = tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
+        bos = i_n * T
+        boh = i_n * tl.cdiv(T, BT)
+    NT = tl.cdiv(T, BT)
+
+    o_k = tl.arange(0, KP)
+    m_k = o_k < K
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    o_i = tl.arange(0, BT)
+    m_vk = m_v[:, None] & m_k[None, :]
+    s_off = o_k[None, :] * V + o_v[:, None]  # [BV, KP] tiles of a [K, V] state
+
+    q += (bos * HQ + i_hq) * K
+    k += (bos * HK + i_hk) * K
+    w += (bos * HV + i_hv) * K
+    do += (bos * HV + i_hv) * V
+    dv += (bos * HV + i_hv) * V
+    dv2 += (bos * HV + i_hv) * V
+    if GATE == 1:
+        g += bos * HV + i_hv
+    if GATE == 2:
+        g += (bos * HV + i_hv) * K
+    dh += (boh * HV + i_hv) * K * V
+
+    b_ds = tl.zeros([BV, KP], dtype=tl.float32)  # dS^T
+    if USE_DHT:
+        b_ds += tl.load(dht + i_nh * K * V + s_off, mask=m_vk, other=0.0).to(tl.float32)
+
+    for i_r in range(NT):
+        i_t = NT - 1 - i_r
+        t0 = i_t * BT
+        n_t = T - t0
+        m_t = o_i < n_t
+        m_kt = m_k[:, None] & m_t[None, :]
+        m_vt = m_v[:, None] & m_t[None, :]
+        m_tk = m_t[:, None] & m_k[None, :]
+        last = tl.minimum(n_t, BT) - 1
+
+        tl.store(dh + i_t * HV * K * V + s_off, b_ds.to(dh.dtype.element_ty), mask=m_vk)
+
+        # dv2^T = dS^T k^T (+ dv^T); k^T [KP, BT] loaded transposed from memory
+        b_kt = tl.load(k + (t0 + o_i)[None, :] * (HK * K) + o_k[:, None], mask=m_kt, other=0.0)
+        b_dv2 = tl.dot(b_ds.to(b_kt.dtype), b_kt, input_precision=DOT_PRECISION)
+        if GATE == 1:
+            b_g = tl.load(g + (t0 + o_i) * HV, mask=m_t, other=0.0).to(tl.float32)
+            b_gl = tl.load(g + (t0 + last) * HV).to(tl.float32)
+            b_dv2 *= tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)[None, :]
+        b_dv2 += tl.load(dv + (t0 + o_i)[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0).to(tl.float32)
+        tl.store(dv2 + (t0 + o_i)[None, :] * (HV * V) + o_v[:, None], b_dv2.to(dv2.dtype.element_ty), mask=m_vt)
+
+        # dS^T = dS^T decay + scale do^T q - dv2^T w
+        b_dot = tl.load(do + (t0 + o_i)[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0)
+        b_q = tl.load(q + (t0 + o_i)[:, None] * (HQ * K) + o_k[None, :], mask=m_tk, other=0.0)
+        b_w = tl.load(w + (t0 + o_i)[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.0)
+        if GATE == 1:
+            b_ds *= tl.exp2(b_gl)
+            b_qd = tl.dot(b_dot.to(tl.float32), b_q.to(tl.float32) * tl.exp2(b_g)[:, None],
+                          input_precision=DOT_PRECISION)
+        else:
+            if GATE == 2:
+                b_gkl = tl.load(g + (t0 + last) * (HV * K) + o_k, mask=m_k, other=0.0).to(tl.float32)
+                b_ds *= tl.exp2(b_gkl)[None, :]
+            b_qd = tl.dot(b_dot, b_q, input_precision=DOT_PRECISION)
+        b_ds += scale * b_qd - tl.dot(b_dv2.to(b_w.dtype), b_w, input_precision=DOT_PRECISION)
+
+    if STORE_DH0:
+        tl.store(dh0 + i_nh * K * V + s_off, b_ds.to(dh0.dtype.element_ty), mask=m_vk)
+
+
+state_scan_bwd_kernel_tuned = triton.autotune(
+    configs=autotune_configs(CONFIGS), **autotune_cache(),
+    key=["HQ", "HK", "HV", "K", "V", "BT", "GATE", "USE_DHT", "STORE_DH0", "IS_VARLEN"],
+    prune_configs_by={"early_config_prune": _prune},
+)(state_scan_bwd_kernel)
+
+# Every output is allocated through this name, so that tests can poison outputs with NaN.
+_alloc = torch.empty
+
+
+def state_scan_bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    do: torch.Tensor,
+    dv: torch.Tensor,
+    g: torch.Tensor | None = None,
+    gk: torch.Tensor | None = None,
+    h0: torch.Tensor | None = None,
+    dht: torch.Tensor | None = None,
+    scale: float | None = None,
+    state_v_first: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    chunk_size: int = 64,
+    chunk_indices: torch.LongTensor | None = None,
+    chunk_offsets: torch.LongTensor | None = None,
+    use_graph: bool = False,
+    *,
+    config: triton.Config | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The backward state scan; drop-in for fla's ``chunk_gated_delta_rule_bwd_dhu``.
+
+    KDA (``gk`` given): q ``qg [B, T, HV, K]``, k ``kg [B, T, HV, K]`` (what fla's KDA chain
+    passes), gk ``[B, T, HV, K]`` fp32 (chunk-local cumulative log2 gate). GDN (``g``
+    ``[B, T, HV]``): q, k the raw ``[B, T, H, K]``. w ``[B, T, HV, K]``; do ``[B, T, HV, V]``;
+    dv ``[B, T, HV, V]`` (the intra-chunk part of dv, from dAv); dht ``[N, HV, K, V]`` or None;
+    h0: only whether dh0 is wanted (its values are not read). scale: required.
+    Returns ``(dh [B, NT, HV, K, V]`` in q's dtype, ``dh0 [N, HV, K, V]`` fp32 or None,
+    ``dv2`` like dv).
+    """
+    if state_v_first or use_graph:
+        raise NotImplementedError("state_scan_bwd: state_v_first and use_graph are not supported")
+    if scale is None:
+        raise TypeError("state_scan_bwd: scale is required")
+    if g is not None and gk is not None:
+        raise ValueError("state_scan_bwd: pass g (scalar gate) or gk (per-channel gate), not both")
+    B, T, HQ, K = q.shape
+    HK = k.shape[2]
+    HV, V = do.shape[2], do.shape[3]
+    BT = chunk_size
+    if tuple(w.shape) != (B, T, HV, K) or tuple(dv.shape) != tuple(do.shape) or k.shape[:2] != (B, T):
+        raise ValueError(f"state_scan_bwd: shapes q {tuple(q.shape)} k {tuple(k.shape)} w {tuple(w.shape)} "
+                         f"do {tuple(do.shape)} dv {tuple(dv.shape)} do not agree")
+    if HV % HQ or HV % HK or K > 128 or BT < 16 or BT & (BT - 1):
+        raise ValueError(f"state_scan_bwd: needs HV a multiple of HQ and HK, K <= 128, a power-of-two "
+                         f"chunk_size >= 16 (HQ={HQ}, HK={HK}, HV={HV}, K={K}, BT={BT})")
+    if gk is not None and tuple(gk.shape) != (B, T, HV, K):
+        raise ValueError(f"state_scan_bwd: gk {tuple(gk.shape)} must be {(B, T, HV, K)}")
+    if g is not None and tuple(g.shape) != (B, T, HV):
+        raise ValueError(f"state_scan_bwd: g {tuple(g.shape)} must be {(B, T, HV)}")
+    is_varlen = cu_seqlens is not None
+    if is_varlen and B != 1:
+        raise ValueError("state_scan_bwd: varlen (cu_seqlens) needs B == 1")
+    N = cu_seqlens.numel() - 1 if is_varlen else B
+    if dht is not None and tuple(dht.shape) != (N, HV, K, V):
+        raise ValueError(f"state_scan_bwd: dht {tuple(dht.shape)} must be {(N, HV, K, V)}")
+    if is_varlen:
+        if chunk_offsets is None:
+            chunk_offsets = _chunk_offsets(cu_seqlens, BT)
+        NT = len(chunk_indices) if chunk_indices is not None else int(chunk_offsets[-1])
+    else:
+        NT = triton.cdiv(T, BT)
+    q, k, w, do, dv = (x.contiguous() for x in (q, k, w, do, dv))
+    gate = gk if gk is not None else g
+    gate_kind = GATE_CHANNEL if gk is not None else (GATE_SCALAR if g is not None else GATE_NONE)
+    dh = _alloc((B, NT, HV, K, V), dtype=q.dtype, device=q.device)
+    dh0 = _alloc((N, HV, K, V), dtype=torch.float32, device=q.device) if h0 is not None else None
+    dv2 = _alloc(tuple(dv.shape), dtype=dv.dtype, device=dv.device)
+    dummy = dv2
+    args = dict(
+        q=q, k=k, w=w, g=gate.contiguous() if gate is not None else dummy,
+        dht=dht.contiguous() if dht is not None else dummy, do=do, dv=dv, dh=dh,
+        dh0=dh0 if dh0 is not None else dummy, dv2=dv2,
+        cu_seqlens=cu_seqlens if is_varlen else dummy, chunk_offsets=chunk_offsets if is_varlen else dummy,
+        scale=float(scale), T=T, HQ=HQ, HK=HK, HV=HV, K=K, V=V, BT=BT,
+        KP=max(16, triton.next_power_of_2(K)), GATE=gate_kind, USE_DHT=dht is not None,
+        STORE_DH0=dh0 is not None, IS_VARLEN=is_varlen,
+        DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",
+    )
+    launch_scan(state_scan_bwd_kernel, state_scan_bwd_kernel_tuned, args, N * HV, config)
+    record_launch("delta.state_scan_bwd")
+    return dh, dh0, dv2

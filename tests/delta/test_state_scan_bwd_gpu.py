@@ -1,0 +1,95 @@
+"""The backward state scan on the GPU, in bf16: against fla's ``chunk_gated_delta_rule_bwd_dhu``
+and the torch reference. KDA inputs come from fla's own stages (cumsum, intra with qg,
+recompute); do, dv and dht are random. Every configuration is forced once per case (fla
+#984/#988: a delta-rule kernel can be wrong in one configuration only).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernel_fun._common.numerics import rel_rms
+from kernel_fun._common.witness import launches
+from kernel_fun._delta import reference as ref
+from kernel_fun._delta._kernels.state_scan_bwd import CONFIGS, config_name, state_scan_bwd
+
+pytestmark = pytest.mark.gpu
+
+BT = 64
+TOL_FLA = 3e-3  # same products and rounding points as fla's kernel: summation order only
+TOL_REF = 5e-3
+CU = [0, 100, 611, 1000, 1500, 1507]
+
+
+def _case(B=2, T=1000, H=2, HV=4, K=128, V=256, cu_seqlens=None, gate="gk", seed=0):
+    from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra
+    from fla.ops.utils import chunk_local_cumsum, prepare_chunk_indices
+    from fla.ops.utils.constant import RCP_LN2
+
+    torch.manual_seed(seed)
+    dev, dt = "cuda", torch.bfloat16
+    cu = ci = None
+    if cu_seqlens is not None:
+        cu = torch.tensor(cu_seqlens, dtype=torch.int32, device=dev)
+        ci = prepare_chunk_indices(cu, BT)
+        B, T = 1, cu_seqlens[-1]
+    q = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
+    k = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
+    v = torch.randn(B, T, HV, V, device=dev, dtype=dt)
+    beta = torch.rand(B, T, HV, device=dev).sigmoid().to(dt)
+    scale = K ** -0.5
+    N = B if cu is None else len(cu_seqlens) - 1
+    c = dict(do=torch.randn(B, T, HV, V, device=dev, dtype=dt), dv=torch.randn(B, T, HV, V, device=dev, dtype=dt),
+             dht=torch.randn(N, HV, K, V, device=dev), h0=torch.zeros(N, HV, K, V, device=dev), scale=scale,
+             cu_seqlens=cu, chunk_indices=ci)
+    if gate == "gk":
+        gk = chunk_local_cumsum(F.logsigmoid(torch.randn(B, T, HV, K, device=dev)), chunk_size=BT, scale=RCP_LN2,
+                                cu_seqlens=cu, chunk_indices=ci)
+        w, _, qg, kg, _, _ = chunk_kda_fwd_intra(q=q, k=k, v=v, gk=gk, beta=beta, scale=scale, cu_seqlens=cu,
+                                                 chunk_size=BT, chunk_indices=ci, disable_recompute=True)
+        c.update(q=qg, k=kg, w=w, gk=gk)
+    else:
+        from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
+
+        g = chunk_local_cumsum(F.logsigmoid(torch.randn(B, T, HV, device=dev)), chunk_size=BT, scale=RCP_LN2,
+                               cu_seqlens=cu, chunk_indices=ci)
+        w, _, _ = chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, cu_seqlens=cu, chunk_size=BT,
+                                                   chunk_indices=ci)
+        c.update(q=q, k=k, w=w, g=g)
+    return c
+
+
+def _args(c):
+    return dict(q=c["q"], k=c["k"], w=c["w"], do=c["do"], dv=c["dv"], g=c.get("g"), gk=c.get("gk"), h0=c["h0"],
+                dht=c["dht"], scale=c["scale"], cu_seqlens=c["cu_seqlens"], chunk_size=BT,
+                chunk_indices=c["chunk_indices"])
+
+
+def _check(c, ours):
+    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu
+
+    fla = chunk_gated_delta_rule_bwd_dhu(**_args(c))
+    r = ref.state_scan_bwd_ref(c["q"], c["k"], c["w"], c["do"], c["dv"], g=c.get("g"), gk=c.get("gk"),
+                               dht=c["dht"], scale=c["scale"], cu_seqlens=c["cu_seqlens"], chunk_size=BT)
+    for name, o, f, e in zip(("dh", "dh0", "dv2"), ours, fla, r):
+        assert torch.isfinite(o).all(), name
+        assert rel_rms(o, f) < TOL_FLA, (name, rel_rms(o, f))
+        assert rel_rms(o, e) < TOL_REF, (name, rel_rms(o, e))
+
+
+@pytest.mark.parametrize("name", ["kda", "kda_varlen", "gdn", "gdn_varlen"])
+def test_against_fla_and_reference(name):
+    c = _case(gate="gk" if name.startswith("kda") else "g", V=256 if name.startswith("kda") else 128,
+              cu_seqlens=CU if name.endswith("varlen") else None)
+    before = launches("delta.state_scan_bwd")
+    ours = state_scan_bwd(**_args(c))
+    assert launches("delta.state_scan_bwd") == before + 1
+    _check(c, ours)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=config_name)
+@pytest.mark.parametrize("name", ["kda", "kda_varlen"])
+def test_every_config(name, config):
+    c = _case(cu_seqlens=CU if name.endswith("varlen") else None)
+    _check(c, state_scan_bwd(**_args(c), config=config))
