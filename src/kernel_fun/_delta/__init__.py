@@ -11,4 +11,5 @@ kind; the families only classify calls and wire the stages together.
 - ``reference``: plain-torch fp64 references (the chunked stages and the token-by-token
   recurrence) that the kernels are held to.
 - ``_kernels.state_scan_fwd``: the forward state scan that also produces ``o``.
+- ``_kernels.state_scan_bwd``: the backward state scan (state gradients and the full dv).
 """
