@@ -33,8 +33,8 @@ import triton.language as tl
 from kernel_fun._common.tuning import autotune_cache, autotune_configs
 from kernel_fun._common.witness import record_launch
 
-from .fwd import (aligned16, conv_row, load_halo, load_rows, load_taps, seq_advance, seq_locate, t_major,
-                  time_chunks, varlen_args)
+from .fwd import (aligned16, block_coords, conv_row, load_rows, seq_advance, t_major, time_chunks, varlen_args,
+                  window_setup)
 
 # Test-only hook (see fwd._alloc): tests swap in a NaN-filling allocator.
 _alloc = torch.empty
@@ -155,25 +155,13 @@ def conv_bwd_kernel(
     VEC16: tl.constexpr,  # autotune key only: fwd.aligned16 of x and dy
     BD: tl.constexpr, R: tl.constexpr, PF: tl.constexpr, NS: tl.constexpr,
 ):
-    n_d = tl.cdiv(D, BD)  # grid (channel blocks x time chunks, B), channel block fastest
-    pid = tl.program_id(0)
-    pid_c = pid // n_d
-    pid_d = pid - pid_c * n_d
-    pid_b = tl.program_id(1).to(tl.int64)
-    cols = pid_d * BD + tl.arange(0, BD)
-    cmask = cols < D
-    cols64 = cols.to(tl.int64)
-    t_begin = pid_c * TC
-    t_end = tl.minimum(t_begin + TC, T)
-
+    pid_b, cols64, cmask, t_begin, t_end = block_coords(D, T, TC, BD)
     px = x + pid_b * s_xb + cols64 * s_xd
     pg = dy + pid_b * s_gb + cols64 * s_gd
     pdx = dx + pid_b * T * D + cols64  # dx is contiguous [B, T, D]
-    c0, c1, c2, c3 = load_taps(weight, cols64, cmask, s_wd, s_wi, W)
-    b = tl.zeros_like(c0)
-    if HAS_BIAS:
-        b = tl.load(bias + cols64, mask=cmask, other=0.0).to(tl.float32)
-    x1, x2, x3 = load_halo(px, t_begin, s_xt, cmask, W)
+    c0, c1, c2, c3, b, x1, x2, x3, s, start, end = window_setup(
+        px, weight, bias, cu_seqlens, cols64, cmask, t_begin, T, N_SEQ, N_STEPS, s_xt, s_wd, s_wi,
+        W, HAS_BIAS, IS_VARLEN)
 
     # d_j = dpre[u - j]; a_k = sum of dpre[u] x[u-k] over own rows (-> dw[:, W-1-k]).
     d1 = tl.zeros_like(c0)
@@ -187,14 +175,9 @@ def conv_bwd_kernel(
 
     # st_j = start of the document of row u - j (varlen): dpre[u-j] reaches dx[u-(W-1)] only
     # when both rows are in one document, i.e. st_j == st_{W-1}.
-    s = t_begin * 0
-    start = s
-    end = s + T
-    st1 = s
-    st2 = s
-    st3 = s
-    if IS_VARLEN:
-        s, start, end = seq_locate(cu_seqlens, N_SEQ, N_STEPS, t_begin)
+    st1 = t_begin * 0
+    st2 = st1
+    st3 = st1
 
     # Main loop: the chunk's own rows, in trips of R (TC is a multiple of R, so only the last
     # chunk of a sequence has a partial trip, whose rows past T load as 0 and give dpre = 0:
@@ -234,6 +217,7 @@ def conv_bwd_kernel(
 
     # Partials: [B x n_chunks, W + HAS_BIAS, D] fp32, row W-1-k holds sum dpre[u] x[u-k].
     NROW: tl.constexpr = W + HAS_BIAS
+    pid_c = tl.program_id(0) // tl.cdiv(D, BD)  # this chunk (as in block_coords)
     pp = part + (pid_b * tl.cdiv(T, TC) + pid_c) * (NROW * D) + cols64
     tl.store(pp + (W - 1) * D, a0, mask=cmask)
     if W >= 2:

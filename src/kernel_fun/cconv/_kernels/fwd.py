@@ -152,6 +152,38 @@ def load_halo(px, t_begin, s_xt, cmask, W: tl.constexpr):
 
 
 @triton.jit
+def block_coords(D, T, TC, BD: tl.constexpr):
+    """This program's (batch row, int64 channel indices, channel mask, first row, row end).
+    Grid (channel blocks x time chunks, B), channel block fastest: programs that run together
+    read neighbouring columns of the same rows (and chunk counts past 65535 fit)."""
+    n_d = tl.cdiv(D, BD)
+    pid = tl.program_id(0)
+    pid_c = pid // n_d
+    pid_d = pid - pid_c * n_d
+    cols = pid_d * BD + tl.arange(0, BD)
+    t_begin = pid_c * TC
+    return tl.program_id(1).to(tl.int64), cols.to(tl.int64), cols < D, t_begin, tl.minimum(t_begin + TC, T)
+
+
+@triton.jit
+def window_setup(px, weight, bias, cu_seqlens, cols64, cmask, t_begin, T, N_SEQ, N_STEPS, s_xt, s_wd, s_wi,
+                 W: tl.constexpr, HAS_BIAS: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Taps, bias, the x window before the chunk and the document of its first row:
+    (c0, c1, c2, c3, b, x1, x2, x3, s, start, end), shared by the forward and the backward."""
+    c0, c1, c2, c3 = load_taps(weight, cols64, cmask, s_wd, s_wi, W)
+    b = tl.zeros_like(c0)
+    if HAS_BIAS:
+        b = tl.load(bias + cols64, mask=cmask, other=0.0).to(tl.float32)
+    x1, x2, x3 = load_halo(px, t_begin, s_xt, cmask, W)
+    s = t_begin * 0
+    start = s
+    end = s + T
+    if IS_VARLEN:
+        s, start, end = seq_locate(cu_seqlens, N_SEQ, N_STEPS, t_begin)
+    return c0, c1, c2, c3, b, x1, x2, x3, s, start, end
+
+
+@triton.jit
 def split_rows(tile, R: tl.constexpr, BD: tl.constexpr):
     """[BD, R] -> a tuple of its R columns ([BD] rows of x), by halving the last axis."""
     out = ()
@@ -257,32 +289,12 @@ def conv_fwd_kernel(
     VEC16: tl.constexpr,  # autotune key only: aligned16(x)
     BD: tl.constexpr, R: tl.constexpr,
 ):
-    # Grid (channel blocks x time chunks, B), channel block fastest: programs that run
-    # together read neighbouring columns of the same rows (and chunk counts past 65535 fit).
-    n_d = tl.cdiv(D, BD)
-    pid = tl.program_id(0)
-    pid_c = pid // n_d
-    pid_d = pid - pid_c * n_d
-    pid_b = tl.program_id(1).to(tl.int64)
-    cols = pid_d * BD + tl.arange(0, BD)
-    cmask = cols < D
-    cols64 = cols.to(tl.int64)
-    t_begin = pid_c * TC
-    t_end = tl.minimum(t_begin + TC, T)
-
+    pid_b, cols64, cmask, t_begin, t_end = block_coords(D, T, TC, BD)
     px = x + pid_b * s_xb + cols64 * s_xd
     py = y + pid_b * T * D + cols64  # y is contiguous [B, T, D]
-    c0, c1, c2, c3 = load_taps(weight, cols64, cmask, s_wd, s_wi, W)
-    b = tl.zeros_like(c0)
-    if HAS_BIAS:
-        b = tl.load(bias + cols64, mask=cmask, other=0.0).to(tl.float32)
-    x1, x2, x3 = load_halo(px, t_begin, s_xt, cmask, W)
-
-    s = t_begin * 0
-    start = s
-    end = s + T
-    if IS_VARLEN:
-        s, start, end = seq_locate(cu_seqlens, N_SEQ, N_STEPS, t_begin)
+    c0, c1, c2, c3, b, x1, x2, x3, s, start, end = window_setup(
+        px, weight, bias, cu_seqlens, cols64, cmask, t_begin, T, N_SEQ, N_STEPS, s_xt, s_wd, s_wi,
+        W, HAS_BIAS, IS_VARLEN)
 
     # Each loop trip loads its R rows before any math: a store between two loads would keep
     # the next load from issuing (y may alias x as far as the compiler knows), and the rows of
