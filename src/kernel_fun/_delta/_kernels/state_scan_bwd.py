@@ -34,7 +34,8 @@ import triton.language as tl
 from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
 
-from .state_scan_fwd import GATE_CHANNEL, GATE_NONE, GATE_SCALAR, _chunk_offsets, _prune, launch_scan
+from .state_scan_fwd import (GATE_CHANNEL, GATE_NONE, GATE_SCALAR, _chunk_offsets, _prune, launch_scan,
+                             scan_program)
 
 install_interpreter_shims()
 
@@ -72,22 +73,8 @@ def state_scan_bwd_kernel(
     GATE: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    NV = tl.cdiv(V, BV)
-    i_v = pid % NV
-    i_nh = pid // NV
-    i_n = i_nh // HV
-    i_hv = i_nh % HV
-    i_hq = i_hv // (HV // HQ)
-    i_hk = i_hv // (HV // HK)
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = (eos - bos).to(tl.int32)
-        boh = tl.load(chunk_offsets + i_n).to(tl.int64)
-    else:
-        bos = i_n * T
-        boh = i_n * tl.cdiv(T, BT)
+    i_v, i_nh, i_n, i_hv, i_hq, i_hk, bos, _, T, boh = scan_program(
+        cu_seqlens, chunk_offsets, T, V, HQ, HK, HV, BT, BV, IS_VARLEN, True)
     NT = tl.cdiv(T, BT)
 
     o_k = tl.arange(0, KP)

@@ -118,6 +118,58 @@ def _gated_q(q, g, o_i, o_k, m_tk, HQ: tl.constexpr, HV: tl.constexpr, K: tl.con
     return b_q
 
 
+@triton.jit
+def scan_program(cu_seqlens, chunk_offsets, T, V, HQ: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr,
+                 BT: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, NEED_BOH: tl.constexpr):
+    """What a scan program owns, from its id (V-blocks of one head adjacent): (V-block, head
+    of all sequences, sequence, value head, q head, k head, first and end token (int64), the
+    sequence length, and with NEED_BOH its first chunk in h's chunk axis, else 0)."""
+    pid = tl.program_id(0).to(tl.int64)
+    NV = tl.cdiv(V, BV)
+    i_nh = pid // NV
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    boh = i_n * 0
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        T = (eos - bos).to(tl.int32)
+        if NEED_BOH:
+            boh = tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
+        bos = i_n * T
+        eos = bos + T
+        if NEED_BOH:
+            boh = i_n * tl.cdiv(T, BT)
+    return pid % NV, i_nh, i_n, i_hv, i_hv // (HV // HQ), i_hv // (HV // HK), bos, eos, T, boh
+
+
+@triton.jit
+def _next_chunk(q, k, w, u, o, g, Aqk, v_new, h, HQ: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr,
+                K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr, Q_GATED: tl.constexpr,
+                HAS_AQK: tl.constexpr, SAVE_V_NEW: tl.constexpr, SAVE_H: tl.constexpr):
+    """Every per-chunk pointer of the scan advanced by one chunk (both layouts)."""
+    if Q_GATED:
+        q += BT * HV * K
+    else:
+        q += BT * HQ * K
+    k += BT * HK * K
+    w += BT * HV * K
+    u += BT * HV * V
+    o += BT * HV * V
+    if GATE == 1:
+        g += BT * HV
+    if GATE == 2:
+        g += BT * HV * K
+    if HAS_AQK:
+        Aqk += BT * HV * BT
+    if SAVE_V_NEW:
+        v_new += BT * HV * V
+    if SAVE_H:
+        h += HV * K * V
+    return q, k, w, u, o, g, Aqk, v_new, h
+
+
 @triton.jit(do_not_specialize=["T", "T_total", "N"])
 def state_scan_fwd_kernel(
     q,  # [B, T, HQ, K] (or qg [B, T, HV, K] with Q_GATED)
@@ -162,26 +214,9 @@ def state_scan_fwd_kernel(
     # The [K, BV] fp32 state lives in registers as K-slices of BK = 64 rows (two for K = 128):
     # every [BT, K] operand is then handled 64 columns at a time, which halves the transient
     # registers of the query gating.
-    pid = tl.program_id(0).to(tl.int64)
-    NV = tl.cdiv(V, BV)
     TWO_K: tl.constexpr = K > BK
-    i_v = pid % NV
-    i_nh = pid // NV
-    i_n = i_nh // HV
-    i_hv = i_nh % HV
-    i_hq = i_hv // (HV // HQ)
-    i_hk = i_hv // (HV // HK)
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = (eos - bos).to(tl.int32)
-        if SAVE_H:
-            boh = tl.load(chunk_offsets + i_n).to(tl.int64)
-    else:
-        bos = i_n * T
-        eos = bos + T
-        if SAVE_H:
-            boh = i_n * tl.cdiv(T, BT)
+    i_v, i_nh, i_n, i_hv, i_hq, i_hk, bos, eos, T, boh = scan_program(
+        cu_seqlens, chunk_offsets, T, V, HQ, HK, HV, BT, BV, IS_VARLEN, SAVE_H)
     NT = tl.cdiv(T, BT)
 
     o_k1 = tl.arange(0, BK)
@@ -309,24 +344,8 @@ def state_scan_fwd_kernel(
                 b_o += tl.dot(b_vnc, b_at.to(b_vnc.dtype), input_precision=DOT_PRECISION) * scale
             tl.store(o + o_i[None, :] * (HV * V) + o_v[:, None], b_o.to(o.dtype.element_ty), mask=m_vt)
 
-            if Q_GATED:
-                q += BT * HV * K
-            else:
-                q += BT * HQ * K
-            k += BT * HK * K
-            w += BT * HV * K
-            u += BT * HV * V
-            o += BT * HV * V
-            if GATE == 1:
-                g += BT * HV
-            if GATE == 2:
-                g += BT * HV * K
-            if HAS_AQK:
-                Aqk += BT * HV * BT
-            if SAVE_V_NEW:
-                v_new += BT * HV * V
-            if SAVE_H:
-                h += HV * K * V
+            q, k, w, u, o, g, Aqk, v_new, h = _next_chunk(q, k, w, u, o, g, Aqk, v_new, h, HQ, HK, HV, K, V, BT,
+                                                          GATE, Q_GATED, HAS_AQK, SAVE_V_NEW, SAVE_H)
 
         if STORE_HT:
             tl.store(ht + i_nh * K * V + s_off, b_s.to(ht.dtype.element_ty), mask=m_vk)
@@ -424,25 +443,8 @@ def state_scan_fwd_kernel(
                 b_o += tl.dot(b_a.to(b_vnc.dtype), b_vnc, input_precision=DOT_PRECISION) * scale
             tl.store(o + o_i[:, None] * (HV * V) + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
 
-            # Next chunk.
-            if Q_GATED:
-                q += BT * HV * K
-            else:
-                q += BT * HQ * K
-            k += BT * HK * K
-            w += BT * HV * K
-            u += BT * HV * V
-            o += BT * HV * V
-            if GATE == 1:
-                g += BT * HV
-            if GATE == 2:
-                g += BT * HV * K
-            if HAS_AQK:
-                Aqk += BT * HV * BT
-            if SAVE_V_NEW:
-                v_new += BT * HV * V
-            if SAVE_H:
-                h += HV * K * V
+            q, k, w, u, o, g, Aqk, v_new, h = _next_chunk(q, k, w, u, o, g, Aqk, v_new, h, HQ, HK, HV, K, V, BT,
+                                                          GATE, Q_GATED, HAS_AQK, SAVE_V_NEW, SAVE_H)
 
         if STORE_HT:
             tl.store(ht + i_nh * K * V + s_off1, b_s1.to(ht.dtype.element_ty), mask=m_kv1)
