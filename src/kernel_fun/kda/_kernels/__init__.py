@@ -10,6 +10,9 @@ grouped values ``HV = G * H`` with q/k at ``H`` heads and everything else at ``H
 """
 from __future__ import annotations
 
+import triton
+import triton.language as tl
+
 
 def chunk_indices_for(cu_seqlens, chunk_size: int):
     """``[NT, 2]`` (sequence id, chunk id within the sequence) for a varlen batch: fla's own
@@ -28,3 +31,27 @@ def launch(kernel, grid, config, *args, **kwargs):
     extra = {"maxnreg": config.maxnreg} if getattr(config, "maxnreg", None) else {}
     return kernel.fn[grid](*args, **kwargs, **config.kwargs, num_warps=config.num_warps,
                            num_stages=config.num_stages, **extra)
+
+
+@triton.jit
+def chunk_program(cu_seqlens, chunk_indices, T, H: tl.constexpr, HV: tl.constexpr, BT: tl.constexpr,
+                  IS_VARLEN: tl.constexpr):
+    """What a (chunk, batch x value head) program owns, grid (NT, B * HV): (batch row, value
+    head, q/k head, global chunk number (the index into h-shaped [.., NT, ..] tensors, unique
+    across the batch), first token (int64), valid rows of the chunk)."""
+    i_t = tl.program_id(0).to(tl.int64)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    if IS_VARLEN:
+        i_tg = i_t
+        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int64)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    else:
+        i_tg = i_b * tl.cdiv(T, BT) + i_t
+        bos = i_b * T
+        eos = bos + T
+    t0 = bos + i_t * BT
+    return i_b, i_hv, i_hv // (HV // H), i_tg, t0, tl.minimum(eos - t0, BT).to(tl.int32)

@@ -50,7 +50,7 @@ import triton.language as tl
 
 from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
-from kernel_fun.kda._kernels import chunk_indices_for, launch
+from kernel_fun.kda._kernels import chunk_indices_for, chunk_program, launch
 
 install_interpreter_shims()  # runtime-bound loops under TRITON_INTERPRET=1 (see tuning.py)
 
@@ -121,22 +121,7 @@ def _intra_bwd_kernel(
     BC: tl.constexpr = 16
     NC: tl.constexpr = BT // BC
     NEG_INF: tl.constexpr = float("-inf")  # exp2(-inf) = 0: masked gate factors
-    i_t = tl.program_id(0).to(tl.int64)
-    i_part = i_t  # this program's row of the gate-gradient partials (before the varlen remap)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // HV
-    i_hv = i_bh % HV
-    i_h = i_hv // (HV // H)
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int64)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    else:
-        bos = i_b * T
-        eos = bos + T
-    t0 = bos + i_t * BT  # global token index of the chunk's first row
-    n_valid = tl.minimum(eos - t0, BT).to(tl.int32)
+    _, i_hv, i_h, i_tg, t0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
 
     HK: tl.constexpr = H * K
     HVK: tl.constexpr = HV * K
@@ -304,7 +289,7 @@ def _intra_bwd_kernel(
             tl.store(db_out + r_i * HV, (b_dbi + b_db).to(db_out.dtype.element_ty), mask=m_i)
     if GATE_BWD:
         o_kk = tl.arange(0, BK)
-        i_p = (i_part * (tl.num_programs(1) // HV) + i_b) * HV + i_hv
+        i_p = i_tg * HV + i_hv  # partial rows: [B * NT, HV], one per program
         tl.store(dA_part + i_p, tl.sum(dA_acc, axis=0))
         tl.store(dbias_part + i_p * K + o_kk, dbias_acc, mask=o_kk < K)
 
@@ -425,8 +410,8 @@ def intra_bwd(
                              f"A_log {A_log.numel()} (want {HV}), dt_bias (want {HV * K})")
         g_raw = g_raw.contiguous()
         n_part = NT * B * HV
-        dA_part = torch.zeros(n_part, dtype=torch.float32, device=g.device)
-        dbias_part = torch.zeros(n_part * K, dtype=torch.float32, device=g.device)
+        dA_part = _alloc((n_part,), torch.float32, g.device)  # every program writes its row
+        dbias_part = _alloc((n_part * K,), torch.float32, g.device)
     else:
         g_raw = A_log = dt_bias = dA_part = dbias_part = g  # unused
     qk_dtype = (out_dtype or dq.dtype) if fuse else dq.dtype

@@ -31,7 +31,7 @@ import triton.language as tl
 
 from kernel_fun._common.tuning import autotune_cache, autotune_configs
 from kernel_fun._common.witness import record_launch
-from kernel_fun.kda._kernels import chunk_indices_for, launch
+from kernel_fun.kda._kernels import chunk_indices_for, chunk_program, launch
 
 
 def _alloc(size, dtype=None, device=None):
@@ -89,24 +89,8 @@ def _wy_bwd_kernel(
     EARLY_EPI: tl.constexpr = False,
 ):
     NEG_INF: tl.constexpr = float("-inf")
-    i_t = tl.program_id(0).to(tl.int64)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // HV
-    i_hv = i_bh % HV
-    i_h = i_hv // (HV // H)
-    if IS_VARLEN:
-        i_tg = i_t  # h / dh are indexed by the global chunk number
-        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int64)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    else:
-        NT = tl.cdiv(T, BT)
-        i_tg = i_b * NT + i_t
-        bos = i_b * T
-        eos = bos + T
-    t0 = bos + i_t * BT
-    n_valid = tl.minimum(eos - t0, BT).to(tl.int32)
+    # h / dh are indexed by the global chunk number i_tg
+    _, i_hv, i_h, i_tg, t0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
 
     HK: tl.constexpr = H * K
     HVK: tl.constexpr = HV * K
