@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from kda_inputs import production_inputs  # noqa: E402  (a sibling script module)
 from kernel_fun._common.numerics import rel_rms as rel
 
 T0 = time.time()
@@ -94,28 +94,14 @@ def kda_rows(B=8, T=8192, H=16, HV=16, K=128, V=256, full=True, all_configs=Fals
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
     from fla.ops.gla.chunk import chunk_gla_fwd_o_gk
     from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra
-    from fla.ops.kda.gate import kda_gate_chunk_cumsum
-    from fla.ops.utils.constant import RCP_LN2
 
     from kernel_fun._delta._kernels.state_scan_fwd import state_scan_fwd
 
-    torch.manual_seed(0)
-    dev, dt = "cuda", torch.bfloat16
-    q = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
-    k = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
-    v = torch.randn(B, T, HV, V, device=dev, dtype=dt)
-    beta = torch.randn(B, T, HV, device=dev).sigmoid().to(dt)
-    g_raw = torch.randn(B, T, HV, K, device=dev, dtype=dt)
-    # Model-like gate parameters (Mamba-style): A in [1, 16], dt in [1e-3, 1e-1].
-    A_log = torch.empty(HV, device=dev).uniform_(1, 16).log()
-    dt_init = torch.exp(torch.empty(HV * K, device=dev).uniform_(math.log(1e-3), math.log(1e-1)))
-    dt_bias = dt_init + torch.log(-torch.expm1(-dt_init))  # inverse softplus
-    scale = K ** -0.5
-    gk = kda_gate_chunk_cumsum(g=g_raw, A_log=A_log, dt_bias=dt_bias, scale=RCP_LN2, chunk_size=64)
+    q, k, v, beta, gk, scale = production_inputs(B, T, H, HV, K, V)
     # disable_recompute=True also returns qg = q * exp2(gk) (for the q_gated row)
     w, u, qg, kg, Aqk, _ = chunk_kda_fwd_intra(q=q, k=k, v=v, gk=gk, beta=beta, scale=scale, chunk_size=64,
                                                disable_recompute=True)
-    del g_raw, v
+    del v
     torch.cuda.synchronize()
     log(f"KDA inputs built: B={B} T={T} H={H} HV={HV} K={K} V={V}; "
         f"gate per chunk (log2, mean of the last row) {gk[:, 63::64].float().mean().item():.2f}")

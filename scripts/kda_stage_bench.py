@@ -24,16 +24,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import subprocess
 import sys
 import time
 
 import torch
-import torch.nn.functional as F
 import triton
 
+from kda_inputs import production_inputs  # noqa: E402  (a sibling script module)
 from kernel_fun._common.numerics import rel_rms as rel
 
 T0 = time.time()
@@ -94,25 +93,10 @@ def build_inputs(B, T, H, HV, K, V):
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu, chunk_gated_delta_rule_fwd_h
     from fla.ops.kda.chunk_bwd import chunk_kda_bwd_dAv
     from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra
-    from fla.ops.kda.gate import kda_gate_chunk_cumsum
     from fla.ops.kda.wy_fast import recompute_w_u_fwd
-    from fla.ops.utils.constant import RCP_LN2
 
-    torch.manual_seed(0)
-    dev, dt = "cuda", torch.bfloat16
-    q = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
-    k = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
-    v = torch.randn(B, T, HV, V, device=dev, dtype=dt)
-    beta = torch.randn(B, T, HV, device=dev).sigmoid().to(dt)
-    g_raw = torch.randn(B, T, HV, K, device=dev, dtype=dt)
-    # Model-like gate parameters (Mamba-style): A in [1, 16], dt in [1e-3, 1e-1].
-    A_log = torch.empty(HV, device=dev).uniform_(1, 16).log()
-    dt_init = torch.exp(torch.empty(HV * K, device=dev).uniform_(math.log(1e-3), math.log(1e-1)))
-    dt_bias = dt_init + torch.log(-torch.expm1(-dt_init))  # inverse softplus
-    do = torch.randn(B, T, HV, V, device=dev, dtype=dt)
-    scale = K ** -0.5
-    gk = kda_gate_chunk_cumsum(g=g_raw, A_log=A_log, dt_bias=dt_bias, scale=RCP_LN2, chunk_size=64)
-    del g_raw
+    q, k, v, beta, gk, scale = production_inputs(B, T, H, HV, K, V)
+    do = torch.randn(B, T, HV, V, device="cuda", dtype=torch.bfloat16)
     _, _, _, _, Aqk, Akk = chunk_kda_fwd_intra(q=q, k=k, v=v, gk=gk, beta=beta, scale=scale, chunk_size=64)
     w, u, qg, kg = recompute_w_u_fwd(q=q, k=k, v=v, beta=beta, A=Akk, gk=gk)
     h, v_new, _ = chunk_gated_delta_rule_fwd_h(k=kg, w=w, u=u, gk=gk, output_final_state=False, chunk_size=64)

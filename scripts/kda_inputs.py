@@ -1,0 +1,30 @@
+"""The KDA production-like stage inputs both stage benches start from (scripts/kda_stage_bench.py,
+scripts/delta_scan_bench.py): l2-normalized q, k, random v, sigmoid beta, and a model-like
+in-op gate (Mamba-style A in [1, 16], dt in [1e-3, 1e-1]) through fla's kda_gate_chunk_cumsum.
+Seeded (torch.manual_seed(0)); the random draws come in this order, so a caller drawing more
+afterwards gets the same values as before this helper existed."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def production_inputs(B, T, H, HV, K, V):
+    """(q, k, v, beta, gk, scale), bf16 on the GPU; gk fp32 [B, T, HV, K] (log2, chunk-local)."""
+    from fla.ops.kda.gate import kda_gate_chunk_cumsum
+    from fla.ops.utils.constant import RCP_LN2
+
+    torch.manual_seed(0)
+    dev, dt = "cuda", torch.bfloat16
+    q = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
+    k = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
+    v = torch.randn(B, T, HV, V, device=dev, dtype=dt)
+    beta = torch.randn(B, T, HV, device=dev).sigmoid().to(dt)
+    g_raw = torch.randn(B, T, HV, K, device=dev, dtype=dt)
+    A_log = torch.empty(HV, device=dev).uniform_(1, 16).log()
+    dt_init = torch.exp(torch.empty(HV * K, device=dev).uniform_(math.log(1e-3), math.log(1e-1)))
+    dt_bias = dt_init + torch.log(-torch.expm1(-dt_init))  # inverse softplus
+    gk = kda_gate_chunk_cumsum(g=g_raw, A_log=A_log, dt_bias=dt_bias, scale=RCP_LN2, chunk_size=64)
+    return q, k, v, beta, gk, K ** -0.5
