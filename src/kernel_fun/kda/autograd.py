@@ -32,7 +32,7 @@ class ChunkKDAFunction(torch.autograd.Function):
             use_gate_in_kernel, cu_seqlens, cu_seqlens_cpu)
         ctx.save_for_backward(q, q_rstd, k, k_rstd, v, g, beta_raw, beta, A_log, dt_bias,
                               initial_state, Aqk, Akk, cu_seqlens, chunk_indices, chunk_offsets)
-        ctx.flags = (scale, use_qk_l2norm, use_gate_in_kernel, use_beta_sigmoid, beta_scale)
+        ctx.flags = (scale, use_gate_in_kernel, use_beta_sigmoid, beta_scale)
         ctx.signature = signature
         if not support.is_capturing():
             support.mark_warm("kda", signature, "fwd")
@@ -42,9 +42,9 @@ class ChunkKDAFunction(torch.autograd.Function):
     def backward(ctx, do, dht):
         (q, q_rstd, k, k_rstd, v, g, beta_raw, beta, A_log, dt_bias, initial_state, Aqk, Akk,
          cu_seqlens, chunk_indices, chunk_offsets) = ctx.saved_tensors
-        scale, use_qk_l2norm, use_gate_in_kernel, use_beta_sigmoid, beta_scale = ctx.flags
-        # with use_qk_l2norm, dq and dk come back for the raw q and k (the l2norm backward is
-        # the chain's last step, or fused into its intra backward)
+        scale, use_gate_in_kernel, use_beta_sigmoid, beta_scale = ctx.flags
+        # with q_rstd/k_rstd (use_qk_l2norm_in_kernel), dq and dk come back for the raw q and k
+        # (the l2norm backward is the chain's last step, or fused into its intra backward)
         dq, dk, dv, db, dg, dh0, dA_log, ddt_bias = chain.backward(
             q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, do.contiguous(),
             dht, use_gate_in_kernel, cu_seqlens, chunk_indices, chunk_offsets, q_rstd, k_rstd)

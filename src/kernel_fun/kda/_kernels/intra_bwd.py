@@ -294,11 +294,14 @@ def _intra_bwd_kernel(
         tl.store(dbias_part + i_p * K + o_kk, dbias_acc, mask=o_kk < K)
 
 
+# The widest K block the autotuner may pick (the interpreter runs only the first config).
+_MAX_BK = max(c.kwargs["BK"] for c in autotune_configs(configs()))
+
+
 def whole_k_block(K: int, config=None) -> bool:
     """Whether a K block covering K is available: the given config's, or one the autotuner may
     pick (the fused epilogues need it)."""
-    cands = [config] if config is not None else autotune_configs(configs())
-    return any(c.kwargs["BK"] >= K for c in cands)
+    return (config.kwargs["BK"] if config is not None else _MAX_BK) >= K
 
 
 def can_fuse_l2norm(H: int, HV: int, K: int, config=None) -> bool:
