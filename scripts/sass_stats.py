@@ -7,6 +7,7 @@ time, not a timing.
     python scripts/sass_stats.py intra_bwd       # the KDA intra backward at K=128, BK=128, 4 warps,
                                                  # with each fused epilogue switched on in turn
     python scripts/sass_stats.py state_scan_bwd  # the backward state scan, KDA K=128 V=256, each config
+    python scripts/sass_stats.py wy_bwd | state_scan_fwd | cconv   # production configs of those
 
 Uses the ptxas and cuobjdump that ship with the triton wheel.
 """
@@ -70,5 +71,47 @@ def state_scan_bwd():
                                                          c.num_stages), flush=True)
 
 
+def wy_bwd():
+    from kernel_fun.kda._kernels import wy_bwd as m
+
+    ptr = {n: "*bf16" for n in ("q", "k", "v", "v_new", "beta", "A", "h", "do", "dh", "dv", "dv2")}
+    ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
+    for c in m.configs():
+        const = dict(H=16, HV=16, K=128, V=256, BT=64, IS_VARLEN=False, DOT_PRECISION="tf32", **c.kwargs)
+        print(f"wy_bwd {c.kwargs} w{c.num_warps} s{c.num_stages}",
+              stats(m._wy_bwd_kernel.fn, ptr, const, c.num_warps, c.num_stages), flush=True)
+
+
+def state_scan_fwd():
+    from kernel_fun._delta._kernels import state_scan_fwd as m
+
+    ptr = {n: "*bf16" for n in ("q", "k", "w", "u", "o", "Aqk", "h", "v_new")}
+    ptr.update(cu_seqlens="*i64", chunk_offsets="*i64", scale="fp32", T_total="i32", N="i32")
+    for c in m.PRODUCTION_CONFIGS:
+        const = dict(HQ=16, HK=16, HV=16, K=128, V=256, BT=64, BK=64, GATE=2, Q_GATED=True, HAS_AQK=True,
+                     USE_H0=False, STORE_HT=False, SAVE_H=False, SAVE_V_NEW=False, STATE_V_FIRST=False,
+                     IS_VARLEN=False, DOT_PRECISION="tf32", **c.kwargs)
+        print(f"state_scan_fwd {m.config_name(c):22s}",
+              stats(m.state_scan_fwd_kernel, ptr, const, c.num_warps, c.num_stages), flush=True)
+
+
+def cconv():
+    from kernel_fun.cconv._kernels import bwd, fwd
+
+    ptr = dict(x="*bf16", y="*bf16", dy="*bf16", dx="*bf16", cu_seqlens="*i64")
+    for name, kernel, configs in (("fwd", fwd.conv_fwd_kernel, fwd._FWD_CONFIGS),
+                                  ("bwd", bwd.conv_bwd_kernel, bwd._BWD_CONFIGS)):
+        fn = kernel.fn
+        types = dict(ptr, **{a: "i32" for a in fn.arg_names if a.startswith("s_") or a in ("D", "TC", "N_SEQ", "N_STEPS")})
+        for c in configs:
+            const = dict(W=4, HAS_BIAS=True, SILU=True, IS_VARLEN=False, X_TMAJOR=False, VEC16=True, **c.kwargs)
+            if name == "bwd":
+                const["DY_TMAJOR"] = False
+            print(f"cconv {name} {c.kwargs} w{c.num_warps}", stats(fn, types, const, c.num_warps, 1), flush=True)
+
+
+KERNELS = {"intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,
+           "state_scan_bwd": state_scan_bwd, "cconv": cconv}
+
 if __name__ == "__main__":
-    {"intra_bwd": intra_bwd, "state_scan_bwd": state_scan_bwd}[sys.argv[1] if len(sys.argv) > 1 else "intra_bwd"]()
+    KERNELS[sys.argv[1] if len(sys.argv) > 1 else "intra_bwd"]()
