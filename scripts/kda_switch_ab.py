@@ -1,0 +1,101 @@
+#!/usr/bin/env python
+"""A/B of the KDA chain's switches, end to end on one GPU: ``kda.chunk_kda`` fwd+bwd (the
+production call: l2norm and gate in the op) with each combination of the intra-backward
+epilogue fusions (chain.FUSE_L2NORM_BWD, FUSE_DG_CUMSUM, FUSE_GATE_BWD) and of the candidate
+stages (chain.CANDIDATE_STAGES: our backward state scan), against the chain as it ships.
+
+    python scripts/kda_switch_ab.py out.json [--B 16] [--combos base,l2,...]
+
+Each combination is checked against the shipped chain's o and gradients (relative RMS) before
+it is timed (``triton.testing.do_bench`` median of the whole autograd fwd+bwd). fla's own
+chunk_kda is not run here: this picks the defaults; ``kernel-fun bench`` measures them against
+fla afterwards. Prints as it goes; the JSON at argv[1] is rewritten after each combination.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import time
+
+import torch
+import triton
+
+T0 = time.time()
+COMBOS = {
+    "base": (),
+    "l2": ("l2norm",),
+    "l2+cs": ("l2norm", "dg_cumsum"),
+    "l2+cs+gate": ("l2norm", "dg_cumsum", "gate"),
+    "dhu": ("dhu",),
+    "l2+cs+dhu": ("l2norm", "dg_cumsum", "dhu"),
+    "l2+cs+gate+dhu": ("l2norm", "dg_cumsum", "gate", "dhu"),
+}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+def set_switches(chain, shipped: dict, parts) -> None:
+    """The shipped state plus ``parts`` turned on."""
+    chain.FUSE_L2NORM_BWD = shipped["l2"] or "l2norm" in parts
+    chain.FUSE_DG_CUMSUM = shipped["cs"] or "dg_cumsum" in parts
+    chain.FUSE_GATE_BWD = shipped["gate"] or "gate" in parts
+    chain.STAGES = dict(shipped["stages"])
+    if "dhu" in parts:
+        chain.STAGES.update(chain.CANDIDATE_STAGES)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_json")
+    ap.add_argument("--combos", default=",".join(COMBOS))
+    for n, d in dict(B=16, T=8192, H=16, HV=16, K=128, V=256).items():
+        ap.add_argument(f"--{n}", type=int, default=d)
+    a = ap.parse_args()
+
+    from kernel_fun import kda
+    from kernel_fun._common.numerics import rel_rms as rel
+    from kernel_fun.bench.kda import _inputs
+    from kernel_fun.kda import chain
+
+    shipped = dict(l2=chain.FUSE_L2NORM_BWD, cs=chain.FUSE_DG_CUMSUM, gate=chain.FUSE_GATE_BWD,
+                   stages=dict(chain.STAGES))
+    t = _inputs(a.B, a.T, a.H, a.HV, a.K, a.V)
+    do = torch.randn(a.B, a.T, a.HV, a.V, device="cuda", dtype=torch.bfloat16)
+    leaves = [t[n] for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias")]
+    names = ("o", "dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias")
+
+    def fwdbwd():
+        o = kda.chunk_kda(t["q"], t["k"], t["v"], t["g"], t["beta"], A_log=t["A_log"],
+                          dt_bias=t["dt_bias"], use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True)[0]
+        return (o, *torch.autograd.grad(o, leaves, do))
+
+    rec = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "gpu": torch.cuda.get_device_name(),
+           "shape": dict(B=a.B, T=a.T, H=a.H, HV=a.HV, K=a.K, V=a.V, dtype="bfloat16"),
+           "shipped": {k: v for k, v in shipped.items() if k != "stages"} | {"stages": sorted(shipped["stages"])},
+           "rows": {}}
+    set_switches(chain, shipped, ())
+    want = dict(zip(names, fwdbwd()))
+    log("shipped chain compiled")
+    for name in a.combos.split(","):
+        parts = COMBOS[name]
+        set_switches(chain, shipped, parts)
+        got = dict(zip(names, fwdbwd()))
+        errs = {k: float(f"{rel(got[k], want[k]):.2e}") for k in names}
+        del got
+        ms = triton.testing.do_bench(fwdbwd, warmup=5, rep=400, return_mode="median")
+        rec["rows"][name] = {"fwdbwd_ms": round(ms, 4), "rel_err_vs_shipped": errs}
+        log(f"{name:16s} {ms:8.3f} ms  vs shipped {errs}")
+        with open(a.out_json, "w") as f:
+            json.dump(rec, f, indent=1)
+    base = rec["rows"].get("base", {}).get("fwdbwd_ms")
+    if base:
+        for name, r in rec["rows"].items():
+            log(f"{name:16s} saves {base - r['fwdbwd_ms']:6.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
