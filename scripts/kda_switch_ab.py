@@ -28,9 +28,14 @@ COMBOS = {
     "l2+cs": ("l2norm", "dg_cumsum"),
     "l2+cs+gate": ("l2norm", "dg_cumsum", "gate"),
     "dhu": ("dhu",),
-    "l2+cs+dhu": ("l2norm", "dg_cumsum", "dhu"),
-    "l2+cs+gate+dhu": ("l2norm", "dg_cumsum", "gate", "dhu"),
+    "rc": ("rc",),
+    "l2+dhu": ("l2norm", "dhu"),
+    "l2+rc": ("l2norm", "rc"),
+    "l2+dhu+rc": ("l2norm", "dhu", "rc"),
+    "l2+cs+gate+dhu+rc": ("l2norm", "dg_cumsum", "gate", "dhu", "rc"),
 }
+# candidate stages by their short name in COMBOS
+CANDIDATES = {"dhu": "state_scan_bwd", "rc": "recompute_w_u"}
 
 
 def log(msg: str) -> None:
@@ -43,8 +48,9 @@ def set_switches(chain, shipped: dict, parts) -> None:
     chain.FUSE_DG_CUMSUM = shipped["cs"] or "dg_cumsum" in parts
     chain.FUSE_GATE_BWD = shipped["gate"] or "gate" in parts
     chain.STAGES = dict(shipped["stages"])
-    if "dhu" in parts:
-        chain.STAGES.update(chain.CANDIDATE_STAGES)
+    for short, stage in CANDIDATES.items():
+        if short in parts and stage in chain.CANDIDATE_STAGES:
+            chain.STAGES[stage] = chain.CANDIDATE_STAGES[stage]
 
 
 def main() -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernel_fun.kda.reference_stages import recompute_w_u_reference
+
 BT = 64
 F64 = torch.float64
 
@@ -107,26 +109,8 @@ def _put(dst, b, s, e, x):  # x [HV, n, ...] -> dst[b, s:e] [n, HV, ...]
 
 
 def recompute_w_u_fwd(k, v, beta, A, gk, q=None, cu_seqlens=None, chunk_indices=None, **_):
-    B, T, H, K = k.shape
-    HV = v.shape[2]
-    G = HV // H
-    w = torch.empty(B, T, HV, K, dtype=k.dtype)
-    u = torch.empty_like(v)
-    kg = torch.empty(B, T, HV, K, dtype=k.dtype)
-    qg = torch.empty(B, T, HV, K, dtype=k.dtype) if q is not None else None
-    for b, s, e, _ in _chunks(B, T, cu_seqlens):
-        n = e - s
-        Ak = A[b, s:e, :, :n].double().transpose(0, 1)
-        kc = _rep(k[b, s:e].double(), G).transpose(0, 1)
-        gc = gk[b, s:e].double().transpose(0, 1)
-        bc = beta[b, s:e].double().transpose(0, 1)[..., None]
-        w[b, s:e] = (Ak @ (bc * kc * torch.exp2(gc))).transpose(0, 1).to(w.dtype)
-        u[b, s:e] = (Ak @ (bc * v[b, s:e].double().transpose(0, 1))).transpose(0, 1).to(u.dtype)
-        kg[b, s:e] = (kc * torch.exp2(gc[:, -1:, :] - gc)).transpose(0, 1).to(kg.dtype)
-        if q is not None:
-            qc = _rep(q[b, s:e].double(), G).transpose(0, 1)
-            qg[b, s:e] = (qc * torch.exp2(gc)).transpose(0, 1).to(qg.dtype)
-    return w, u, qg, kg
+    w, u, qg, kg = recompute_w_u_reference(k, v, beta, A, gk, q=q, cu_seqlens=cu_seqlens)
+    return w.to(k.dtype), u.to(v.dtype), None if qg is None else qg.to(k.dtype), kg.to(k.dtype)
 
 
 def chunk_kda_fwd_intra(q, k, v, gk, beta, scale, cu_seqlens=None, chunk_size=BT, chunk_indices=None,

@@ -51,7 +51,8 @@ FUSIONS = {"none": (), "all": ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_B
 @pytest.mark.parametrize("name", list(CASES))
 def test_chain_against_fp64_recurrence(name, fusions, monkeypatch, _standins):
     """With the fusions off: the default chain. With them on, the candidate stages too
-    (``chain.CANDIDATE_STAGES``: the backward state scan in place of fla's dhu)."""
+    (``chain.CANDIDATE_STAGES``: the backward state scan in place of fla's dhu, our recompute
+    of w, u, qg, kg in place of fla's)."""
     c = dict(CASES[name])
     cu, neg = c.pop("cu", None), c.pop("neg", False)
     for switch in FUSIONS[fusions]:
@@ -74,9 +75,10 @@ def test_chain_against_fp64_recurrence(name, fusions, monkeypatch, _standins):
     ran = {k: n - before.get(k, 0) for k, n in launch_counts().items() if n != before.get(k, 0)}
     want = {"delta.state_scan_fwd": 1, "kda.wy_bwd": 1, "kda.intra_bwd": 1}
     if fusions == "all":
-        want["delta.state_scan_bwd"] = 1
+        want.update({"delta.state_scan_bwd": 1, "kda.recompute_wu": 1})
     assert ran == want, ran
     assert (("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_bwd_dhu") in _standins) == (fusions == "none")
+    assert (("fla.ops.kda.wy_fast", "recompute_w_u_fwd") in _standins) == (fusions == "none")
     ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},
                do.double(), dht.double(), **flags)
     errs = {k: _rel(ours[k], ref[k]) for k in ours if ours[k] is not None and k in TOL}

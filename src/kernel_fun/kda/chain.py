@@ -74,7 +74,8 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
     ``q_rstd``/``k_rstd`` (l2norm_fwd's) are given, and dq, dk then are those of the raw q, k."""
     H, HV, K = q.shape[2], v.shape[2], q.shape[3]
     gc = gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices)
-    w, u, qg, kg = _fla("fla.ops.kda.wy_fast", "recompute_w_u_fwd")(
+    recompute = STAGES.get("recompute_w_u") or _fla("fla.ops.kda.wy_fast", "recompute_w_u_fwd")
+    w, u, qg, kg = recompute(
         q=q, k=k, v=v, beta=beta, A=Akk, gk=gc, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
     h, v_new, _ = _fla("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_fwd_h")(
         k=kg, w=w, u=u, gk=gc, initial_state=initial_state, output_final_state=False,
@@ -145,14 +146,16 @@ from .._delta._kernels.state_scan_fwd import state_scan_fwd  # noqa: E402
 from ._kernels.intra_bwd import can_fuse_l2norm as intra_can_fuse_l2norm  # noqa: E402
 from ._kernels.intra_bwd import intra_bwd  # noqa: E402
 from ._kernels.intra_bwd import whole_k_block as intra_whole_k_block  # noqa: E402
+from ._kernels.recompute_wu import recompute_w_u  # noqa: E402
 from ._kernels.wy_bwd import wy_dqkg_bwd  # noqa: E402
 
 STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bwd": wy_dqkg_bwd}
 
 # Stages of ours built and interpreter-tested but not yet timed and checked on a GPU; each
 # moves into STAGES once scripts/delta_scan_bench.py and the GPU tests have run it:
-# the backward state scan (fla's chunk_gated_delta_rule_bwd_dhu, 2.99 ms at B=16).
-CANDIDATE_STAGES: dict = {"state_scan_bwd": state_scan_bwd}
+# the backward state scan (fla's chunk_gated_delta_rule_bwd_dhu, 2.99 ms at B=16) and the
+# backward's recompute of w, u, qg, kg (fla's recompute_w_u_fwd, 3.32 ms at B=16).
+CANDIDATE_STAGES: dict = {"state_scan_bwd": state_scan_bwd, "recompute_w_u": recompute_w_u}
 
 # The l2norm backward of q and k inside our intra backward's epilogue (HV == H): saves fla's
 # l2norm_bwd (0.96 ms at B=16) and the fp32 dq/dk round trip. Interpreter-tested against the

@@ -185,3 +185,35 @@ def wy_dqkg_bwd_reference(q, k, v, v_new, g, beta, A, h, do, dh, dv, scale=None,
         db_o[b, bos:eos] = _unchunk(db, L)
         dA_o[b, bos:eos] = _unchunk(dL, L)
     return dq_o, dk_o, dv_o, db_o, dg_o, dA_o
+
+
+def recompute_w_u_reference(k, v, beta, A, gk, q=None, cu_seqlens=None, chunk_size: int = 64,
+                            dtype=torch.float64, **unused):
+    """Reference of fla's ``recompute_w_u_fwd`` (the backward's recompute), per chunk::
+
+        u = A (beta v);  w = A (beta k exp2(g));  qg = q exp2(g);  kg = k exp2(g_last - g)
+
+    with ``A`` the chunk's ``Akk`` rows and ``g_last`` the gate of the chunk's last token.
+    Returns ``(w, u, qg, kg)`` in ``dtype`` (qg None without q); grouped heads broadcast q, k."""
+    B, T, H, K = k.shape
+    HV = v.shape[2]
+    G = HV // H
+    BT = chunk_size
+    c = lambda x: x.to(dtype)  # noqa: E731
+    kk, vv, bb, AA, gg = c(k).repeat_interleave(G, 2), c(v), c(beta), c(A), c(gk)
+    qq = c(q).repeat_interleave(G, 2) if q is not None else None
+    w, u = torch.zeros_like(kk), torch.zeros_like(vv)
+    qg = torch.zeros_like(kk) if q is not None else None
+    kg = torch.zeros_like(kk)
+    for b, bos, eos in _segments(B, T, cu_seqlens):
+        for s in range(bos, eos, BT):
+            e = min(s + BT, eos)
+            n = e - s
+            Ac = AA[b, s:e, :, :n].transpose(0, 1)  # [HV, n, n]
+            E = torch.exp2(gg[b, s:e])  # [n, HV, K]
+            u[b, s:e] = (Ac @ (bb[b, s:e, :, None] * vv[b, s:e]).transpose(0, 1)).transpose(0, 1)
+            w[b, s:e] = (Ac @ (bb[b, s:e, :, None] * kk[b, s:e] * E).transpose(0, 1)).transpose(0, 1)
+            if q is not None:
+                qg[b, s:e] = qq[b, s:e] * E
+            kg[b, s:e] = kk[b, s:e] * torch.exp2(gg[b, e - 1] - gg[b, s:e])
+    return w, u, qg, kg
