@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """A/B of the KDA chain's switches, end to end on one GPU: ``kda.chunk_kda`` fwd+bwd (the
 production call: l2norm and gate in the op) with each combination of the intra-backward
-epilogue fusions (chain.FUSE_L2NORM_BWD, FUSE_DG_CUMSUM, FUSE_GATE_BWD) and of the candidate
-stages (chain.CANDIDATE_STAGES: our backward state scan), against the chain as it ships.
+epilogue fusions (chain.FUSE_L2NORM_BWD, FUSE_DG_CUMSUM, FUSE_GATE_BWD) and of the switchable
+stages (our backward state scan, "dhu", or fla's), against the chain as it ships.
 
-    python scripts/kda_switch_ab.py out.json [--B 16] [--combos base,l2,...]
+    python scripts/kda_switch_ab.py out.json [--B 16] [--combos off,l2+dhu,...]
 
 Each combination is checked against the shipped chain's o and gradients (relative RMS) before
 it is timed (``triton.testing.do_bench`` median of the whole autograd fwd+bwd). fla's own
@@ -23,19 +23,15 @@ import triton
 
 T0 = time.time()
 COMBOS = {
-    "base": (),
+    "off": (),
     "l2": ("l2norm",),
-    "l2+cs": ("l2norm", "dg_cumsum"),
-    "l2+cs+gate": ("l2norm", "dg_cumsum", "gate"),
-    "dhu": ("dhu",),
-    "rc": ("rc",),
     "l2+dhu": ("l2norm", "dhu"),
-    "l2+rc": ("l2norm", "rc"),
-    "l2+dhu+rc": ("l2norm", "dhu", "rc"),
-    "l2+cs+gate+dhu+rc": ("l2norm", "dg_cumsum", "gate", "dhu", "rc"),
+    "l2+cs+dhu": ("l2norm", "dg_cumsum", "dhu"),
+    "l2+cs+gate+dhu": ("l2norm", "dg_cumsum", "gate", "dhu"),
 }
-# candidate stages by their short name in COMBOS
-CANDIDATES = {"dhu": "state_scan_bwd", "rc": "recompute_w_u"}
+# stages of ours a combination can take out (back to fla's) or put in, by a short name:
+# chain.STAGES and chain.CANDIDATE_STAGES
+SWITCHABLE_STAGES = {"dhu": "state_scan_bwd"}
 
 
 def log(msg: str) -> None:
@@ -43,14 +39,21 @@ def log(msg: str) -> None:
 
 
 def set_switches(chain, shipped: dict, parts) -> None:
-    """The shipped state plus ``parts`` turned on."""
-    chain.FUSE_L2NORM_BWD = shipped["l2"] or "l2norm" in parts
-    chain.FUSE_DG_CUMSUM = shipped["cs"] or "dg_cumsum" in parts
-    chain.FUSE_GATE_BWD = shipped["gate"] or "gate" in parts
-    chain.STAGES = dict(shipped["stages"])
-    for short, stage in CANDIDATES.items():
-        if short in parts and stage in chain.CANDIDATE_STAGES:
-            chain.STAGES[stage] = chain.CANDIDATE_STAGES[stage]
+    """Exactly ``parts`` on (every other switch and switchable stage off); ``parts=None``: the
+    chain as it ships."""
+    if parts is None:
+        chain.FUSE_L2NORM_BWD, chain.FUSE_DG_CUMSUM, chain.FUSE_GATE_BWD = shipped["l2"], shipped["cs"], shipped["gate"]
+        chain.STAGES = dict(shipped["stages"])
+        return
+    chain.FUSE_L2NORM_BWD = "l2norm" in parts
+    chain.FUSE_DG_CUMSUM = "dg_cumsum" in parts
+    chain.FUSE_GATE_BWD = "gate" in parts
+    ours = {**shipped["stages"], **chain.CANDIDATE_STAGES}
+    off = {stage for short, stage in SWITCHABLE_STAGES.items() if short not in parts}
+    chain.STAGES = {n: f for n, f in shipped["stages"].items() if n not in off}
+    for short, stage in SWITCHABLE_STAGES.items():
+        if short in parts:
+            chain.STAGES[stage] = ours[stage]
 
 
 def main() -> None:
@@ -83,7 +86,7 @@ def main() -> None:
            "shape": dict(B=a.B, T=a.T, H=a.H, HV=a.HV, K=a.K, V=a.V, dtype="bfloat16"),
            "shipped": {k: v for k, v in shipped.items() if k != "stages"} | {"stages": sorted(shipped["stages"])},
            "rows": {}}
-    set_switches(chain, shipped, ())
+    set_switches(chain, shipped, None)
     want = dict(zip(names, fwdbwd()))
     log("shipped chain compiled")
     for name in a.combos.split(","):
@@ -97,7 +100,7 @@ def main() -> None:
         log(f"{name:16s} {ms:8.3f} ms  vs shipped {errs}")
         with open(a.out_json, "w") as f:
             json.dump(rec, f, indent=1)
-    base = rec["rows"].get("base", {}).get("fwdbwd_ms")
+    base = rec["rows"].get("off", {}).get("fwdbwd_ms")
     if base:
         for name, r in rec["rows"].items():
             log(f"{name:16s} saves {base - r['fwdbwd_ms']:6.3f} ms")

@@ -7,7 +7,7 @@ time, not a timing.
     python scripts/sass_stats.py intra_bwd       # the KDA intra backward at K=128, BK=128, 4 warps,
                                                  # with each fused epilogue switched on in turn
     python scripts/sass_stats.py state_scan_bwd  # the backward state scan, KDA K=128 V=256, each config
-    python scripts/sass_stats.py wy_bwd | state_scan_fwd | cconv | recompute_wu  # their configs
+    python scripts/sass_stats.py wy_bwd | state_scan_fwd | cconv   # production configs of those
 
 Uses the ptxas and cuobjdump that ship with the triton wheel.
 """
@@ -110,20 +110,8 @@ def cconv():
             print(f"cconv {name} {c.kwargs} w{c.num_warps}", stats(fn, types, const, c.num_warps, 1), flush=True)
 
 
-def recompute_wu():
-    from kernel_fun.kda._kernels import recompute_wu as m
-
-    ptr = {n: "*bf16" for n in ("q", "k", "v", "beta", "A", "w", "u", "qg", "kg")}
-    ptr.update(cu_seqlens="*i64", chunk_indices="*i64")
-    for varlen in (False, True):
-        for c in m.configs():
-            const = dict(H=16, HV=16, K=128, V=256, BT=64, STORE_QG=True, IS_VARLEN=varlen, **c.kwargs)
-            print(f"recompute_wu varlen={varlen} {c.kwargs} w{c.num_warps}",
-                  stats(m._recompute_wu_kernel.fn, ptr, const, c.num_warps, c.num_stages), flush=True)
-
-
 KERNELS = {"intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,
-           "state_scan_bwd": state_scan_bwd, "cconv": cconv, "recompute_wu": recompute_wu}
+           "state_scan_bwd": state_scan_bwd, "cconv": cconv}
 
 if __name__ == "__main__":
     KERNELS[sys.argv[1] if len(sys.argv) > 1 else "intra_bwd"]()

@@ -75,13 +75,14 @@ def test_against_fp64_naive_recurrence(name):
         assert e <= TOL[k], (k, e)
 
 
-@pytest.mark.parametrize("fuse", ["l2norm", "dg_cumsum", "dg_cumsum+gate", "l2norm+dg_cumsum+gate", "dhu",
+@pytest.mark.parametrize("fuse", ["l2norm", "dg_cumsum", "dg_cumsum+gate", "l2norm+dg_cumsum+gate", "l2norm+dhu",
                                   "l2norm+dg_cumsum+gate+dhu"])
 def test_fused_intra_epilogues(fuse, monkeypatch):
     """chain.FUSE_L2NORM_BWD / FUSE_DG_CUMSUM / FUSE_GATE_BWD (the l2norm backward of q, k, the
     reverse cumsum of dg and the gate's backward in our intra backward's epilogue) and "dhu"
-    (chain.CANDIDATE_STAGES: our backward state scan and recompute of w, u, qg, kg): against the fp64 recurrence, close to
-    the default chain, and fla's kernels for them did not run."""
+    (our backward state scan, chain.STAGES["state_scan_bwd"]; without it, fla's dhu): against
+    the fp64 recurrence, close to the chain with all of them off, and fla's kernels for them
+    did not run. "l2norm+dhu" is what ships."""
     t = _make(2, 200, 2, 2, 128, 128)
     flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, output_final_state=True)
     do = torch.randn_like(t["v"])
@@ -89,20 +90,22 @@ def test_fused_intra_epilogues(fuse, monkeypatch):
     monkeypatch.setattr(chain, "FUSE_L2NORM_BWD", False)
     monkeypatch.setattr(chain, "FUSE_DG_CUMSUM", False)
     monkeypatch.setattr(chain, "FUSE_GATE_BWD", False)
+    shipped_stages = dict(chain.STAGES)
+    monkeypatch.setattr(chain, "STAGES", {k: f for k, f in shipped_stages.items() if k != "state_scan_bwd"})
     plain = _run(kda.chunk_kda, t, do, dht, **flags)
     parts = fuse.split("+")
     monkeypatch.setattr(chain, "FUSE_L2NORM_BWD", "l2norm" in parts)
     monkeypatch.setattr(chain, "FUSE_DG_CUMSUM", "dg_cumsum" in parts)
     monkeypatch.setattr(chain, "FUSE_GATE_BWD", "gate" in parts)
     if "dhu" in parts:
-        monkeypatch.setattr(chain, "STAGES", {**chain.STAGES, **chain.CANDIDATE_STAGES})
+        monkeypatch.setattr(chain, "STAGES", shipped_stages)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fused = _run(kda.chunk_kda, t, do, dht, **flags)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     ran = [(p, k, any(n.startswith(k) for n in names)) for p, k in
            (("l2norm", "l2norm_bwd"), ("dg_cumsum", "chunk_local_cumsum"), ("gate", "kda_gate_bwd"),
-            ("dhu", "chunk_gated_delta_rule_bwd_kernel_dhu"), ("dhu", "recompute_w_u_fwd_kda_kernel"))]
+            ("dhu", "chunk_gated_delta_rule_bwd_kernel_dhu"))]
     assert all(r == (p not in parts) for p, _, r in ran), (fuse, ran)
     ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},
                do.double(), dht.double(), **flags)
@@ -178,7 +181,8 @@ def test_graph_capture_memory_aliasing_stream_determinism():
 
 def test_launch_witness_replaced_fla_kernels_did_not_run():
     replaced = {"intra_bwd": "chunk_kda_bwd_kernel_intra", "wy_bwd": "chunk_kda_bwd_kernel_wy_dqkg_fused",
-                "state_scan_fwd": "chunk_gated_delta_rule_fwd_kernel_h"}
+                "state_scan_fwd": "chunk_gated_delta_rule_fwd_kernel_h",
+                "state_scan_bwd": "chunk_gated_delta_rule_bwd_kernel_dhu"}
     t = _make(1, 512, 2, 4, 128, 128)
     flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True)
     do = torch.randn_like(t["v"])

@@ -1,4 +1,4 @@
-"""KDA backward stage kernels (intra_bwd, wy_bwd, recompute_wu) through Triton's interpreter (CPU) against
+"""KDA backward stage kernels (intra_bwd, wy_bwd) through Triton's interpreter (CPU) against
 their plain-torch stage references (``kda/reference_stages.py``).
 
 Stage inputs come from a small fp64 torch implementation of KDA's chunked forward and of the
@@ -28,10 +28,9 @@ from kernel_fun._common.numerics import rel_rms as rel_err  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def poison(poison_outputs):
-    from kernel_fun.kda._kernels import recompute_wu as rc_mod
     from kernel_fun.kda._kernels import wy_bwd as wy_mod
 
-    poison_outputs(intra_mod, wy_mod, rc_mod)
+    poison_outputs(intra_mod, wy_mod)
 
 
 # --------------------------------------------------------------------------------------------
@@ -509,7 +508,7 @@ def test_wy_bwd_every_config(config):
 
 
 # --------------------------------------------------------------------------------------------
-# recompute_wu (the backward's w, u, qg, kg) vs its reference
+# the reference of fla's recompute_w_u_fwd (the CPU chain's stand-in for it) is right
 # --------------------------------------------------------------------------------------------
 
 def _recompute_inputs(ch, io_dtype, cu):
@@ -544,50 +543,3 @@ def test_recompute_w_u_reference_reproduces_the_chain(case):
                 S_next = torch.exp2(gl)[..., None] * S + tr(kg).transpose(-1, -2) @ vn
                 torch.testing.assert_close(S_next, ch["h"][hb, base + c + 1], rtol=1e-9, atol=1e-9)
         ci += len(starts)
-
-
-@pytest.mark.parametrize("case", CASES, ids=["fixed", "grouped-strong", "varlen-strong"])
-@pytest.mark.parametrize("io_dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("with_q", [True, False])
-def test_recompute_wu_matches_reference(case, io_dtype, with_q):
-    from kernel_fun.kda._kernels.recompute_wu import recompute_w_u
-
-    B, T, H, HV, K, V, cu, decay = case
-    cu_t = torch.tensor(cu) if cu is not None else None
-    ch = build_chain(B, T, H, HV, K, V, cu=cu_t, decay=decay, seed=6, beta_max=1.5)
-    inp = _recompute_inputs(ch, io_dtype, cu_t)
-    if not with_q:
-        inp["q"] = None
-    before = launch_counts("kda.")
-    out = recompute_w_u(**inp)
-    after = launch_counts("kda.")
-    assert after.get("kda.recompute_wu", 0) == before.get("kda.recompute_wu", 0) + 1
-    ref = refs.recompute_w_u_reference(**inp)
-    shapes = [(B, T, HV, K), (B, T, HV, V), (B, T, HV, K), (B, T, HV, K)]
-    for name, o, r, shp in zip(("w", "u", "qg", "kg"), out, ref, shapes):
-        if name == "qg" and not with_q:
-            assert o is None and r is None
-            continue
-        assert tuple(o.shape) == shp and o.dtype == io_dtype, name
-        assert torch.isfinite(o).all(), f"{name}: unwritten (NaN-poisoned) or non-finite"
-        err = rel_err(o, r)
-        assert err < (1e-6 if io_dtype == torch.float32 else 2e-3), f"{name}: rel err {err:.2e}"
-
-
-def _recompute_configs():
-    from kernel_fun.kda._kernels.recompute_wu import configs
-
-    return configs()
-
-
-@pytest.mark.parametrize("config", _recompute_configs(), ids=_config_ids(_recompute_configs()))
-def test_recompute_wu_every_config(config):
-    """K and V not multiples of the blocks: masked K / V tails in every tiling."""
-    from kernel_fun.kda._kernels.recompute_wu import recompute_w_u
-
-    cu_t = torch.tensor([0, 30, 150])
-    ch = build_chain(1, 150, 1, 2, 96, 80, cu=cu_t, decay="strong", seed=13)
-    inp = _recompute_inputs(ch, torch.float32, cu_t)
-    out = recompute_w_u(**inp, config=config)
-    for name, o, r in zip(("w", "u", "qg", "kg"), out, refs.recompute_w_u_reference(**inp)):
-        assert rel_err(o, r) < 1e-6, name

@@ -19,7 +19,7 @@ RCP_LN2 = 1.4426950408889634
 BT = 64
 # fla's own tolerances for the op (kda: dq/dk/dv 8e-3, dg/db 2e-2) as the ceiling; dA
 # (the gradient of L) is an intermediate with the looser one.
-TOL = dict(dq=8e-3, dk=8e-3, dv=8e-3, db=2e-2, dg=2e-2, dA=2e-2, w=8e-3, u=8e-3, qg=8e-3, kg=8e-3)
+TOL = dict(dq=8e-3, dk=8e-3, dv=8e-3, db=2e-2, dg=2e-2, dA=2e-2)
 
 
 from kernel_fun._common.numerics import rel_rms as rel_err  # noqa: E402
@@ -179,33 +179,6 @@ def test_wy_bwd_every_config(name, config):
         pytest.skip(f"does not fit on this GPU: {e}")
     ref = _refs(name)[0]
     _check(f"{name}/{config}", ours, fla_wy, ref, ("dq", "dk", "dv", "db", "dg", "dA"))
-
-
-def _recompute_configs():
-    from kernel_fun.kda._kernels.recompute_wu import configs
-
-    return configs()
-
-
-@pytest.mark.parametrize("config", [None] + _recompute_configs(), ids=["autotuned"] + _ids(_recompute_configs()))
-@pytest.mark.parametrize("name", list(CASES))
-def test_recompute_wu_against_fla_and_reference(name, config):
-    """Ours (each configuration forced, and the autotuned pick) against fla's recompute_w_u_fwd
-    and the fp64 reference, on the Akk and gate fla's forward gives the backward."""
-    from fla.ops.kda.wy_fast import recompute_w_u_fwd
-
-    from kernel_fun.kda._kernels.recompute_wu import recompute_w_u
-
-    wy_in, _, _ = _inputs(name)
-    inp = dict(q=wy_in["q"], k=wy_in["k"], v=wy_in["v"], beta=wy_in["beta"], A=wy_in["A"], gk=wy_in["g"],
-               cu_seqlens=wy_in["cu_seqlens"], chunk_indices=wy_in["chunk_indices"])
-    before = launch_counts("kda.").get("kda.recompute_wu", 0)
-    ours = recompute_w_u(**inp, config=config)
-    torch.cuda.synchronize()
-    assert launch_counts("kda.").get("kda.recompute_wu", 0) == before + 1
-    fla_out = recompute_w_u_fwd(**inp)
-    ref = refs.recompute_w_u_reference(**inp)
-    _check(f"{name}/{config}", ours, fla_out, ref, ("w", "u", "qg", "kg"))
 
 
 def test_stages_deterministic_and_no_aliasing():

@@ -74,8 +74,7 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
     ``q_rstd``/``k_rstd`` (l2norm_fwd's) are given, and dq, dk then are those of the raw q, k."""
     H, HV, K = q.shape[2], v.shape[2], q.shape[3]
     gc = gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices)
-    recompute = STAGES.get("recompute_w_u") or _fla("fla.ops.kda.wy_fast", "recompute_w_u_fwd")
-    w, u, qg, kg = recompute(
+    w, u, qg, kg = _fla("fla.ops.kda.wy_fast", "recompute_w_u_fwd")(
         q=q, k=k, v=v, beta=beta, A=Akk, gk=gc, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
     h, v_new, _ = _fla("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_fwd_h")(
         k=kg, w=w, u=u, gk=gc, initial_state=initial_state, output_final_state=False,
@@ -146,25 +145,27 @@ from .._delta._kernels.state_scan_fwd import state_scan_fwd  # noqa: E402
 from ._kernels.intra_bwd import can_fuse_l2norm as intra_can_fuse_l2norm  # noqa: E402
 from ._kernels.intra_bwd import intra_bwd  # noqa: E402
 from ._kernels.intra_bwd import whole_k_block as intra_whole_k_block  # noqa: E402
-from ._kernels.recompute_wu import recompute_w_u  # noqa: E402
 from ._kernels.wy_bwd import wy_dqkg_bwd  # noqa: E402
 
-STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bwd": wy_dqkg_bwd}
+# state_scan_bwd (fla's chunk_gated_delta_rule_bwd_dhu): the whole fwd+bwd at B=16 runs
+# 0.13 ms faster with it (scripts/kda_switch_ab.py, bench/records/raw/2026-11-30-h200-kda-ab.json).
+STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bwd": wy_dqkg_bwd,
+                "state_scan_bwd": state_scan_bwd}
 
-# Stages of ours built and interpreter-tested but not yet timed and checked on a GPU; each
-# moves into STAGES once scripts/delta_scan_bench.py and the GPU tests have run it:
-# the backward state scan (fla's chunk_gated_delta_rule_bwd_dhu, 2.99 ms at B=16) and the
-# backward's recompute of w, u, qg, kg (fla's recompute_w_u_fwd, 3.32 ms at B=16).
-CANDIDATE_STAGES: dict = {"state_scan_bwd": state_scan_bwd, "recompute_w_u": recompute_w_u}
+# Stages of ours built and tested but not (yet) faster end to end; scripts/kda_switch_ab.py
+# times each against the shipped chain. None at the moment.
+CANDIDATE_STAGES: dict = {}
 
-# The l2norm backward of q and k inside our intra backward's epilogue (HV == H): saves fla's
-# l2norm_bwd (0.96 ms at B=16) and the fp32 dq/dk round trip. Interpreter-tested against the
-# torch reference; off until tests/kda/test_chain_gpu.py and the bench have run with it on an
-# H200 (the switch tests flip it).
-FUSE_L2NORM_BWD = False
-# The chunk-local reverse cumsum of dg in the same epilogue: saves fla's chunk_local_cumsum
-# (0.58 ms at B=16, a read and a write of the fp32 dg). Same status as the switch above.
+# The switches below are epilogues of our intra backward (they need a K block covering K).
+# Measured end to end at B=16, T=8192, H=HV=16, K=128, V=256 bf16 on the H200, 2026-11-30
+# (scripts/kda_switch_ab.py, bench/records/raw/2026-11-30-h200-kda-ab.json; fwd+bwd 33.26-33.57
+# ms without any of them):
+# the l2norm backward of q and k (HV == H): saves fla's l2norm_bwd and the fp32 dq/dk round
+# trip, -0.61 to -0.63 ms. On.
+FUSE_L2NORM_BWD = True
+# the chunk-local reverse cumsum of dg: +1.08 ms on top of the l2norm one (it was to save fla's
+# chunk_local_cumsum, 0.58 ms). Off.
 FUSE_DG_CUMSUM = False
-# With it, the gate's backward too (fla's kda_gate_bwd, 0.59 ms at B=16: dg for the raw gate,
-# dA_log, ddt_bias from per-program partials). Same status.
+# with it, the gate's backward (dA_log, ddt_bias from per-program partials): +1.00 ms more
+# (it was to save kda_gate_bwd, 0.59 ms). Off.
 FUSE_GATE_BWD = False

@@ -2,7 +2,6 @@
 
 - ``intra_bwd``: the intra-chunk backward (drop-in for fla's ``chunk_kda_bwd_intra``).
 - ``wy_bwd``: the WY / state-gradient backward (drop-in for fla's ``chunk_kda_bwd_wy_dqkg_fused``).
-- ``recompute_wu``: the backward's recompute of w, u, qg, kg (drop-in for fla's ``recompute_w_u_fwd``).
 
 Conventions shared with fla 0.6.0: token-major tensors ``[B, T, heads, D]`` (``B = 1`` with
 ``cu_seqlens`` for variable-length batches), gates cumsummed inside each 64-token chunk in
@@ -36,16 +35,11 @@ def launch(kernel, grid, config, *args, **kwargs):
 
 @triton.jit
 def chunk_program(cu_seqlens, chunk_indices, T, H: tl.constexpr, HV: tl.constexpr, BT: tl.constexpr,
-                  IS_VARLEN: tl.constexpr, SPLIT: tl.constexpr = 1):
-    """What a (chunk, batch x value head) program owns, grid (NT * SPLIT, B * HV): (batch row,
-    value head, q/k head, global chunk number (the index into h-shaped [.., NT, ..] tensors,
-    unique across the batch), first token (int64), valid rows of the chunk). With SPLIT > 1,
-    SPLIT neighbouring programs share a chunk (``program_id(0) % SPLIT`` tells them apart), so
-    they run close together in launch order and share the chunk's loads in L2."""
-    if SPLIT == 1:
-        i_t = tl.program_id(0).to(tl.int64)
-    else:
-        i_t = (tl.program_id(0) // SPLIT).to(tl.int64)
+                  IS_VARLEN: tl.constexpr):
+    """What a (chunk, batch x value head) program owns, grid (NT, B * HV): (batch row, value
+    head, q/k head, global chunk number (the index into h-shaped [.., NT, ..] tensors, unique
+    across the batch), first token (int64), valid rows of the chunk)."""
+    i_t = tl.program_id(0).to(tl.int64)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // HV
     i_hv = i_bh % HV
