@@ -25,11 +25,8 @@ TOL = dict(o=2e-3, ht=2e-3, dq=2e-3, dk=2e-3, dv=2e-3, dh0=2e-3, dg=2e-3, dbeta=
 
 @pytest.fixture(autouse=True)
 def _standins(monkeypatch, clean_state):
-    from kernel_fun.kda import ops
-
     if torch.cuda.is_available():
         pytest.skip("the CPU tier (interpreter + stand-ins); the GPU tier runs fla's stages")
-    monkeypatch.setattr(ops, "GPU_UNVERIFIED", frozenset())
     return fla_standins.install(monkeypatch)
 
 
@@ -53,8 +50,8 @@ SWITCHES = ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD")
 @pytest.mark.parametrize("fusions", list(FUSIONS))
 @pytest.mark.parametrize("name", list(CASES))
 def test_chain_against_fp64_recurrence(name, fusions, monkeypatch, _standins):
-    """"off": every intra-epilogue fusion off and fla's dhu in place of our backward state
-    scan; "shipped": the chain's defaults; "all": every fusion on, our state scan."""
+    """"off": every intra-epilogue fusion off and fla's dhu; "shipped": the chain's defaults;
+    "all": every fusion on and the candidate stages (our backward state scan) in."""
     c = dict(CASES[name])
     cu, neg = c.pop("cu", None), c.pop("neg", False)
     on = {sw: getattr(chain, sw) for sw in SWITCHES} if fusions == "shipped" else \
@@ -63,6 +60,8 @@ def test_chain_against_fp64_recurrence(name, fusions, monkeypatch, _standins):
         monkeypatch.setattr(chain, switch, value)
     if fusions == "off":
         monkeypatch.setattr(chain, "STAGES", {k: f for k, f in chain.STAGES.items() if k != "state_scan_bwd"})
+    if fusions == "all":
+        monkeypatch.setattr(chain, "STAGES", {**chain.STAGES, **chain.CANDIDATE_STAGES})
     our_dhu = "state_scan_bwd" in chain.STAGES
     t = _make(**c)
     cu_t = None if cu is None else torch.tensor(cu)

@@ -12,14 +12,6 @@ from kernel_fun.kda.reference import chunk_kda_ref
 
 pytestmark = pytest.mark.gpu
 
-
-@pytest.fixture(autouse=True)
-def _exercise_every_path(monkeypatch):
-    """These tests are the GPU verification itself: run our chain on every path of the box."""
-    from kernel_fun.kda import ops
-
-    monkeypatch.setattr(ops, "GPU_UNVERIFIED", frozenset())
-
 TOL = dict(o=5e-3, ht=5e-3, dq=8e-3, dk=8e-3, dv=8e-3, dh0=8e-3, dg=2e-2, dbeta=2e-2,
            dA_log=2e-2, ddt_bias=2e-2)
 
@@ -35,8 +27,7 @@ def _make(*args, **kw):
 
 # Every path of the box at one head configuration (H=2, HV=4, K=V=128): fla's stages and ours
 # compile and autotune once for all of them (B and T are in no autotune key); varlen adds one
-# key (IS_VARLEN). The head-dimension cases, each a new key, come last. Names map to
-# kda.ops.GPU_UNVERIFIED: a path leaves that set when its case passes on the H200.
+# key (IS_VARLEN). The head-dimension cases, each a new key, come last.
 CASES = {
     "tail_grouped": dict(B=2, T=200, H=2, HV=4, K=128, V=128),
     "initial_state": dict(B=1, T=130, H=2, HV=4, K=128, V=128, h0=True),
@@ -80,9 +71,9 @@ def test_against_fp64_naive_recurrence(name):
 def test_fused_intra_epilogues(fuse, monkeypatch):
     """chain.FUSE_L2NORM_BWD / FUSE_DG_CUMSUM / FUSE_GATE_BWD (the l2norm backward of q, k, the
     reverse cumsum of dg and the gate's backward in our intra backward's epilogue) and "dhu"
-    (our backward state scan, chain.STAGES["state_scan_bwd"]; without it, fla's dhu): against
-    the fp64 recurrence, close to the chain with all of them off, and fla's kernels for them
-    did not run. "l2norm+dhu" is what ships."""
+    (our backward state scan, a candidate stage; without it, fla's dhu): against the fp64
+    recurrence, close to the chain with all of them off, and fla's kernels for them did not
+    run. "l2norm" is what ships."""
     t = _make(2, 200, 2, 2, 128, 128)
     flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, output_final_state=True)
     do = torch.randn_like(t["v"])
@@ -90,15 +81,15 @@ def test_fused_intra_epilogues(fuse, monkeypatch):
     monkeypatch.setattr(chain, "FUSE_L2NORM_BWD", False)
     monkeypatch.setattr(chain, "FUSE_DG_CUMSUM", False)
     monkeypatch.setattr(chain, "FUSE_GATE_BWD", False)
-    shipped_stages = dict(chain.STAGES)
-    monkeypatch.setattr(chain, "STAGES", {k: f for k, f in shipped_stages.items() if k != "state_scan_bwd"})
+    with_dhu = {**chain.STAGES, **chain.CANDIDATE_STAGES}
+    monkeypatch.setattr(chain, "STAGES", {k: f for k, f in with_dhu.items() if k != "state_scan_bwd"})
     plain = _run(kda.chunk_kda, t, do, dht, **flags)
     parts = fuse.split("+")
     monkeypatch.setattr(chain, "FUSE_L2NORM_BWD", "l2norm" in parts)
     monkeypatch.setattr(chain, "FUSE_DG_CUMSUM", "dg_cumsum" in parts)
     monkeypatch.setattr(chain, "FUSE_GATE_BWD", "gate" in parts)
     if "dhu" in parts:
-        monkeypatch.setattr(chain, "STAGES", shipped_stages)
+        monkeypatch.setattr(chain, "STAGES", with_dhu)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fused = _run(kda.chunk_kda, t, do, dht, **flags)
         torch.cuda.synchronize()

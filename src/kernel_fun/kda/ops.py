@@ -47,31 +47,6 @@ RULES = {
 }
 
 
-# Paths of the box whose GPU check (tests/kda/test_chain_gpu.py) has not passed on an H200 yet
-# route to fla, with this reason, rather than risk a silent error; each name leaves the set
-# when its case passes there. Verified on the H200, 2026-11-30: the production call against
-# fla at B=16, T=8192, H=HV=16, K=128, V=256 (and B=1, T=4096), and T=200 with grouped values
-# (H=2, HV=4), K=V=128, a final state, against the fp64 recurrence. The CPU tier covers every
-# path through the interpreter. The GPU tests empty the set.
-GPU_UNVERIFIED = frozenset({"cu_seqlens", "initial_state", "head_dims", "beta_sigmoid", "precomputed_gate"})
-_UNVERIFIED = "not yet verified on the GPU by kernel-fun (routed to fla until the GPU suite passes)"
-
-
-def _unverified(K, V, cu, h0, call):
-    pending = GPU_UNVERIFIED
-    if "cu_seqlens" in pending and cu is not None:
-        return f"cu_seqlens: {_UNVERIFIED}"
-    if "initial_state" in pending and h0 is not None:
-        return f"initial_state: {_UNVERIFIED}"
-    if "head_dims" in pending and (K != 128 or V not in (128, 256)):
-        return f"K={K}, V={V}: {_UNVERIFIED}"
-    if "beta_sigmoid" in pending and call["use_beta_sigmoid_in_kernel"]:
-        return f"use_beta_sigmoid_in_kernel: {_UNVERIFIED}"
-    if "precomputed_gate" in pending and not call["use_gate_in_kernel"]:
-        return f"a precomputed gate (use_gate_in_kernel=False): {_UNVERIFIED}"
-    return None
-
-
 def _box(call: dict, extra: dict):
     q, k, v, g, beta = (call[n] for n in ("q", "k", "v", "g", "beta"))
     if any(not isinstance(t, torch.Tensor) for t in (q, k, v, g, beta)):
@@ -115,9 +90,6 @@ def _box(call: dict, extra: dict):
             return False, f"initial_state dtype {h0.dtype} (fla asserts float32)"
         if tuple(h0.shape) != (N, HV, K, V):
             raise ValueError(f"kda: initial_state must be [N, HV, K, V]={[N, HV, K, V]}, got {tuple(h0.shape)}")
-    reason = _unverified(K, V, cu, h0, call)
-    if reason:
-        return False, reason
     return True, ""
 
 
