@@ -1,18 +1,24 @@
 #!/usr/bin/env python
-"""Compile a kernel ahead of time for sm_90a on a machine without a GPU and print what ptxas
-made of it: registers, local memory (spills), the shared memory Triton allocates, static SASS
-instructions and MUFU (special function) instructions. A proxy to check before spending device
-time, not a timing.
+"""Compile our Triton kernels ahead of time for sm_90a on a machine without a GPU.
 
-    python scripts/sass_stats.py intra_bwd       # the KDA intra backward at K=128, BK=128, 4 warps,
-                                                 # with each fused epilogue switched on in turn
-    python scripts/sass_stats.py state_scan_bwd  # the backward state scan, KDA K=128 V=256, each config
-    python scripts/sass_stats.py wy_bwd | state_scan_fwd | cconv   # production configs of those
+    python scripts/sass_stats.py intra_bwd            # registers, spills, shared memory, static
+    python scripts/sass_stats.py wy_bwd | state_scan_fwd | state_scan_bwd | cconv   # SASS, MUFU
+    python scripts/sass_stats.py all --frontend       # every config of every kernel, every flag
+                                                      # combination, lowered to Triton IR only
 
-Uses the ptxas and cuobjdump that ship with the triton wheel.
+Default mode: the production configurations (and, for intra_bwd, each fused epilogue in turn)
+compiled to a cubin with the ptxas and cuobjdump that ship with the triton wheel; prints what
+ptxas made of each: a proxy to check before spending device time, not a timing.
+
+``--frontend``: lower each kernel to Triton IR (the step where Triton type-checks the kernel:
+an if/else whose branches give one name two shapes, a constexpr mismatch, a missing argument).
+Triton's interpreter, which runs the CPU tests, does none of those checks, so a kernel can pass
+every interpreted test and still fail to compile on the GPU. Exit status 1 if any fails;
+tests/common/test_frontend_compile.py runs this in CI. About 0.3 s per kernel variant.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -24,16 +30,44 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+TARGET = GPUTarget("cuda", 90, 32)
 
 
-def stats(fn, pointer_types: dict, constexprs: dict, num_warps: int, num_stages: int = 1) -> dict:
-    """Compile ``fn`` (a JITFunction) for sm_90a; pointers default to fp32, ``T`` is i32."""
+def _source(fn, pointer_types: dict, constexprs: dict) -> ASTSource:
+    """``fn`` (a JITFunction) with its pointers typed (default fp32 pointers; ``T`` is i32)."""
     sig = {n: pointer_types.get(n, "*fp32") for n in fn.arg_names}
-    sig["T"] = "i32"
+    if "T" in sig:
+        sig["T"] = "i32"
     for c in constexprs:
         sig[c] = "constexpr"
-    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
+    return ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
+
+
+def _options(num_warps, num_stages, maxnreg) -> dict:
+    opts = dict(num_warps=num_warps, num_stages=num_stages)
+    if maxnreg:
+        opts["maxnreg"] = maxnreg
+    return opts
+
+
+def lower(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None):
+    """Triton IR of the kernel (raises where Triton's frontend rejects it)."""
+    from triton._C.libtriton import ir
+    from triton.compiler.compiler import make_backend
+
+    backend = make_backend(TARGET)
+    options = backend.parse_options(_options(num_warps, num_stages, maxnreg))
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    return _source(fn, pointer_types, constexprs).make_ir(
+        TARGET, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
+
+
+def stats(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None) -> dict:
+    """Compile for sm_90a: registers, local memory (spills), shared memory, SASS and MUFU counts."""
+    k = triton.compile(_source(fn, pointer_types, constexprs), target=TARGET,
+                       options=_options(num_warps, num_stages, maxnreg))
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(k.asm["cubin"])
     res = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "--dump-resource-usage", f.name],
@@ -45,73 +79,135 @@ def stats(fn, pointer_types: dict, constexprs: dict, num_warps: int, num_stages:
                 sass=len(re.findall(r"^\s+/\*[0-9a-f]{4,6}\*/", sass, re.M)), mufu=sass.count("MUFU"))
 
 
-def intra_bwd():
+# Each spec generator yields (label, jit function, pointer types, constexprs, config); with
+# full=False only what the default mode reports (production configs), with full=True every
+# configuration any launcher, bench or test can force, at every flag combination.
+
+def _cfg_label(c) -> str:
+    extra = f" r{c.maxnreg}" if getattr(c, "maxnreg", None) else ""
+    return f"{c.kwargs} w{c.num_warps} s{c.num_stages}{extra}"
+
+
+def intra_bwd(full):
     from kernel_fun.kda._kernels import intra_bwd as m
 
     ptr = {n: "*bf16" for n in ("q", "k", "beta", "dq_out", "dk_out", "g_raw")}
     ptr.update(cu_seqlens="*i64", chunk_indices="*i64")
-    base = dict(H=16, HV=16, K=128, BT=64, BK=128, HOIST_S=False, IS_VARLEN=False, DOT_PRECISION="tf32")
-    for name, flags in [("plain", ()), ("+l2norm", ("L2NORM_BWD",)), ("+l2norm+cumsum", ("L2NORM_BWD", "DG_CUMSUM")),
-                        ("+l2norm+cumsum+gate", ("L2NORM_BWD", "DG_CUMSUM", "GATE_BWD", "HAS_DT_BIAS"))]:
-        c = dict(base, L2NORM_BWD=False, DG_CUMSUM=False, GATE_BWD=False, HAS_DT_BIAS=False)
+    fusions = [("plain", ()), ("+l2norm", ("L2NORM_BWD",)), ("+l2norm+cumsum", ("L2NORM_BWD", "DG_CUMSUM")),
+               ("+l2norm+cumsum+gate", ("L2NORM_BWD", "DG_CUMSUM", "GATE_BWD", "HAS_DT_BIAS"))]
+    if not full:  # the measured best at K=128: BK=128 on 4 warps
+        base = dict(H=16, HV=16, K=128, BT=64, BK=128, HOIST_S=False, IS_VARLEN=False, DOT_PRECISION="tf32")
+        for name, flags in fusions:
+            c = dict(base, L2NORM_BWD=False, DG_CUMSUM=False, GATE_BWD=False, HAS_DT_BIAS=False)
+            c.update({f: True for f in flags})
+            yield f"intra_bwd {name}", m._intra_bwd_kernel.fn, ptr, c, triton.Config({}, num_warps=4)
+        return
+    fusions += [("+cumsum", ("DG_CUMSUM",)), ("+cumsum+gate", ("DG_CUMSUM", "GATE_BWD")),
+                ("+cumsum+gate+dt_bias", ("DG_CUMSUM", "GATE_BWD", "HAS_DT_BIAS"))]
+    for cfg, varlen, (name, flags) in itertools.product(m.configs(), (False, True), fusions):
+        if flags and cfg.kwargs["BK"] < 128:
+            continue  # the fused epilogues take only whole-K blocks (the launcher prunes the rest)
+        c = dict(H=16, HV=16, K=128, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", L2NORM_BWD=False,
+                 DG_CUMSUM=False, GATE_BWD=False, HAS_DT_BIAS=False, **cfg.kwargs)
         c.update({f: True for f in flags})
-        print(f"intra_bwd {name:22s}", stats(m._intra_bwd_kernel.fn, ptr, c, num_warps=4), flush=True)
+        yield f"intra_bwd {name} varlen={varlen} {_cfg_label(cfg)}", m._intra_bwd_kernel.fn, ptr, c, cfg
 
 
-def state_scan_bwd():
-    from kernel_fun._delta._kernels import state_scan_bwd as m
-
-    ptr = {n: "*bf16" for n in ("q", "k", "w", "do", "dv", "dh", "dv2")}
-    ptr.update(cu_seqlens="*i64", chunk_offsets="*i64")
-    for c in m.CONFIGS:
-        const = dict(HQ=16, HK=16, HV=16, K=128, V=256, BT=64, KP=128, BV=c.kwargs["BV"], GATE=2, USE_DHT=True,
-                     STORE_DH0=True, IS_VARLEN=False, DOT_PRECISION="tf32")
-        fn = m.state_scan_bwd_kernel
-        print(f"state_scan_bwd {m.config_name(c):14s}", stats(fn, dict(ptr, scale="fp32"), const, c.num_warps,
-                                                         c.num_stages), flush=True)
-
-
-def wy_bwd():
+def wy_bwd(full):
     from kernel_fun.kda._kernels import wy_bwd as m
 
     ptr = {n: "*bf16" for n in ("q", "k", "v", "v_new", "beta", "A", "h", "do", "dh", "dv", "dv2")}
     ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
-    for c in m.configs():
-        const = dict(H=16, HV=16, K=128, V=256, BT=64, IS_VARLEN=False, DOT_PRECISION="tf32", **c.kwargs)
-        print(f"wy_bwd {c.kwargs} w{c.num_warps} s{c.num_stages}",
-              stats(m._wy_bwd_kernel.fn, ptr, const, c.num_warps, c.num_stages), flush=True)
+    for cfg, varlen in itertools.product(m.bench_configs() if full else m.configs(), (False, True) if full else (False,)):
+        c = dict(H=16, HV=16, K=128, V=256, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", **cfg.kwargs)
+        yield f"wy_bwd varlen={varlen} {_cfg_label(cfg)}", m._wy_bwd_kernel.fn, ptr, c, cfg
 
 
-def state_scan_fwd():
+def state_scan_fwd(full):
     from kernel_fun._delta._kernels import state_scan_fwd as m
 
     ptr = {n: "*bf16" for n in ("q", "k", "w", "u", "o", "Aqk", "h", "v_new")}
     ptr.update(cu_seqlens="*i64", chunk_offsets="*i64", scale="fp32", T_total="i32", N="i32")
-    for c in m.PRODUCTION_CONFIGS:
-        const = dict(HQ=16, HK=16, HV=16, K=128, V=256, BT=64, BK=64, GATE=2, Q_GATED=True, HAS_AQK=True,
-                     USE_H0=False, STORE_HT=False, SAVE_H=False, SAVE_V_NEW=False, STATE_V_FIRST=False,
-                     IS_VARLEN=False, DOT_PRECISION="tf32", **c.kwargs)
-        print(f"state_scan_fwd {m.config_name(c):22s}",
-              stats(m.state_scan_fwd_kernel, ptr, const, c.num_warps, c.num_stages), flush=True)
+    base = dict(HQ=16, HK=16, HV=16, K=128, V=256, BT=64, BK=64, GATE=2, Q_GATED=True, HAS_AQK=True,
+                USE_H0=False, STORE_HT=False, SAVE_H=False, SAVE_V_NEW=False, STATE_V_FIRST=False,
+                IS_VARLEN=False, DOT_PRECISION="tf32")
+    if not full:
+        for cfg in m.PRODUCTION_CONFIGS:
+            yield f"state_scan_fwd {m.config_name(cfg)}", m.state_scan_fwd_kernel, ptr, dict(base, **cfg.kwargs), cfg
+        return
+    variants = [dict(), dict(GATE=1, Q_GATED=False), dict(GATE=0, Q_GATED=False), dict(Q_GATED=False),
+                dict(USE_H0=True, STORE_HT=True, IS_VARLEN=True), dict(SAVE_H=True, SAVE_V_NEW=True, HAS_AQK=False)]
+    for cfg, v in itertools.product(m.CONFIGS, variants):
+        c = dict(base, **v, **cfg.kwargs)
+        name = ",".join(f"{k}={x}" for k, x in v.items()) or "kda"
+        yield f"state_scan_fwd {name} {m.config_name(cfg)}", m.state_scan_fwd_kernel, ptr, c, cfg
 
 
-def cconv():
+def state_scan_bwd(full):
+    from kernel_fun._delta._kernels import state_scan_bwd as m
+
+    ptr = {n: "*bf16" for n in ("q", "k", "w", "do", "dv", "dh", "dv2")}
+    ptr.update(cu_seqlens="*i64", chunk_offsets="*i64", scale="fp32")
+    gates = (0, 1, 2) if full else (2,)
+    for cfg, gate, varlen in itertools.product(m.CONFIGS, gates, (False, True) if full else (False,)):
+        c = dict(HQ=16, HK=16, HV=16, K=128, V=256, BT=64, KP=128, BV=cfg.kwargs["BV"], GATE=gate, USE_DHT=True,
+                 STORE_DH0=True, IS_VARLEN=varlen, DOT_PRECISION="tf32")
+        yield (f"state_scan_bwd GATE={gate} varlen={varlen} {m.config_name(cfg)}", m.state_scan_bwd_kernel,
+               ptr, c, cfg)
+
+
+def cconv(full):
     from kernel_fun.cconv._kernels import bwd, fwd
 
     ptr = dict(x="*bf16", y="*bf16", dy="*bf16", dx="*bf16", cu_seqlens="*i64")
-    for name, kernel, configs in (("fwd", fwd.conv_fwd_kernel, fwd._FWD_CONFIGS),
-                                  ("bwd", bwd.conv_bwd_kernel, bwd._BWD_CONFIGS)):
+    lists = (("fwd", fwd.conv_fwd_kernel, fwd._FWD_CONFIGS),
+             ("bwd", bwd.conv_bwd_kernel, bwd._BWD_CONFIGS + (bwd._BWD_CANDIDATES if full else [])))
+    for name, kernel, configs in lists:
         fn = kernel.fn
         types = dict(ptr, **{a: "i32" for a in fn.arg_names if a.startswith("s_") or a in ("D", "TC", "N_SEQ", "N_STEPS")})
-        for c in configs:
-            const = dict(W=4, HAS_BIAS=True, SILU=True, IS_VARLEN=False, X_TMAJOR=False, VEC16=True, **c.kwargs)
+        layouts = [dict(IS_VARLEN=False, X_TMAJOR=False, HAS_BIAS=True, SILU=True, W=4)]
+        if full:
+            layouts += [dict(IS_VARLEN=True, X_TMAJOR=True, HAS_BIAS=False, SILU=False, W=3),
+                        dict(IS_VARLEN=False, X_TMAJOR=False, HAS_BIAS=True, SILU=True, W=1)]
+        for cfg, lay in itertools.product(configs, layouts):
+            c = dict(VEC16=True, **lay, **cfg.kwargs)
             if name == "bwd":
-                const["DY_TMAJOR"] = False
-            print(f"cconv {name} {c.kwargs} w{c.num_warps}", stats(fn, types, const, c.num_warps, 1), flush=True)
+                c["DY_TMAJOR"] = lay["X_TMAJOR"]
+            yield f"cconv {name} {lay} {_cfg_label(cfg)}", fn, types, c, cfg
+    if full:
+        fn = bwd.dw_reduce_kernel
+        for has_bias in (False, True):
+            yield (f"cconv dw_reduce HAS_BIAS={has_bias}", fn, dict(n_part="i32", D="i32"),
+                   dict(W=4, HAS_BIAS=has_bias, BP=64, BM=128), triton.Config({}, num_warps=4))
 
 
 KERNELS = {"intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,
            "state_scan_bwd": state_scan_bwd, "cconv": cconv}
 
+
+def main(argv) -> int:
+    frontend = "--frontend" in argv
+    names = [a for a in argv if not a.startswith("--")] or ["intra_bwd"]
+    if names == ["all"]:
+        names = list(KERNELS)
+    failed = 0
+    for name in names:
+        for label, fn, ptr, const, cfg in KERNELS[name](full=frontend):
+            args = (fn, ptr, const, cfg.num_warps, cfg.num_stages, getattr(cfg, "maxnreg", None))
+            if not frontend:
+                print(label, stats(*args), flush=True)
+                continue
+            try:
+                lower(*args)
+                print(f"ok     {label}", flush=True)
+            except Exception as e:  # noqa: BLE001  (report every failure, then exit 1)
+                failed += 1
+                msg = str(e).strip().splitlines()
+                print(f"FAILED {label}: {type(e).__name__}: {msg[-1] if msg else ''}", flush=True)
+    if frontend:
+        print(f"{failed} failed", flush=True)
+    return 1 if failed else 0
+
+
 if __name__ == "__main__":
-    KERNELS[sys.argv[1] if len(sys.argv) > 1 else "intra_bwd"]()
+    sys.exit(main(sys.argv[1:]))
