@@ -1,13 +1,15 @@
 #!/usr/bin/env python
 """A/B of the KDA chain's switches, end to end on one GPU: ``kda.chunk_kda`` fwd+bwd (the
 production call: l2norm and gate in the op) with each combination of the intra-backward
-epilogue fusions (chain.FUSE_L2NORM_BWD, FUSE_DG_CUMSUM, FUSE_GATE_BWD) and of the switchable
+epilogue fusions (chain.FUSE_L2NORM_BWD, FUSE_DG_CUMSUM, FUSE_GATE_BWD), of the WY pieces made
+in the forward scan (chain.FUSE_WY_FWD, "wyf"), and of the switchable
 stages (our backward state scan, "dhu", or fla's), against the chain as it ships.
 
     python scripts/kda_switch_ab.py out.json [--B 16] [--combos off,l2+dhu,...]
 
 Each combination is checked against the shipped chain's o and gradients (relative RMS) before
-it is timed (``triton.testing.do_bench`` median of the whole autograd fwd+bwd). fla's own
+it is timed (``triton.testing.do_bench`` medians of the whole autograd fwd+bwd, and of the
+forward alone with inputs that require grad). fla's own
 chunk_kda is not run here: this picks the defaults; ``kernel-fun bench`` measures them against
 fla afterwards. Prints as it goes; the JSON at argv[1] is rewritten after each combination.
 """
@@ -25,7 +27,9 @@ T0 = time.time()
 COMBOS = {
     "off": (),
     "l2": ("l2norm",),
+    "l2+wyf": ("l2norm", "wyf"),
     "l2+dhu": ("l2norm", "dhu"),
+    "l2+wyf+dhu": ("l2norm", "wyf", "dhu"),
     "l2+cs+dhu": ("l2norm", "dg_cumsum", "dhu"),
     "l2+cs+gate+dhu": ("l2norm", "dg_cumsum", "gate", "dhu"),
 }
@@ -43,11 +47,13 @@ def set_switches(chain, shipped: dict, parts) -> None:
     chain as it ships."""
     if parts is None:
         chain.FUSE_L2NORM_BWD, chain.FUSE_DG_CUMSUM, chain.FUSE_GATE_BWD = shipped["l2"], shipped["cs"], shipped["gate"]
+        chain.FUSE_WY_FWD = shipped["wyf"]
         chain.STAGES = dict(shipped["stages"])
         return
     chain.FUSE_L2NORM_BWD = "l2norm" in parts
     chain.FUSE_DG_CUMSUM = "dg_cumsum" in parts
     chain.FUSE_GATE_BWD = "gate" in parts
+    chain.FUSE_WY_FWD = "wyf" in parts
     ours = {**shipped["stages"], **chain.CANDIDATE_STAGES}
     off = {stage for short, stage in SWITCHABLE_STAGES.items() if short not in parts}
     chain.STAGES = {n: f for n, f in shipped["stages"].items() if n not in off}
@@ -70,15 +76,18 @@ def main() -> None:
     from kernel_fun.kda import chain
 
     shipped = dict(l2=chain.FUSE_L2NORM_BWD, cs=chain.FUSE_DG_CUMSUM, gate=chain.FUSE_GATE_BWD,
-                   stages=dict(chain.STAGES))
+                   wyf=chain.FUSE_WY_FWD, stages=dict(chain.STAGES))
     t = _inputs(a.B, a.T, a.H, a.HV, a.K, a.V)
     do = torch.randn(a.B, a.T, a.HV, a.V, device="cuda", dtype=torch.bfloat16)
     leaves = [t[n] for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias")]
     names = ("o", "dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias")
 
+    def fwd():  # as in training: the inputs require grad, so the forward saves for backward
+        return kda.chunk_kda(t["q"], t["k"], t["v"], t["g"], t["beta"], A_log=t["A_log"],
+                             dt_bias=t["dt_bias"], use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True)[0]
+
     def fwdbwd():
-        o = kda.chunk_kda(t["q"], t["k"], t["v"], t["g"], t["beta"], A_log=t["A_log"],
-                          dt_bias=t["dt_bias"], use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True)[0]
+        o = fwd()
         return (o, *torch.autograd.grad(o, leaves, do))
 
     rec = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -96,14 +105,16 @@ def main() -> None:
         errs = {k: float(f"{rel(got[k], want[k]):.2e}") for k in names}
         del got
         ms = triton.testing.do_bench(fwdbwd, warmup=5, rep=400, return_mode="median")
-        rec["rows"][name] = {"fwdbwd_ms": round(ms, 4), "rel_err_vs_shipped": errs}
-        log(f"{name:16s} {ms:8.3f} ms  vs shipped {errs}")
+        fms = triton.testing.do_bench(fwd, warmup=5, rep=200, return_mode="median")
+        rec["rows"][name] = {"fwdbwd_ms": round(ms, 4), "fwd_ms": round(fms, 4), "rel_err_vs_shipped": errs}
+        log(f"{name:16s} fwd+bwd {ms:8.3f} ms  fwd {fms:7.3f} ms  vs shipped {errs}")
         with open(a.out_json, "w") as f:
             json.dump(rec, f, indent=1)
     base = rec["rows"].get("off", {}).get("fwdbwd_ms")
     if base:
+        fbase = rec["rows"]["off"]["fwd_ms"]
         for name, r in rec["rows"].items():
-            log(f"{name:16s} saves {base - r['fwdbwd_ms']:6.3f} ms")
+            log(f"{name:16s} saves {base - r['fwdbwd_ms']:6.3f} ms fwd+bwd, {fbase - r['fwd_ms']:6.3f} ms fwd")
 
 
 if __name__ == "__main__":

@@ -126,18 +126,25 @@ def wy_bwd(full):
 def state_scan_fwd(full):
     from kernel_fun._delta._kernels import state_scan_fwd as m
 
-    ptr = {n: "*bf16" for n in ("q", "k", "w", "u", "o", "Aqk", "h", "v_new")}
+    ptr = {n: "*bf16" for n in ("q", "k", "w", "u", "o", "Aqk", "h", "v_new", "beta")}
     ptr.update(cu_seqlens="*i64", chunk_offsets="*i64", scale="fp32", T_total="i32", N="i32")
     base = dict(HQ=16, HK=16, HV=16, K=128, V=256, BT=64, BK=64, GATE=2, Q_GATED=True, HAS_AQK=True,
                 USE_H0=False, STORE_HT=False, SAVE_H=False, SAVE_V_NEW=False, STATE_V_FIRST=False,
-                IS_VARLEN=False, DOT_PRECISION="tf32")
+                IS_VARLEN=False, DOT_PRECISION="tf32", WY=False)
+    wy = dict(WY=True, Q_GATED=False)
     if not full:
         for cfg in m.PRODUCTION_CONFIGS:
             yield f"state_scan_fwd {m.config_name(cfg)}", m.state_scan_fwd_kernel, ptr, dict(base, **cfg.kwargs), cfg
+        for cfg in m.WY_CONFIGS:
+            yield (f"state_scan_fwd WY {m.config_name(cfg)}", m.state_scan_fwd_kernel, ptr,
+                   dict(base, **wy, **cfg.kwargs), cfg)
         return
     variants = [dict(), dict(GATE=1, Q_GATED=False), dict(GATE=0, Q_GATED=False), dict(Q_GATED=False),
-                dict(USE_H0=True, STORE_HT=True, IS_VARLEN=True), dict(SAVE_H=True, SAVE_V_NEW=True, HAS_AQK=False)]
+                dict(USE_H0=True, STORE_HT=True, IS_VARLEN=True), dict(SAVE_H=True, SAVE_V_NEW=True, HAS_AQK=False),
+                wy, dict(wy, USE_H0=True, STORE_HT=True, IS_VARLEN=True)]
     for cfg, v in itertools.product(m.CONFIGS, variants):
+        if v.get("WY") and not cfg.kwargs["VK"]:
+            continue  # the launcher refuses it (value-major only)
         c = dict(base, **v, **cfg.kwargs)
         name = ",".join(f"{k}={x}" for k, x in v.items()) or "kda"
         yield f"state_scan_fwd {name} {m.config_name(cfg)}", m.state_scan_fwd_kernel, ptr, c, cfg

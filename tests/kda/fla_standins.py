@@ -132,6 +132,59 @@ def chunk_kda_fwd_intra(q, k, v, gk, beta, scale, cu_seqlens=None, chunk_size=BT
     return w, u, qg, kg, Aqk, Akk
 
 
+def _score_blocks(q, k, gk, beta, scale, cu_seqlens, write):
+    """Per chunk: ``write(b, s, e, Aq, Ak, diag)`` with ``diag`` [n, n] True on the 16x16
+    diagonal sub-blocks (where fla's token-parallel stage writes)."""
+    B, T, H, K = k.shape
+    HV = gk.shape[2]
+    for b, s, e, _ in _chunks(B, T, cu_seqlens):
+        n = e - s
+        _, _, _, _, Aq, Ak = _chunk_mats(q, k, gk, beta, scale, b, s, e, HV // H)
+        i = torch.arange(n)
+        write(b, s, e, Aq, Ak, (i[:, None] // 16) == (i[None, :] // 16))
+
+
+def chunk_kda_fwd_intra_token_parallel(q, k, gk, beta, Aqk, Akk, scale, cu_seqlens=None, chunk_size=BT,
+                                       sub_chunk_size=16, **_):
+    """Aqk's diagonal 16x16 blocks (lower triangle); everything else of Aqk NaN (unwritten),
+    and Akk (fla's fp32 diagonal blocks, an intermediate only the next stage reads) NaN too:
+    the stand-in of the next stage recomputes what it needs."""
+    assert chunk_size == BT and sub_chunk_size == 16
+    Aqk.fill_(float("nan"))
+    Akk.fill_(float("nan"))
+
+    def write(b, s, e, Aq, Ak, diag):
+        tri = torch.tril(torch.ones(e - s, e - s, dtype=torch.bool))
+        cur = Aqk[b, s:e, :, : e - s].transpose(0, 1).double()
+        _put(Aqk, b, s, e, torch.where(diag & tri, Aq, cur))
+
+    _score_blocks(q, k, gk, beta, scale, cu_seqlens, write)
+    return Aqk, Akk
+
+
+class _InterSolve:
+    """fla's ``chunk_kda_fwd_kernel_inter_solve_fused``, launched as ``kernel[grid](**kw)``:
+    Aqk's blocks below the diagonal blocks, and Akk = (I + L)^-1."""
+
+    def __getitem__(self, grid):
+        def launch(q, k, g, beta, Aqk, Akkd, Akk, scale, cu_seqlens=None, chunk_indices=None, BT=BT, BC=16,
+                   USE_SAFE_GATE=False, USE_GRAPH=False, **_):
+            assert BT == 64 and BC == 16 and not USE_SAFE_GATE and not USE_GRAPH
+            assert torch.isnan(Akkd).all()  # what the token-parallel stand-in left there
+
+            def write(b, s, e, Aq, Ak, diag):
+                below = torch.tril(torch.ones(e - s, e - s, dtype=torch.bool)) & ~diag
+                cur = Aqk[b, s:e, :, : e - s].transpose(0, 1).double()
+                _put(Aqk, b, s, e, torch.where(below, Aq, cur))
+                _put(Akk, b, s, e, Ak)
+
+            _score_blocks(q, k, g, beta, scale, cu_seqlens, write)
+        return launch
+
+
+chunk_kda_fwd_kernel_inter_solve_fused = _InterSolve()
+
+
 def chunk_gated_delta_rule_fwd_h(k, w, u, gk, initial_state=None, output_final_state=False, cu_seqlens=None,
                                  chunk_size=BT, **_):
     B, T, HV, K = k.shape
@@ -217,6 +270,9 @@ STANDINS = {
     ("fla.ops.kda.gate", "kda_gate_bwd"): kda_gate_bwd,
     ("fla.ops.utils.cumsum", "chunk_local_cumsum"): chunk_local_cumsum,
     ("fla.ops.kda.chunk_intra", "chunk_kda_fwd_intra"): chunk_kda_fwd_intra,
+    ("fla.ops.kda.chunk_intra_token_parallel", "chunk_kda_fwd_intra_token_parallel"):
+        chunk_kda_fwd_intra_token_parallel,
+    ("fla.ops.kda.chunk_intra", "chunk_kda_fwd_kernel_inter_solve_fused"): chunk_kda_fwd_kernel_inter_solve_fused,
     ("fla.ops.kda.wy_fast", "recompute_w_u_fwd"): recompute_w_u_fwd,
     ("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_fwd_h"): chunk_gated_delta_rule_fwd_h,
     ("fla.ops.kda.chunk_bwd", "chunk_kda_bwd_dAv"): chunk_kda_bwd_dAv,

@@ -43,8 +43,9 @@ CASES = {  # the box's smallest heads (K=64, V=64: the interpreter's cost grows 
 }
 # the chain with every switch off and fla's stage where ours is switchable; as it ships; with
 # every switch on (the fusions measured slower stay correct and tested)
-FUSIONS = {"off": (), "shipped": None, "all": ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD")}
-SWITCHES = ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD")
+FUSIONS = {"off": (), "shipped": None,
+           "all": ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD", "FUSE_WY_FWD")}
+SWITCHES = ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD", "FUSE_WY_FWD")
 
 
 @pytest.mark.parametrize("fusions", list(FUSIONS))
@@ -99,3 +100,8 @@ def test_chain_against_fp64_recurrence(name, fusions, monkeypatch, _standins):
             continue  # no gate backward; the forward's cumsum of a precomputed gate is the same function
         fused = on[switch] and applies[switch]
         assert (fla_fn in _standins) != fused, (switch, "fused" if fused else "not fused", _standins)
+    # FUSE_WY_FWD: fla's intra stage without its recompute_w_u_fwd, the WY pieces made in our scan
+    split = {("fla.ops.kda.chunk_intra_token_parallel", "chunk_kda_fwd_intra_token_parallel"),
+             ("fla.ops.kda.chunk_intra", "chunk_kda_fwd_kernel_inter_solve_fused")}
+    whole = ("fla.ops.kda.chunk_intra", "chunk_kda_fwd_intra")
+    assert (split <= set(_standins), whole in _standins) == ((True, False) if on["FUSE_WY_FWD"] else (False, True))

@@ -110,6 +110,38 @@ def test_fused_intra_epilogues(fuse, monkeypatch):
         assert e < (1e-2 if k in ("dA_log", "ddt_bias") else 2e-3), (k, e)
 
 
+@pytest.mark.parametrize("name", ["tail_grouped", "cu_seqlens"])
+def test_wy_formed_in_the_forward_scan(name, monkeypatch):
+    """chain.FUSE_WY_FWD: the forward without fla's recompute_w_u_fwd (w, u, kg made inside our
+    scan): against the fp64 recurrence, close to the chain without it, and fla's kernel ran
+    only in the backward."""
+    c = dict(CASES[name])
+    cu = c.pop("cu", None)
+    t = _make(**c)
+    cu_t = None if cu is None else torch.tensor(cu, device="cuda")
+    flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, output_final_state=True, cu_seqlens=cu_t)
+    do = torch.randn_like(t["v"])
+    dht = torch.randn(len(cu) - 1 if cu else c["B"], c["HV"], c["K"], c["V"], device="cuda")
+    monkeypatch.setattr(chain, "FUSE_WY_FWD", False)
+    plain = _run(kda.chunk_kda, t, do, dht, **flags)
+    monkeypatch.setattr(chain, "FUSE_WY_FWD", True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fused = _run(kda.chunk_kda, t, do, dht, **flags)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert sum(n.startswith("recompute_w_u_fwd") for n in names) == 1, names  # the backward's
+    ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},
+               do.double(), dht.double(), **flags)
+    errs = {k: _rel(fused[k], ref[k]) for k in fused if fused[k] is not None and k in TOL}
+    vs_plain = {k: _rel(fused[k], plain[k]) for k in ("o", "ht", "dq", "dk", "dv")}
+    print("wy in the scan", name, {k: f"{v:.2e}" for k, v in errs.items()}, "vs plain",
+          {k: f"{v:.1e}" for k, v in vs_plain.items()})
+    for k, e in errs.items():
+        assert e <= TOL[k], (k, e)
+    for k, e in vs_plain.items():
+        assert e < 3e-3, (k, e)
+
+
 def test_against_fla_at_production_heads():
     t = _make(1, 8192, 16, 16, 128, 256)
     flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True)

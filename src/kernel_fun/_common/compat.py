@@ -52,6 +52,13 @@ FLA_CALLS: tuple = (
     FlaCall("fla.ops.kda.chunk_intra", "chunk_kda_fwd_intra", (
         "q", "k", "v", "gk", "beta", "scale", "cu_seqlens", "chunk_size", "chunk_indices",
         "disable_recompute")),
+    # chunk_kda_fwd_intra's two score stages without its closing recompute_w_u_fwd (the chain's
+    # forward with chain.FUSE_WY_FWD forms w, u, kg inside our scan instead).
+    FlaCall("fla.ops.kda.chunk_intra_token_parallel", "chunk_kda_fwd_intra_token_parallel", (
+        "q", "k", "gk", "beta", "Aqk", "Akk", "scale", "cu_seqlens", "chunk_size", "sub_chunk_size")),
+    FlaCall("fla.ops.kda.chunk_intra", "chunk_kda_fwd_kernel_inter_solve_fused", kernel_args=(
+        "q", "k", "g", "beta", "Aqk", "Akkd", "Akk", "scale", "cu_seqlens", "chunk_indices", "T", "H", "HV",
+        "K", "BT", "BC", "NC", "BK", "IS_VARLEN", "USE_SAFE_GATE", "USE_GRAPH")),
     FlaCall("fla.ops.kda.chunk_intra", "chunk_kda_bwd_intra", (
         "q", "k", "g", "beta", "dAqk", "dAkk", "dq", "dk", "db", "dg", "cu_seqlens",
         "chunk_indices", "chunk_size")),

@@ -108,6 +108,8 @@ def intra_ref(
     Returns (in ``dtype``) ``w [B, T, HV, K]``, ``u [B, T, HV, V]``,
     ``kg [B, T, HV, K]`` (= k * exp2(G_last - G), what fla's KDA passes to fwd_h as ``k``) and
     ``Aqk [B, T, HV, BT]`` (row t of a chunk holds its causal scores, scale and gate included,
+    zero above the diagonal and beyond the sequence end) and ``Akk [B, T, HV, BT]`` (row t of a
+    chunk holds its row of ``(I + L)^-1``, fla's ``Akk``, with ``L = Lower(beta_i k_i k_j E)``;
     zero above the diagonal and beyond the sequence end).
     """
     B, T, HQ, K = q.shape
@@ -123,6 +125,7 @@ def intra_ref(
     u = torch.zeros(B, T, HV, v.shape[-1], dtype=dtype, device=q.device)
     kg = torch.zeros_like(w)
     Aqk = torch.zeros(B, T, HV, BT, dtype=dtype, device=q.device)
+    Akk_inv = torch.zeros(B, T, HV, BT, dtype=dtype, device=q.device)
     for b, bos, eos in _segments(T, B, cu_seqlens):
         for s in range(bos, eos, BT):
             e = min(s + BT, eos)
@@ -141,7 +144,8 @@ def intra_ref(
                 u[b, s:e, h] = Tm @ (bc[:, None] * vc)
                 kg[b, s:e, h] = kc * torch.exp2(Gc[-1:] - Gc)
                 Aqk[b, s:e, h, :n] = scale * qk
-    return {"w": w, "u": u, "kg": kg, "Aqk": Aqk}
+                Akk_inv[b, s:e, h, :n] = Tm
+    return {"w": w, "u": u, "kg": kg, "Aqk": Aqk, "Akk": Akk_inv}
 
 
 def state_scan_fwd_ref(

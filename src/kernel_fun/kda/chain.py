@@ -37,6 +37,30 @@ def gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices
         g=g, scale=RCP_LN2, chunk_size=BT, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
 
 
+def intra_scores(q, k, gc, beta, scale, cu_seqlens, chunk_indices):
+    """fla's ``chunk_kda_fwd_intra`` without its closing ``recompute_w_u_fwd``: the two stages
+    that make the scores, (Aqk, Akk) ``[B, T, HV, BT]`` in k's dtype (Aqk's upper triangle
+    unwritten, Akk zero there, as fla leaves them)."""
+    import torch
+    import triton
+
+    B, T, H, K = k.shape
+    HV = gc.shape[2]
+    BC = 16
+    NT = triton.cdiv(T, BT) if cu_seqlens is None else len(chunk_indices)
+    Aqk = torch.empty(B, T, HV, BT, device=k.device, dtype=k.dtype)
+    Akk = torch.zeros(B, T, HV, BT, device=k.device, dtype=k.dtype)
+    Akkd = torch.empty(B, T, HV, BC, device=k.device, dtype=torch.float32)  # the fp32 diagonal blocks
+    _fla("fla.ops.kda.chunk_intra_token_parallel", "chunk_kda_fwd_intra_token_parallel")(
+        q=q, k=k, gk=gc, beta=beta, Aqk=Aqk, Akk=Akkd, scale=scale, cu_seqlens=cu_seqlens, chunk_size=BT,
+        sub_chunk_size=BC)
+    _fla("fla.ops.kda.chunk_intra", "chunk_kda_fwd_kernel_inter_solve_fused")[(NT, B * HV)](
+        q=q, k=k, g=gc, beta=beta, Aqk=Aqk, Akkd=Akkd, Akk=Akk, scale=scale, cu_seqlens=cu_seqlens,
+        chunk_indices=chunk_indices, T=T, H=H, HV=HV, K=K, BT=BT, BC=BC, NC=BT // BC, USE_SAFE_GATE=False,
+        USE_GRAPH=False)
+    return Aqk, Akk
+
+
 def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
             use_gate_in_kernel, cu_seqlens, cu_seqlens_cpu):
     """q, k already l2-normalized and beta already activated where the call asks.
@@ -44,6 +68,15 @@ def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final
     chunk_indices, chunk_offsets = chunk_meta(cu_seqlens, cu_seqlens_cpu)
     gc = gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices)
     scan = STAGES.get("state_scan_fwd")
+    if scan is not None and FUSE_WY_FWD:
+        # w, u and kg formed per chunk inside our scan from Akk, k, v, beta and the gate: fla's
+        # recompute_w_u_fwd and the 4 tensors it writes (w, u, qg, kg) are gone from the forward.
+        Aqk, Akk = intra_scores(q, k, gc, beta, scale, cu_seqlens, chunk_indices)
+        o, final_state, _, _ = scan(
+            q, k, None, None, gk=gc, Aqk=Aqk, scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
+            chunk_offsets=chunk_offsets, chunk_size=BT, wy_inputs=(v, beta, Akk))
+        return o, final_state, Aqk, Akk, chunk_indices, chunk_offsets
     # With our scan, fla's w/u pass also writes the gated queries qg = q * exp2(gc) (its
     # ``disable_recompute`` switch does only that in this stage): the scan then reads qg instead
     # of q and the gate, 0.93 vs 1.27 ms at B=8 on the H200 for 0.27 GB more written. qg is
@@ -164,6 +197,12 @@ CANDIDATE_STAGES: dict = {"state_scan_bwd": state_scan_bwd}
 # the l2norm backward of q and k (HV == H): saves fla's l2norm_bwd and the fp32 dq/dk round
 # trip, -0.61 to -0.63 ms. On.
 FUSE_L2NORM_BWD = True
+# Forward: w, u and kg formed inside our forward scan (state_scan_fwd's wy_inputs) from Akk,
+# k, v, beta and the gate, instead of fla's recompute_w_u_fwd writing w, u, qg, kg (2.7 GB at
+# B=16) for the scan to read back. Interpreter-tested (tests/delta/test_state_scan_fwd.py, the
+# CPU chain test); compiled for sm_90a without spills (scripts/sass_stats.py state_scan_fwd);
+# off until timed on the H200 (scripts/kda_switch_ab.py, combination "wyf").
+FUSE_WY_FWD = False
 # the chunk-local reverse cumsum of dg: +1.08 ms on top of the l2norm one (it was to save fla's
 # chunk_local_cumsum, 0.58 ms). Off.
 FUSE_DG_CUMSUM = False
