@@ -48,6 +48,15 @@ def stage_profile(fn, reps: int = 3) -> dict:
     return dict(sorted(table.items(), key=lambda kv: -kv[1]))
 
 
+def chain_setup() -> dict:
+    """Which stages of the KDA chain are ours and which switches are on (kda/chain.py), so a
+    record says what it measured."""
+    from ..kda import chain
+
+    return {"stages_ours": sorted(chain.STAGES),
+            "switches": {n: bool(getattr(chain, n)) for n in dir(chain) if n.startswith("FUSE_")}}
+
+
 def _case(name, B, T, H, HV, K, V, cu_seqlens=None, profile=False):
     import torch
 
@@ -86,7 +95,8 @@ def _case(name, B, T, H, HV, K, V, cu_seqlens=None, profile=False):
         parity[n] = rel(a, b)
     del o_ours, o_fla, g_ours, g_fla
     extra = {"rel_err_vs_fla": {k: float(f"{v:.3e}") for k, v in parity.items()},
-             "peak_MB": {"ours": _peak_mb(fwdbwd(kda.chunk_kda)), "fla": _peak_mb(fwdbwd(fla_kda))}}
+             "peak_MB": {"ours": _peak_mb(fwdbwd(kda.chunk_kda)), "fla": _peak_mb(fwdbwd(fla_kda))},
+             "chain": chain_setup()}
     say(f"peak memory {extra['peak_MB']}")
     if profile:
         extra["stages_ms"] = {"ours": stage_profile(fwdbwd(kda.chunk_kda)),
