@@ -186,8 +186,10 @@ STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bw
 # the shipped chain. The backward state scan (fla's chunk_gated_delta_rule_bwd_dhu): end to end
 # at B=16 it saves 0.13-0.16 ms of 33.3 and matches fla's dhu there (dA_log 4e-6 apart), but in
 # the GPU chain test at T=200 with grouped heads (H=2, HV=4) and a final-state gradient its
-# dA_log came out 2.6e-2 from the fp64 recurrence (the ceiling 2e-2; with fla's dhu, 3.8e-3),
-# every other gradient as with fla's. Not shipped until that is understood (2026-11-30).
+# dA_log came out 2.6e-2 from the fp64 recurrence (the ceiling 2e-2; fla's dhu had 3.8e-3 in
+# an earlier run, but with other random cotangents: that test did not seed do and dht), every
+# other gradient as with fla's. Not shipped until the same-input comparison
+# (test_chain_gpu.py::test_backward_state_scan_against_fla_dhu) has run (2026-11-30).
 CANDIDATE_STAGES: dict = {"state_scan_bwd": state_scan_bwd}
 
 # The switches below are epilogues of our intra backward (they need a K block covering K).
