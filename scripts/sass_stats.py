@@ -2,7 +2,7 @@
 """Compile our Triton kernels ahead of time for sm_90a on a machine without a GPU.
 
     python scripts/sass_stats.py intra_bwd            # registers, spills, shared memory, static
-    python scripts/sass_stats.py wy_bwd | state_scan_fwd | state_scan_bwd | cconv   # SASS, MUFU
+    python scripts/sass_stats.py wy_bwd | state_scan_fwd | state_scan_bwd | intra_fwd | cconv
     python scripts/sass_stats.py all --frontend       # every config of every kernel, every flag
                                                       # combination, lowered to Triton IR only
 
@@ -188,7 +188,19 @@ def cconv(full):
                    dict(W=4, HAS_BIAS=has_bias, BP=64, BM=128), triton.Config({}, num_warps=4))
 
 
-KERNELS = {"intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,
+def intra_fwd(full):
+    from kernel_fun.kda._kernels import intra_fwd as m
+
+    ptr = {n: "*bf16" for n in ("q", "k", "beta", "Aqk", "Akk")}
+    ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
+    for cfg, varlen, K in itertools.product(m.configs() if full else m.configs()[:1], (False, True) if full else (False,),
+                                             (128, 64) if full else (128,)):
+        c = dict(H=16, HV=16, K=K, BT=64, BK=K, IS_VARLEN=varlen, DOT_PRECISION="tf32", DIAG_PRECISION="tf32x3",
+                 SOLVE_PRECISION="ieee")
+        yield f"intra_fwd K={K} varlen={varlen} {_cfg_label(cfg)}", m._intra_fwd_kernel.fn, ptr, c, cfg
+
+
+KERNELS = {"intra_fwd": intra_fwd, "intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,
            "state_scan_bwd": state_scan_bwd, "cconv": cconv}
 
 

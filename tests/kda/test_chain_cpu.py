@@ -43,26 +43,38 @@ CASES = {  # the box's smallest heads (K=64, V=64: the interpreter's cost grows 
 }
 # the chain with every switch off and fla's stage where ours is switchable; as it ships; with
 # every switch on (the fusions measured slower stay correct and tested)
-FUSIONS = {"off": (), "shipped": None,
-           "all": ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD", "FUSE_WY_FWD")}
+# The chain with every switch off and fla's stage where ours is switchable; as it ships; with
+# every switch on and every candidate stage in (the fusions measured slower stay correct and
+# tested); and each forward variant alone on top of the shipped chain: the WY pieces formed
+# in our scan with fla's two score stages ("wyf"), our one-kernel scores with fla's w/u pass
+# ("intra_fwd").
 SWITCHES = ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD", "FUSE_WY_FWD")
+FUSIONS = {"off": dict(on=(), stages="-dhu"), "shipped": dict(on=None, stages=""),
+           "all": dict(on=SWITCHES, stages="+all"), "wyf": dict(on=("+FUSE_WY_FWD",), stages=""),
+           "intra_fwd": dict(on=None, stages="+intra_fwd")}
 
 
 @pytest.mark.parametrize("fusions", list(FUSIONS))
 @pytest.mark.parametrize("name", list(CASES))
 def test_chain_against_fp64_recurrence(name, fusions, monkeypatch, _standins):
-    """"off": every intra-epilogue fusion off and fla's dhu; "shipped": the chain's defaults;
-    "all": every fusion on and the candidate stages (our backward state scan) in."""
+    """The chain's variants (FUSIONS) end to end against the fp64 recurrence, with the launches
+    of ours and the fla stages called checked against what each variant must run."""
     c = dict(CASES[name])
     cu, neg = c.pop("cu", None), c.pop("neg", False)
-    on = {sw: getattr(chain, sw) for sw in SWITCHES} if fusions == "shipped" else \
-        {sw: sw in FUSIONS[fusions] for sw in SWITCHES}
+    mode = FUSIONS[fusions]
+    on = {sw: getattr(chain, sw) for sw in SWITCHES}
+    if mode["on"] is not None:
+        extra = [x[1:] for x in mode["on"] if x.startswith("+")]
+        on = {sw: (on[sw] or sw in extra) if extra else sw in mode["on"] for sw in SWITCHES}
     for switch, value in on.items():
         monkeypatch.setattr(chain, switch, value)
-    if fusions == "off":
+    if mode["stages"] == "-dhu":
         monkeypatch.setattr(chain, "STAGES", {k: f for k, f in chain.STAGES.items() if k != "state_scan_bwd"})
-    if fusions == "all":
+    elif mode["stages"] == "+all":
         monkeypatch.setattr(chain, "STAGES", {**chain.STAGES, **chain.CANDIDATE_STAGES})
+    elif mode["stages"]:
+        name_ = mode["stages"][1:]
+        monkeypatch.setattr(chain, "STAGES", {**chain.STAGES, name_: chain.CANDIDATE_STAGES[name_]})
     our_dhu = "state_scan_bwd" in chain.STAGES
     t = _make(**c)
     cu_t = None if cu is None else torch.tensor(cu)
@@ -78,9 +90,12 @@ def test_chain_against_fp64_recurrence(name, fusions, monkeypatch, _standins):
     before = launch_counts()
     ours = _run(kda.chunk_kda, t, do, dht, **flags)
     ran = {k: n - before.get(k, 0) for k, n in launch_counts().items() if n != before.get(k, 0)}
+    our_intra_fwd = "intra_fwd" in chain.STAGES
     want = {"delta.state_scan_fwd": 1, "kda.wy_bwd": 1, "kda.intra_bwd": 1}
     if our_dhu:
         want["delta.state_scan_bwd"] = 1
+    if our_intra_fwd:
+        want["kda.intra_fwd"] = 1
     assert ran == want, ran
     assert (("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_bwd_dhu") in _standins) != our_dhu
     ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},
@@ -100,8 +115,17 @@ def test_chain_against_fp64_recurrence(name, fusions, monkeypatch, _standins):
             continue  # no gate backward; the forward's cumsum of a precomputed gate is the same function
         fused = on[switch] and applies[switch]
         assert (fla_fn in _standins) != fused, (switch, "fused" if fused else "not fused", _standins)
-    # FUSE_WY_FWD: fla's intra stage without its recompute_w_u_fwd, the WY pieces made in our scan
+    # The forward's intra stage: fla's whole (scores + w/u pass), fla's two score stages alone
+    # (FUSE_WY_FWD: the WY pieces made in our scan), or our scores kernel (then fla's w/u pass
+    # separately unless FUSE_WY_FWD); the backward's w/u pass is fla's in every variant.
     split = {("fla.ops.kda.chunk_intra_token_parallel", "chunk_kda_fwd_intra_token_parallel"),
              ("fla.ops.kda.chunk_intra", "chunk_kda_fwd_kernel_inter_solve_fused")}
     whole = ("fla.ops.kda.chunk_intra", "chunk_kda_fwd_intra")
-    assert (split <= set(_standins), whole in _standins) == ((True, False) if on["FUSE_WY_FWD"] else (False, True))
+    wy_pass = _standins.count(("fla.ops.kda.wy_fast", "recompute_w_u_fwd"))
+    if our_intra_fwd:
+        assert not (split & set(_standins)) and whole not in _standins
+        assert wy_pass == (1 if on["FUSE_WY_FWD"] else 2), wy_pass
+    elif on["FUSE_WY_FWD"]:
+        assert split <= set(_standins) and whole not in _standins and wy_pass == 1
+    else:
+        assert not (split & set(_standins)) and whole in _standins and wy_pass == 1

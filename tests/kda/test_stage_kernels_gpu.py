@@ -181,6 +181,47 @@ def test_wy_bwd_every_config(name, config):
     _check(f"{name}/{config}", ours, fla_wy, ref, ("dq", "dk", "dv", "db", "dg", "dA"))
 
 
+def _intra_fwd_configs():
+    from kernel_fun.kda._kernels.intra_fwd import configs
+
+    return configs()
+
+
+@pytest.mark.parametrize("config", [None] + _intra_fwd_configs(), ids=["autotuned"] + _ids(_intra_fwd_configs()))
+@pytest.mark.parametrize("name", list(CASES))
+def test_intra_fwd_against_fla_and_reference(name, config):
+    """Our one-kernel scores (Aqk, Akk) against fla's chunk_kda_fwd_intra on the same q, k,
+    gate, beta, and both against the fp64 intra reference; lower triangles only (fla leaves
+    Aqk's upper one unwritten)."""
+    from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra
+
+    from kernel_fun._delta import reference as dref
+    from kernel_fun.kda._kernels.intra_fwd import intra_fwd
+
+    wy_in, _, _ = _inputs(name)
+    q, k, v, gk, beta = wy_in["q"], wy_in["k"], wy_in["v"], wy_in["g"], wy_in["beta"]
+    cu, ci, scale = wy_in["cu_seqlens"], wy_in["chunk_indices"], wy_in["scale"]
+    Aqk, Akk = intra_fwd(q, k, gk, beta, scale, cu_seqlens=cu, chunk_indices=ci, config=config)
+    *_, fAqk, fAkk = chunk_kda_fwd_intra(q=q, k=k, v=v, gk=gk, beta=beta, scale=scale, cu_seqlens=cu,
+                                         chunk_size=BT, chunk_indices=ci)
+    ref = dref.intra_ref(q.double(), k.double(), v[..., :1].double(), beta.double(), gk=gk, scale=scale,
+                         chunk_size=BT, cu_seqlens=cu)
+    T = q.shape[1]
+    pos = torch.arange(T, device=q.device)
+    if cu is not None:
+        starts = torch.repeat_interleave(cu[:-1].long(), torch.diff(cu.long()))
+        pos = pos - torch.nn.functional.pad(starts, (0, T - starts.numel()))
+    lower = (torch.arange(BT, device=q.device)[None, :] <= (pos % BT)[:, None])[None, :, None, :]
+    lines = []
+    for n, ours, fla_, r in (("Aqk", Aqk, fAqk, ref["Aqk"]), ("Akk", Akk, fAkk, ref["Akk"])):
+        o, f, rr = (torch.where(lower, x.double(), 0.) for x in (ours, fla_, r))
+        assert torch.isfinite(o).all(), n
+        e_ref, e_fla_ref, e_fla = rel_err(o, rr), rel_err(f, rr), rel_err(o, f)
+        lines.append(f"{n}: ours-ref {e_ref:.2e} fla-ref {e_fla_ref:.2e} ours-fla {e_fla:.2e}")
+        assert e_ref < 8e-3 and e_ref < 2 * e_fla_ref + 1e-3, lines[-1]
+    print(f"[{name}/{config}] " + " | ".join(lines))
+
+
 def test_stages_deterministic_and_no_aliasing():
     from kernel_fun.kda._kernels.intra_bwd import intra_bwd
     from kernel_fun.kda._kernels.wy_bwd import wy_dqkg_bwd

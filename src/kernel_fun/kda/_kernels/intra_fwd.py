@@ -1,0 +1,274 @@
+"""KDA intra-chunk forward: the two score matrices of a chunk, in one kernel.
+
+Drop-in for the first two stages of fla 0.6.0's ``chunk_kda_fwd_intra``
+(``chunk_kda_fwd_intra_token_parallel`` then ``chunk_kda_fwd_kernel_inter_solve_fused``, in
+``fla/ops/kda/``), i.e. that function without its closing ``recompute_w_u_fwd``. Per chunk of
+BT = 64 tokens and value head, with ``E_ijc = exp2(g_ic - g_jc)`` (``g`` the chunk-local log2
+gate cumsum)::
+
+    Aqk_ij = scale * sum_c q_ic k_jc E_ijc                    j <= i   (zero above)
+    L_ij   = beta_i * sum_c k_ic k_jc E_ijc                   j <  i
+    Akk    = (I + L)^-1                                       (unit lower triangular)
+
+Why one kernel: fla's pair reads q, k and the fp32 gate twice and round-trips the diagonal
+blocks through an fp32 buffer (3.14 ms at B=16, T=8192, H=HV=16, K=128 on the H200, where the
+bytes take about 1 ms).
+
+Design (one program = one chunk x one value head, all of K in one tile):
+
+* The gate factor is split at an anchor row ``a`` with ``j < a <= i``:
+  ``exp2(g_i - g_a) * exp2(g_a - g_j)``, both <= 1 for a decaying gate, so nothing overflows
+  and no lower bound on the gate is needed (the same construction as our intra backward).
+  Off-diagonal 16x16 blocks (I > J) anchor at the first row of I; inside a diagonal block the
+  pairs are split by the highest bit where i and j differ, one masked dot per bit level.
+* The inverse is block forward substitution over the 4 sub-chunks: each diagonal block by
+  row-wise forward substitution in fp32 (as fla's solve), then
+  ``X_IJ = -X_II sum_{J <= M < I} L_IM X_MJ``.
+* Dots of gated fp32 operands use ``DOT_PRECISION`` (tf32 by default, as fla's off-diagonal
+  blocks; fla's token-parallel diagonal blocks are exact fp32, hence ``DIAG_PRECISION``,
+  tf32x3 by default); the solve's dots use ``SOLVE_PRECISION`` (ieee: exact fp32).
+
+Outputs in k's dtype: Aqk and Akk ``[B, T, HV, BT]``, each row's 64 entries written (zeros
+above the diagonal), rows past a sequence's end not written.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.witness import record_launch
+from kernel_fun.kda._kernels import chunk_indices_for, chunk_program, launch
+
+install_interpreter_shims()
+
+
+def _alloc(size, dtype=None, device=None):
+    """Output allocation (tests swap in a NaN-filled one to catch unwritten elements)."""
+    return torch.empty(size, dtype=dtype, device=device)
+
+
+def configs():
+    """Every configuration the autotuner may pick (the interpreter runs only the first).
+    Not yet timed on a GPU."""
+    return [triton.Config({}, num_warps=w, num_stages=s) for w, s in [(4, 1), (8, 1), (4, 2), (2, 1)]]
+
+
+@triton.jit
+def _rows(q, k, g, beta, I, n_valid, o_r, o_k, m_k, HK: tl.constexpr, HVK: tl.constexpr, HV: tl.constexpr):
+    """Sub-chunk I's rows: q, k, g [16, BK] fp32, beta [16] fp32, the row mask."""
+    r = I * 16 + o_r
+    m = r < n_valid
+    m2 = m[:, None] & m_k[None, :]
+    b_q = tl.load(q + r[:, None] * HK + o_k[None, :], mask=m2, other=0.).to(tl.float32)
+    b_k = tl.load(k + r[:, None] * HK + o_k[None, :], mask=m2, other=0.).to(tl.float32)
+    b_g = tl.load(g + r[:, None] * HVK + o_k[None, :], mask=m2, other=0.).to(tl.float32)
+    b_b = tl.load(beta + r * HV, mask=m, other=0.).to(tl.float32)
+    return b_q, b_k, b_g, b_b, m
+
+
+@triton.jit
+def _diag_block(g, I, n_valid, b_q, b_k, b_g, m, o_r, o_k, m_k, HVK: tl.constexpr,
+                DIAG_PRECISION: tl.constexpr):
+    """Inside sub-chunk I: (sum_c q_i k_j E_ij for j <= i, sum_c k_i k_j E_ij for j < i),
+    [16, 16] fp32, zero elsewhere."""
+    NEG_INF: tl.constexpr = float("-inf")
+    x_rc = o_r[:, None] ^ o_r[None, :]
+    lvl = tl.where(x_rc >= 8, 3, tl.where(x_rc >= 4, 2, tl.where(x_rc >= 2, 1, tl.where(x_rc >= 1, 0, -1))))
+    lower = o_r[:, None] > o_r[None, :]
+    acc_q = tl.zeros([16, 16], dtype=tl.float32)
+    acc_k = tl.zeros([16, 16], dtype=tl.float32)
+    for lv in range(0, 4):
+        r_a = I * 16 + (((o_r >> lv) << lv) | (1 << lv))  # the row's anchor at this level
+        m_a = r_a < n_valid
+        g_a = tl.load(g + r_a[:, None] * HVK + o_k[None, :], mask=m_a[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        is_row = ((o_r >> lv) & 1) == 1
+        sgn = tl.where(is_row, 1., -1.)  # row side: exp2(g - g_a); column side: exp2(g_a - g)
+        f = tl.exp2(tl.where((m & m_a)[:, None], (b_g - g_a) * sgn[:, None], NEG_INF))
+        b_kft = tl.trans(b_k * f)
+        sel = (lvl == lv) & lower
+        acc_q += tl.where(sel, tl.dot(b_q * f, b_kft, input_precision=DIAG_PRECISION), 0.)
+        acc_k += tl.where(sel, tl.dot(b_k * f, b_kft, input_precision=DIAG_PRECISION), 0.)
+    b_d = tl.sum(b_q * b_k, axis=1)  # i == j: exp2(0) = 1
+    acc_q += tl.where(o_r[:, None] == o_r[None, :], b_d[:, None], 0.)
+    return acc_q, acc_k
+
+
+@triton.jit
+def _off_block(g, I, n_valid, b_qI, b_kI, b_gI, mI, b_kJ, b_gJ, o_k, m_k, HVK: tl.constexpr,
+               DOT_PRECISION: tl.constexpr):
+    """Sub-chunk I's rows against an earlier sub-chunk J's (all valid when I has a valid row),
+    anchored at I's first row: (sum_c q_i k_j E_ij, sum_c k_i k_j E_ij) [16, 16] fp32. When I
+    has no valid row both factors are 0: no exponent of unrelated rows, no inf * 0 that the
+    solve would carry as NaN."""
+    NEG_INF: tl.constexpr = float("-inf")
+    live = I * 16 < n_valid
+    g0 = tl.load(g + (I * 16) * HVK + o_k, mask=m_k & live, other=0.).to(tl.float32)
+    fI = tl.exp2(tl.where(mI[:, None], b_gI - g0[None, :], NEG_INF))
+    b_kJt = tl.trans(b_kJ * tl.exp2(tl.where(live, g0[None, :] - b_gJ, NEG_INF)))
+    return (tl.dot(b_qI * fI, b_kJt, input_precision=DOT_PRECISION),
+            tl.dot(b_kI * fI, b_kJt, input_precision=DOT_PRECISION))
+
+
+@triton.jit
+def _inv_unit_lower(N, o_r):
+    """(I + N)^-1 for a strictly lower [16, 16] N, by forward substitution in fp32:
+    row i of X is e_i - sum_j N_ij X_j."""
+    eye = (o_r[:, None] == o_r[None, :]).to(tl.float32)
+    X = eye
+    for i in range(1, 16):
+        n_i = tl.sum(tl.where(o_r[:, None] == i, N, 0.), axis=0)  # row i of N, [16] over j
+        row = tl.sum(n_i[:, None] * X, axis=0)  # sum_j N_ij X_j, [16]
+        X = tl.where(o_r[:, None] == i, eye - row[None, :], X)
+    return X
+
+
+@triton.jit
+def _store_block(p, I, J, blk, n_valid, o_r, HVBT: tl.constexpr):
+    r = I * 16 + o_r
+    tl.store(p + r[:, None] * HVBT + (J * 16 + o_r)[None, :], blk.to(p.dtype.element_ty), mask=(r < n_valid)[:, None])
+
+
+@triton.autotune(configs=autotune_configs(configs()), **autotune_cache(),
+                 key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION", "DIAG_PRECISION", "SOLVE_PRECISION"])
+@triton.jit(do_not_specialize=["T"])
+def _intra_fwd_kernel(
+    q, k, g, beta, Aqk, Akk, cu_seqlens, chunk_indices, scale, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_PRECISION: tl.constexpr,
+    SOLVE_PRECISION: tl.constexpr,
+):
+    tl.static_assert(BT == 64, "chunk size 64: four 16-row sub-chunks")
+    _, i_hv, i_h, _, t0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
+    HK: tl.constexpr = H * K
+    HVK: tl.constexpr = HV * K
+    HVBT: tl.constexpr = HV * BT
+    q += t0 * HK + i_h * K
+    k += t0 * HK + i_h * K
+    g += t0 * HVK + i_hv * K
+    beta += t0 * HV + i_hv
+    Aqk += t0 * HVBT + i_hv * BT
+    Akk += t0 * HVBT + i_hv * BT
+    o_r = tl.arange(0, 16)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    zero = tl.zeros([16, 16], dtype=tl.float32)
+
+    q0, k0, g0, b0, m0 = _rows(q, k, g, beta, 0, n_valid, o_r, o_k, m_k, HK, HVK, HV)
+    q1, k1, g1, b1, m1 = _rows(q, k, g, beta, 1, n_valid, o_r, o_k, m_k, HK, HVK, HV)
+    q2, k2, g2, b2, m2 = _rows(q, k, g, beta, 2, n_valid, o_r, o_k, m_k, HK, HVK, HV)
+    q3, k3, g3, b3, m3 = _rows(q, k, g, beta, 3, n_valid, o_r, o_k, m_k, HK, HVK, HV)
+
+    # scores: a_IJ (q-k, scaled at the store) and l_IJ (k-k, beta on the rows)
+    a00, l00 = _diag_block(g, 0, n_valid, q0, k0, g0, m0, o_r, o_k, m_k, HVK, DIAG_PRECISION)
+    a11, l11 = _diag_block(g, 1, n_valid, q1, k1, g1, m1, o_r, o_k, m_k, HVK, DIAG_PRECISION)
+    a22, l22 = _diag_block(g, 2, n_valid, q2, k2, g2, m2, o_r, o_k, m_k, HVK, DIAG_PRECISION)
+    a33, l33 = _diag_block(g, 3, n_valid, q3, k3, g3, m3, o_r, o_k, m_k, HVK, DIAG_PRECISION)
+    a10, l10 = _off_block(g, 1, n_valid, q1, k1, g1, m1, k0, g0, o_k, m_k, HVK, DOT_PRECISION)
+    a20, l20 = _off_block(g, 2, n_valid, q2, k2, g2, m2, k0, g0, o_k, m_k, HVK, DOT_PRECISION)
+    a21, l21 = _off_block(g, 2, n_valid, q2, k2, g2, m2, k1, g1, o_k, m_k, HVK, DOT_PRECISION)
+    a30, l30 = _off_block(g, 3, n_valid, q3, k3, g3, m3, k0, g0, o_k, m_k, HVK, DOT_PRECISION)
+    a31, l31 = _off_block(g, 3, n_valid, q3, k3, g3, m3, k1, g1, o_k, m_k, HVK, DOT_PRECISION)
+    a32, l32 = _off_block(g, 3, n_valid, q3, k3, g3, m3, k2, g2, o_k, m_k, HVK, DOT_PRECISION)
+    l00 *= b0[:, None]
+    l11 *= b1[:, None]
+    l22 *= b2[:, None]
+    l33 *= b3[:, None]
+    l10 *= b1[:, None]
+    l20 *= b2[:, None]
+    l21 *= b2[:, None]
+    l30 *= b3[:, None]
+    l31 *= b3[:, None]
+    l32 *= b3[:, None]
+
+    # Aqk rows, zeros above the diagonal
+    _store_block(Aqk, 0, 0, a00 * scale, n_valid, o_r, HVBT)
+    _store_block(Aqk, 0, 1, zero, n_valid, o_r, HVBT)
+    _store_block(Aqk, 0, 2, zero, n_valid, o_r, HVBT)
+    _store_block(Aqk, 0, 3, zero, n_valid, o_r, HVBT)
+    _store_block(Aqk, 1, 0, a10 * scale, n_valid, o_r, HVBT)
+    _store_block(Aqk, 1, 1, a11 * scale, n_valid, o_r, HVBT)
+    _store_block(Aqk, 1, 2, zero, n_valid, o_r, HVBT)
+    _store_block(Aqk, 1, 3, zero, n_valid, o_r, HVBT)
+    _store_block(Aqk, 2, 0, a20 * scale, n_valid, o_r, HVBT)
+    _store_block(Aqk, 2, 1, a21 * scale, n_valid, o_r, HVBT)
+    _store_block(Aqk, 2, 2, a22 * scale, n_valid, o_r, HVBT)
+    _store_block(Aqk, 2, 3, zero, n_valid, o_r, HVBT)
+    _store_block(Aqk, 3, 0, a30 * scale, n_valid, o_r, HVBT)
+    _store_block(Aqk, 3, 1, a31 * scale, n_valid, o_r, HVBT)
+    _store_block(Aqk, 3, 2, a32 * scale, n_valid, o_r, HVBT)
+    _store_block(Aqk, 3, 3, a33 * scale, n_valid, o_r, HVBT)
+
+    # Akk = (I + L)^-1 by block forward substitution
+    x00 = _inv_unit_lower(l00, o_r)
+    x11 = _inv_unit_lower(l11, o_r)
+    x22 = _inv_unit_lower(l22, o_r)
+    x33 = _inv_unit_lower(l33, o_r)
+    x10 = -tl.dot(x11, tl.dot(l10, x00, input_precision=SOLVE_PRECISION), input_precision=SOLVE_PRECISION)
+    x21 = -tl.dot(x22, tl.dot(l21, x11, input_precision=SOLVE_PRECISION), input_precision=SOLVE_PRECISION)
+    x20 = -tl.dot(x22, tl.dot(l20, x00, input_precision=SOLVE_PRECISION)
+                  + tl.dot(l21, x10, input_precision=SOLVE_PRECISION), input_precision=SOLVE_PRECISION)
+    x32 = -tl.dot(x33, tl.dot(l32, x22, input_precision=SOLVE_PRECISION), input_precision=SOLVE_PRECISION)
+    x31 = -tl.dot(x33, tl.dot(l31, x11, input_precision=SOLVE_PRECISION)
+                  + tl.dot(l32, x21, input_precision=SOLVE_PRECISION), input_precision=SOLVE_PRECISION)
+    x30 = -tl.dot(x33, tl.dot(l30, x00, input_precision=SOLVE_PRECISION)
+                  + tl.dot(l31, x10, input_precision=SOLVE_PRECISION)
+                  + tl.dot(l32, x20, input_precision=SOLVE_PRECISION), input_precision=SOLVE_PRECISION)
+    _store_block(Akk, 0, 0, x00, n_valid, o_r, HVBT)
+    _store_block(Akk, 0, 1, zero, n_valid, o_r, HVBT)
+    _store_block(Akk, 0, 2, zero, n_valid, o_r, HVBT)
+    _store_block(Akk, 0, 3, zero, n_valid, o_r, HVBT)
+    _store_block(Akk, 1, 0, x10, n_valid, o_r, HVBT)
+    _store_block(Akk, 1, 1, x11, n_valid, o_r, HVBT)
+    _store_block(Akk, 1, 2, zero, n_valid, o_r, HVBT)
+    _store_block(Akk, 1, 3, zero, n_valid, o_r, HVBT)
+    _store_block(Akk, 2, 0, x20, n_valid, o_r, HVBT)
+    _store_block(Akk, 2, 1, x21, n_valid, o_r, HVBT)
+    _store_block(Akk, 2, 2, x22, n_valid, o_r, HVBT)
+    _store_block(Akk, 2, 3, zero, n_valid, o_r, HVBT)
+    _store_block(Akk, 3, 0, x30, n_valid, o_r, HVBT)
+    _store_block(Akk, 3, 1, x31, n_valid, o_r, HVBT)
+    _store_block(Akk, 3, 2, x32, n_valid, o_r, HVBT)
+    _store_block(Akk, 3, 3, x33, n_valid, o_r, HVBT)
+
+
+def intra_fwd(q, k, gk, beta, scale, cu_seqlens=None, chunk_indices=None, chunk_size: int = 64,
+              dot_precision: str = "tf32", diag_precision: str = "tf32x3", config=None):
+    """The forward's intra-chunk scores: ``(Aqk, Akk)``, what fla's ``chunk_kda_fwd_intra``
+    returns besides w, u, qg, kg (same layout and dtype).
+
+    Args:
+        q, k: ``[B, T, H, K]`` (after the l2norm when the op has it); gk ``[B, T, HV, K]`` fp32,
+        the chunk-local log2 gate cumsum; beta ``[B, T, HV]``; scale: float.
+        cu_seqlens / chunk_indices: varlen as in fla (``B == 1``).
+        dot_precision / diag_precision: ``tl.dot`` input precision of the gated products off /
+        on the diagonal blocks. config: a ``triton.Config`` from ``configs()`` (tests).
+    """
+    B, T, H, K = k.shape
+    HV = gk.shape[2]
+    BT = chunk_size
+    if BT != 64:
+        raise ValueError(f"intra_fwd: chunk size 64 only, got {BT}")
+    if K > 128:
+        raise ValueError(f"intra_fwd: K <= 128, got {K}")
+    if HV % H:
+        raise ValueError(f"intra_fwd: HV={HV} must be a multiple of H={H}")
+    if cu_seqlens is not None and B != 1:
+        raise ValueError("intra_fwd: varlen (cu_seqlens) needs B == 1")
+    if chunk_indices is None and cu_seqlens is not None:
+        chunk_indices = chunk_indices_for(cu_seqlens, BT)
+    NT = triton.cdiv(T, BT) if cu_seqlens is None else len(chunk_indices)
+    q, k, gk, beta = (x.contiguous() for x in (q, k, gk, beta))
+    Aqk = _alloc((B, T, HV, BT), k.dtype, k.device)
+    Akk = _alloc((B, T, HV, BT), k.dtype, k.device)
+    if NT == 0:
+        return Aqk, Akk
+    fp32 = k.dtype == torch.float32
+    launch(_intra_fwd_kernel, (NT, B * HV), config,
+           q, k, gk, beta, Aqk, Akk, cu_seqlens, chunk_indices, float(scale), T,
+           H=H, HV=HV, K=K, BT=BT, BK=max(16, triton.next_power_of_2(K)), IS_VARLEN=cu_seqlens is not None,
+           DOT_PRECISION="ieee" if fp32 else dot_precision, DIAG_PRECISION="ieee" if fp32 else diag_precision,
+           SOLVE_PRECISION="ieee")
+    record_launch("kda.intra_fwd")
+    return Aqk, Akk
