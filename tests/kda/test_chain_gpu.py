@@ -151,11 +151,13 @@ def test_backward_state_scan_against_fla_dhu(name, monkeypatch):
         assert e <= max(TOL[k], 1.5 * errs["fla"][k] + 1e-3), (k, e, errs["fla"][k])
 
 
+@pytest.mark.parametrize("variant", ["wyf", "ifwd", "ifwd+wyf"])
 @pytest.mark.parametrize("name", ["tail_grouped", "cu_seqlens"])
-def test_wy_formed_in_the_forward_scan(name, monkeypatch):
-    """chain.FUSE_WY_FWD: the forward without fla's recompute_w_u_fwd (w, u, kg made inside our
-    scan): against the fp64 recurrence, close to the chain without it, and fla's kernel ran
-    only in the backward."""
+def test_forward_variants(name, variant, monkeypatch):
+    """The forward's candidates: "wyf" (chain.FUSE_WY_FWD: w, u, kg made inside our scan, fla's
+    recompute_w_u_fwd only in the backward) and "ifwd" (our one-kernel intra scores in place of
+    fla's token-parallel + inter/solve pair): against the fp64 recurrence, close to the chain
+    without them, and the fla kernels they replace absent from the step."""
     c = dict(CASES[name])
     cu = c.pop("cu", None)
     t = _make(**c)
@@ -164,17 +166,24 @@ def test_wy_formed_in_the_forward_scan(name, monkeypatch):
     do, dht = _cotangents(t["v"], len(cu) - 1 if cu else c["B"], c["K"])
     monkeypatch.setattr(chain, "FUSE_WY_FWD", False)
     plain = _run(kda.chunk_kda, t, do, dht, **flags)
-    monkeypatch.setattr(chain, "FUSE_WY_FWD", True)
+    parts = variant.split("+")
+    monkeypatch.setattr(chain, "FUSE_WY_FWD", "wyf" in parts)
+    if "ifwd" in parts:
+        monkeypatch.setattr(chain, "STAGES", {**chain.STAGES, "intra_fwd": chain.CANDIDATE_STAGES["intra_fwd"]})
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fused = _run(kda.chunk_kda, t, do, dht, **flags)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert sum(n.startswith("recompute_w_u_fwd") for n in names) == 1, names  # the backward's
+    n_wy = sum(n.startswith("recompute_w_u_fwd") for n in names)
+    assert n_wy == (1 if "wyf" in parts else 2), (n_wy, names)  # the backward's pass stays
+    fla_intra = any(n.startswith(("chunk_kda_fwd_kernel_intra_token_parallel", "chunk_kda_fwd_kernel_inter_solve"))
+                    for n in names)
+    assert fla_intra == ("ifwd" not in parts), names
     ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},
                do.double(), dht.double(), **flags)
     errs = {k: _rel(fused[k], ref[k]) for k in fused if fused[k] is not None and k in TOL}
     vs_plain = {k: _rel(fused[k], plain[k]) for k in ("o", "ht", "dq", "dk", "dv")}
-    print("wy in the scan", name, {k: f"{v:.2e}" for k, v in errs.items()}, "vs plain",
+    print(variant, name, {k: f"{v:.2e}" for k, v in errs.items()}, "vs plain",
           {k: f"{v:.1e}" for k, v in vs_plain.items()})
     for k, e in errs.items():
         assert e <= TOL[k], (k, e)
