@@ -1,0 +1,57 @@
+"""scripts/kda_switch_ab.py's switch sets (device time goes to that script: its logic is
+checked here on the CPU against a stand-in chain module)."""
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kda_switch_ab.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("kda_switch_ab", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _chain():
+    return SimpleNamespace(FUSE_L2NORM_BWD=True, FUSE_DG_CUMSUM=False, FUSE_GATE_BWD=False, FUSE_WY_FWD=False,
+                           STAGES={"state_scan_fwd": "scan", "intra_bwd": "ib", "wy_bwd": "wy"},
+                           CANDIDATE_STAGES={"state_scan_bwd": "dhu", "intra_fwd": "if"})
+
+
+def _shipped(chain):
+    return dict(l2=chain.FUSE_L2NORM_BWD, cs=chain.FUSE_DG_CUMSUM, gate=chain.FUSE_GATE_BWD,
+                wyf=chain.FUSE_WY_FWD, stages=dict(chain.STAGES))
+
+
+@pytest.mark.parametrize("combo", list(_script().COMBOS))
+def test_each_combination_sets_exactly_its_parts(combo):
+    ab, chain = _script(), _chain()
+    shipped = _shipped(chain)
+    parts = ab.COMBOS[combo]
+    ab.set_switches(chain, shipped, parts)
+    assert chain.FUSE_L2NORM_BWD == ("l2norm" in parts)
+    assert chain.FUSE_DG_CUMSUM == ("dg_cumsum" in parts)
+    assert chain.FUSE_GATE_BWD == ("gate" in parts)
+    assert chain.FUSE_WY_FWD == ("wyf" in parts)
+    switchable = set(ab.SWITCHABLE_STAGES.values())
+    want = {k: v for k, v in shipped["stages"].items() if k not in switchable}
+    want.update({"state_scan_bwd": "dhu"} if "dhu" in parts else {})
+    want.update({"intra_fwd": "if"} if "ifwd" in parts else {})
+    assert chain.STAGES == want
+    assert set(parts) <= {"l2norm", "dg_cumsum", "gate", "wyf"} | set(ab.SWITCHABLE_STAGES), parts
+    ab.set_switches(chain, shipped, None)  # back to the chain as it ships
+    assert _shipped(chain) == shipped
+
+
+def test_the_real_chain_has_every_switch_and_stage_the_script_names():
+    from kernel_fun.kda import chain
+
+    ab = _script()
+    for n in ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD", "FUSE_WY_FWD"):
+        assert isinstance(getattr(chain, n), bool), n
+    for stage in ab.SWITCHABLE_STAGES.values():
+        assert stage in chain.STAGES or stage in chain.CANDIDATE_STAGES, stage
