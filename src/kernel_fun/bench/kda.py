@@ -192,4 +192,17 @@ def check(device: str = "cpu") -> list[str]:
         err = rel(a, b)
         if not err < 1e-3:
             failures.append(f"kda state_scan_fwd: {name} relative error {err:.2e}")
+    # the forward intra scores (a candidate stage until timed on a GPU): Aqk and Akk
+    from .._delta.reference import intra_ref
+
+    intra_fwd = chain.STAGES.get("intra_fwd") or chain.CANDIDATE_STAGES["intra_fwd"]
+    before = launches("kda.")
+    Aqk, Akk = intra_fwd(t["q"], t["k"], t["g"], t["beta"], 0.3, chunk_size=64)
+    want = intra_ref(t["q"], t["k"], t["v"], t["beta"], gk=t["g"], scale=0.3, chunk_size=64)
+    if launches("kda.") == before:
+        failures.append("kda intra_fwd: our kernel did not run")
+    for name, a in (("Aqk", Aqk), ("Akk", Akk)):
+        err = rel(a, want[name])
+        if not err < 1e-3:
+            failures.append(f"kda intra_fwd: {name} relative error {err:.2e}")
     return failures
