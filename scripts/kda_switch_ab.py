@@ -3,7 +3,8 @@
 production call: l2norm and gate in the op) with each combination of the intra-backward
 epilogue fusions (chain.FUSE_L2NORM_BWD, FUSE_DG_CUMSUM, FUSE_GATE_BWD), of the WY pieces made
 in the forward scan (chain.FUSE_WY_FWD, "wyf"), and of the switchable stages (our backward
-state scan "dhu", our forward intra scores "ifwd", or fla's), against the chain as it ships.
+state scan "dhu", our forward intra scores "ifwd" (with "wyf"), our whole forward intra stage
+"fwdi", or fla's), against the chain as it ships.
 
     python scripts/kda_switch_ab.py out.json [--B 16] [--combos off,l2+dhu,...]
 
@@ -30,14 +31,14 @@ COMBOS = {
     "l2+wyf": ("l2norm", "wyf"),
     "l2+dhu": ("l2norm", "dhu"),
     "l2+wyf+dhu": ("l2norm", "wyf", "dhu"),
-    "l2+ifwd": ("l2norm", "ifwd"),
+    "l2+fwdi": ("l2norm", "fwdi"),
     "l2+ifwd+wyf": ("l2norm", "ifwd", "wyf"),
     "l2+cs+dhu": ("l2norm", "dg_cumsum", "dhu"),
     "l2+cs+gate+dhu": ("l2norm", "dg_cumsum", "gate", "dhu"),
 }
 # stages of ours a combination can take out (back to fla's) or put in, by a short name:
 # chain.STAGES and chain.CANDIDATE_STAGES
-SWITCHABLE_STAGES = {"dhu": "state_scan_bwd", "ifwd": "intra_fwd"}
+SWITCHABLE_STAGES = {"dhu": "state_scan_bwd", "ifwd": "intra_fwd", "fwdi": "fwd_intra"}
 
 
 def log(msg: str) -> None:

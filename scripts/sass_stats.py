@@ -191,13 +191,16 @@ def cconv(full):
 def intra_fwd(full):
     from kernel_fun.kda._kernels import intra_fwd as m
 
-    ptr = {n: "*bf16" for n in ("q", "k", "beta", "Aqk", "Akk")}
+    ptr = {n: "*bf16" for n in ("q", "k", "beta", "Aqk", "Akk", "v", "w", "u", "qg", "kg")}
     ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
-    for cfg, varlen, K in itertools.product(m.configs() if full else m.configs()[:1], (False, True) if full else (False,),
-                                             (128, 64) if full else (128,)):
+    wys = [dict(WY=False), dict(WY=True, STORE_QG=True, V=256, BV=64)]
+    if full:
+        wys.append(dict(WY=True, STORE_QG=False, V=96, BV=64))
+    for cfg, varlen, K, wy in itertools.product(m.configs() if full else m.configs()[:1],
+                                                 (False, True) if full else (False,), (128, 64) if full else (128,), wys):
         c = dict(H=16, HV=16, K=K, BT=64, BK=K, IS_VARLEN=varlen, DOT_PRECISION="tf32", DIAG_PRECISION="tf32x3",
-                 SOLVE_PRECISION="ieee")
-        yield f"intra_fwd K={K} varlen={varlen} {_cfg_label(cfg)}", m._intra_fwd_kernel.fn, ptr, c, cfg
+                 SOLVE_PRECISION="ieee", **wy)
+        yield f"intra_fwd K={K} varlen={varlen} {wy} {_cfg_label(cfg)}", m._intra_fwd_kernel.fn, ptr, c, cfg
 
 
 KERNELS = {"intra_fwd": intra_fwd, "intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,

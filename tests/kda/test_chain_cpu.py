@@ -45,13 +45,13 @@ CASES = {  # the box's smallest heads (K=64, V=64: the interpreter's cost grows 
 # every switch on (the fusions measured slower stay correct and tested)
 # The chain with every switch off and fla's stage where ours is switchable; as it ships; with
 # every switch on and every candidate stage in (the fusions measured slower stay correct and
-# tested); and each forward variant alone on top of the shipped chain: the WY pieces formed
-# in our scan with fla's two score stages ("wyf"), our one-kernel scores with fla's w/u pass
-# ("intra_fwd").
+# tested; with FUSE_WY_FWD that is our scores kernel before the scan); and each forward variant
+# alone on top of the shipped chain: the WY pieces formed in our scan with fla's two score
+# stages ("wyf"), our whole intra stage in place of fla's chunk_kda_fwd_intra ("fwd_intra").
 SWITCHES = ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD", "FUSE_WY_FWD")
 FUSIONS = {"off": dict(on=(), stages="-dhu"), "shipped": dict(on=None, stages=""),
            "all": dict(on=SWITCHES, stages="+all"), "wyf": dict(on=("+FUSE_WY_FWD",), stages=""),
-           "intra_fwd": dict(on=None, stages="+intra_fwd")}
+           "fwd_intra": dict(on=None, stages="+fwd_intra")}
 
 
 @pytest.mark.parametrize("fusions", list(FUSIONS))
@@ -90,11 +90,12 @@ def test_chain_against_fp64_recurrence(name, fusions, monkeypatch, _standins):
     before = launch_counts()
     ours = _run(kda.chunk_kda, t, do, dht, **flags)
     ran = {k: n - before.get(k, 0) for k, n in launch_counts().items() if n != before.get(k, 0)}
-    our_intra_fwd = "intra_fwd" in chain.STAGES
+    our_scores = "intra_fwd" in chain.STAGES and on["FUSE_WY_FWD"]
+    our_whole = "fwd_intra" in chain.STAGES and not on["FUSE_WY_FWD"]
     want = {"delta.state_scan_fwd": 1, "kda.wy_bwd": 1, "kda.intra_bwd": 1}
     if our_dhu:
         want["delta.state_scan_bwd"] = 1
-    if our_intra_fwd:
+    if our_scores or our_whole:
         want["kda.intra_fwd"] = 1
     assert ran == want, ran
     assert (("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_bwd_dhu") in _standins) != our_dhu
@@ -116,15 +117,14 @@ def test_chain_against_fp64_recurrence(name, fusions, monkeypatch, _standins):
         fused = on[switch] and applies[switch]
         assert (fla_fn in _standins) != fused, (switch, "fused" if fused else "not fused", _standins)
     # The forward's intra stage: fla's whole (scores + w/u pass), fla's two score stages alone
-    # (FUSE_WY_FWD: the WY pieces made in our scan), or our scores kernel (then fla's w/u pass
-    # separately unless FUSE_WY_FWD); the backward's w/u pass is fla's in every variant.
+    # (FUSE_WY_FWD: the WY pieces made in our scan), our scores kernel (FUSE_WY_FWD), or our
+    # whole stage; the backward's w/u pass is fla's in every variant.
     split = {("fla.ops.kda.chunk_intra_token_parallel", "chunk_kda_fwd_intra_token_parallel"),
              ("fla.ops.kda.chunk_intra", "chunk_kda_fwd_kernel_inter_solve_fused")}
     whole = ("fla.ops.kda.chunk_intra", "chunk_kda_fwd_intra")
     wy_pass = _standins.count(("fla.ops.kda.wy_fast", "recompute_w_u_fwd"))
-    if our_intra_fwd:
-        assert not (split & set(_standins)) and whole not in _standins
-        assert wy_pass == (1 if on["FUSE_WY_FWD"] else 2), wy_pass
+    if our_scores or our_whole:  # the backward's w/u pass only
+        assert not (split & set(_standins)) and whole not in _standins and wy_pass == 1, _standins
     elif on["FUSE_WY_FWD"]:
         assert split <= set(_standins) and whole not in _standins and wy_pass == 1
     else:

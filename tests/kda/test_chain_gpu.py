@@ -151,13 +151,14 @@ def test_backward_state_scan_against_fla_dhu(name, monkeypatch):
         assert e <= max(TOL[k], 1.5 * errs["fla"][k] + 1e-3), (k, e, errs["fla"][k])
 
 
-@pytest.mark.parametrize("variant", ["wyf", "ifwd", "ifwd+wyf"])
+@pytest.mark.parametrize("variant", ["wyf", "fwdi", "ifwd+wyf"])
 @pytest.mark.parametrize("name", ["tail_grouped", "cu_seqlens"])
 def test_forward_variants(name, variant, monkeypatch):
     """The forward's candidates: "wyf" (chain.FUSE_WY_FWD: w, u, kg made inside our scan, fla's
-    recompute_w_u_fwd only in the backward) and "ifwd" (our one-kernel intra scores in place of
-    fla's token-parallel + inter/solve pair): against the fp64 recurrence, close to the chain
-    without them, and the fla kernels they replace absent from the step."""
+    recompute_w_u_fwd only in the backward), "ifwd" (with it, our one-kernel scores in place of
+    fla's token-parallel + inter/solve pair) and "fwdi" (our whole intra stage in place of fla's
+    chunk_kda_fwd_intra): against the fp64 recurrence, close to the chain without them, and the
+    fla kernels they replace absent from the step."""
     c = dict(CASES[name])
     cu = c.pop("cu", None)
     t = _make(**c)
@@ -168,17 +169,19 @@ def test_forward_variants(name, variant, monkeypatch):
     plain = _run(kda.chunk_kda, t, do, dht, **flags)
     parts = variant.split("+")
     monkeypatch.setattr(chain, "FUSE_WY_FWD", "wyf" in parts)
-    if "ifwd" in parts:
-        monkeypatch.setattr(chain, "STAGES", {**chain.STAGES, "intra_fwd": chain.CANDIDATE_STAGES["intra_fwd"]})
+    for short, stage in (("ifwd", "intra_fwd"), ("fwdi", "fwd_intra")):
+        if short in parts:
+            monkeypatch.setattr(chain, "STAGES", {**chain.STAGES, stage: chain.CANDIDATE_STAGES[stage]})
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fused = _run(kda.chunk_kda, t, do, dht, **flags)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     n_wy = sum(n.startswith("recompute_w_u_fwd") for n in names)
-    assert n_wy == (1 if "wyf" in parts else 2), (n_wy, names)  # the backward's pass stays
+    ours_intra = "ifwd" in parts or "fwdi" in parts
+    assert n_wy == (1 if "wyf" in parts or "fwdi" in parts else 2), (n_wy, names)  # the backward's pass stays
     fla_intra = any(n.startswith(("chunk_kda_fwd_kernel_intra_token_parallel", "chunk_kda_fwd_kernel_inter_solve"))
                     for n in names)
-    assert fla_intra == ("ifwd" not in parts), names
+    assert fla_intra == (not ours_intra), names
     ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},
                do.double(), dht.double(), **flags)
     errs = {k: _rel(fused[k], ref[k]) for k in fused if fused[k] is not None and k in TOL}

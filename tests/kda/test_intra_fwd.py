@@ -72,3 +72,45 @@ def test_intra_fwd_every_config(config):
     rows = slice(0, int(cu_t[-1]))
     assert rel_rms(Aqk[:, rows], want["Aqk"][:, rows]) < 1e-5
     assert rel_rms(Akk[:, rows], want["Akk"][:, rows]) < 1e-5
+
+
+def _case_v(name, V, seed=0):
+    """A CASES entry with real values (V channels) for the whole-stage kernel."""
+    c = dict(CASES[name])
+    q, k, gk, beta, cu_t, _ = _case(**c, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 7)
+    v = torch.randn(*q.shape[:2], beta.shape[2], V, generator=gen, dtype=torch.float64)
+    want = ref.intra_ref(q, k, v, beta, gk=gk, scale=SCALE, chunk_size=BT, cu_seqlens=cu_t)
+    HV = beta.shape[2]
+    want["qg"] = q.repeat_interleave(HV // q.shape[2], dim=2) * torch.exp2(gk.double())
+    return q, k, v, gk, beta, cu_t, want
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("name,V", [("fixed_grouped", 96), ("k128_tail", 64), ("varlen_k64", 32),
+                                    ("strong_decay_tail", 64)])
+@pytest.mark.parametrize("with_qg", [True, False])
+def test_chunk_fwd_intra_whole_stage(name, V, dtype, with_qg):
+    """The drop-in for fla's chunk_kda_fwd_intra: w, u, qg, kg, Aqk, Akk against the fp64 intra
+    reference (V = 96: two V blocks, the second masked)."""
+    q, k, v, gk, beta, cu_t, want = _case_v(name, V)
+    before = launch_counts("kda.").get("kda.intra_fwd", 0)
+    w, u, qg, kg, Aqk, Akk = mod.chunk_fwd_intra(q.to(dtype), k.to(dtype), v.to(dtype), gk, beta.to(dtype), SCALE,
+                                                 cu_seqlens=cu_t, disable_recompute=with_qg)
+    assert launch_counts("kda.").get("kda.intra_fwd", 0) == before + 1
+    assert (qg is not None) == with_qg
+    rows = slice(None) if cu_t is None else slice(0, int(cu_t[-1]))
+    tol = 1e-5 if dtype == torch.float32 else 3e-3
+    outs = dict(w=w, u=u, kg=kg, Aqk=Aqk, Akk=Akk, **({"qg": qg} if with_qg else {}))
+    for n, got in outs.items():
+        assert got.dtype == dtype, n
+        got, exp = got[:, rows], want[n][:, rows]
+        assert torch.isfinite(got).all(), f"{n}: unwritten (NaN) or non-finite"
+        err = rel_rms(got, exp)
+        assert err < tol, f"{n}: rel rms {err:.2e}"
+
+
+def test_chunk_fwd_intra_refuses_fla_only_schemes():
+    q, k, v, gk, beta, cu_t, _ = _case_v("k128_tail", 64)
+    with pytest.raises(NotImplementedError, match="safe_gate"):
+        mod.chunk_fwd_intra(q.float(), k.float(), v.float(), gk, beta.float(), SCALE, safe_gate=True)

@@ -222,6 +222,40 @@ def test_intra_fwd_against_fla_and_reference(name, config):
     print(f"[{name}/{config}] " + " | ".join(lines))
 
 
+@pytest.mark.parametrize("config", [None] + _intra_fwd_configs(), ids=["autotuned"] + _ids(_intra_fwd_configs()))
+@pytest.mark.parametrize("name", list(CASES))
+def test_chunk_fwd_intra_against_fla(name, config):
+    """Our whole intra stage (drop-in for chunk_kda_fwd_intra with disable_recompute=True)
+    against fla's: w, u, qg, kg everywhere, Aqk and Akk on their lower triangles."""
+    from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra
+
+    from kernel_fun.kda._kernels.intra_fwd import chunk_fwd_intra
+
+    wy_in, _, _ = _inputs(name)
+    kw = dict(q=wy_in["q"], k=wy_in["k"], v=wy_in["v"], gk=wy_in["g"], beta=wy_in["beta"], scale=wy_in["scale"],
+              cu_seqlens=wy_in["cu_seqlens"], chunk_size=BT, chunk_indices=wy_in["chunk_indices"],
+              disable_recompute=True)
+    ours = chunk_fwd_intra(**kw, config=config)
+    fla_ = chunk_kda_fwd_intra(**kw)
+    T = wy_in["q"].shape[1]
+    cu = wy_in["cu_seqlens"]
+    pos = torch.arange(T, device="cuda")
+    if cu is not None:
+        starts = torch.repeat_interleave(cu[:-1].long(), torch.diff(cu.long()))
+        pos = pos - torch.nn.functional.pad(starts, (0, T - starts.numel()))
+    lower = (torch.arange(BT, device="cuda")[None, :] <= (pos % BT)[:, None])[None, :, None, :]
+    lines = []
+    for n, o, f in zip(("w", "u", "qg", "kg", "Aqk", "Akk"), ours, fla_):
+        assert o.shape == f.shape and o.dtype == f.dtype, n
+        if n in ("Aqk", "Akk"):
+            o, f = torch.where(lower, o, 0), torch.where(lower, f, 0)
+        assert torch.isfinite(o).all(), n
+        e = rel_err(o, f)
+        lines.append(f"{n} {e:.1e}")
+        assert e < 8e-3, f"{name}/{n}: ours vs fla {e:.2e}"
+    print(f"[{name}/{config}] ours vs fla: " + ", ".join(lines))
+
+
 def test_stages_deterministic_and_no_aliasing():
     from kernel_fun.kda._kernels.intra_bwd import intra_bwd
     from kernel_fun.kda._kernels.wy_bwd import wy_dqkg_bwd

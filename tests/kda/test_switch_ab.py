@@ -19,7 +19,7 @@ def _script():
 def _chain():
     return SimpleNamespace(FUSE_L2NORM_BWD=True, FUSE_DG_CUMSUM=False, FUSE_GATE_BWD=False, FUSE_WY_FWD=False,
                            STAGES={"state_scan_fwd": "scan", "intra_bwd": "ib", "wy_bwd": "wy"},
-                           CANDIDATE_STAGES={"state_scan_bwd": "dhu", "intra_fwd": "if"})
+                           CANDIDATE_STAGES={"state_scan_bwd": "dhu", "intra_fwd": "if", "fwd_intra": "fi"})
 
 
 def _shipped(chain):
@@ -41,6 +41,7 @@ def test_each_combination_sets_exactly_its_parts(combo):
     want = {k: v for k, v in shipped["stages"].items() if k not in switchable}
     want.update({"state_scan_bwd": "dhu"} if "dhu" in parts else {})
     want.update({"intra_fwd": "if"} if "ifwd" in parts else {})
+    want.update({"fwd_intra": "fi"} if "fwdi" in parts else {})
     assert chain.STAGES == want
     assert set(parts) <= {"l2norm", "dg_cumsum", "gate", "wyf"} | set(ab.SWITCHABLE_STAGES), parts
     ab.set_switches(chain, shipped, None)  # back to the chain as it ships

@@ -205,4 +205,11 @@ def check(device: str = "cpu") -> list[str]:
         err = rel(a, want[name])
         if not err < 1e-3:
             failures.append(f"kda intra_fwd: {name} relative error {err:.2e}")
+    # and the whole intra stage (w, u, kg from the same kernel)
+    fwd_intra = chain.STAGES.get("fwd_intra") or chain.CANDIDATE_STAGES["fwd_intra"]
+    w, u, _, kg, _, _ = fwd_intra(q=t["q"], k=t["k"], v=t["v"], gk=t["g"], beta=t["beta"], scale=0.3, chunk_size=64)
+    for name, a in (("w", w), ("u", u), ("kg", kg)):
+        err = rel(a, want[name])
+        if not err < 1e-3:
+            failures.append(f"kda fwd_intra: {name} relative error {err:.2e}")
     return failures

@@ -68,31 +68,24 @@ def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final
     chunk_indices, chunk_offsets = chunk_meta(cu_seqlens, cu_seqlens_cpu)
     gc = gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices)
     scan = STAGES.get("state_scan_fwd")
-    intra = STAGES.get("intra_fwd")
-    wy_in_scan = scan is not None and FUSE_WY_FWD
-    if intra is None and not wy_in_scan:
-        # With our scan, fla's w/u pass also writes the gated queries qg = q * exp2(gc) (its
-        # ``disable_recompute`` switch does only that in this stage): the scan then reads qg
-        # instead of q and the gate, 0.93 vs 1.27 ms at B=8 on the H200 for 0.27 GB more
-        # written. qg is freed when the forward returns (the backward recomputes it).
-        w, u, qg, kg, Aqk, Akk = _fla("fla.ops.kda.chunk_intra", "chunk_kda_fwd_intra")(
-            q=q, k=k, v=v, gk=gc, beta=beta, scale=scale, cu_seqlens=cu_seqlens, chunk_size=BT,
-            chunk_indices=chunk_indices, disable_recompute=scan is not None)
-    else:
-        # the scores alone: ours in one kernel, or fla's two stages
-        Aqk, Akk = (intra or intra_scores)(q, k, gc, beta, scale, cu_seqlens, chunk_indices)
-        if not wy_in_scan:
-            w, u, qg, kg = _fla("fla.ops.kda.wy_fast", "recompute_w_u_fwd")(
-                q=q if scan is not None else None, k=k, v=v, beta=beta, A=Akk, gk=gc, cu_seqlens=cu_seqlens,
-                chunk_indices=chunk_indices)
-    if wy_in_scan:
-        # w, u and kg formed per chunk inside our scan from Akk, k, v, beta and the gate: fla's
-        # recompute_w_u_fwd and the 4 tensors it writes (w, u, qg, kg) are gone from the forward.
+    if scan is not None and FUSE_WY_FWD:
+        # w, u and kg formed per chunk inside our scan from Akk, k, v, beta and the gate: only
+        # the scores are made before it (ours in one kernel, or fla's two stages), and no w,
+        # u, qg, kg are written or read back.
+        Aqk, Akk = (STAGES.get("intra_fwd") or intra_scores)(q, k, gc, beta, scale, cu_seqlens, chunk_indices)
         o, final_state, _, _ = scan(
             q, k, None, None, gk=gc, Aqk=Aqk, scale=scale, initial_state=initial_state,
             output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
             chunk_offsets=chunk_offsets, chunk_size=BT, wy_inputs=(v, beta, Akk))
         return o, final_state, Aqk, Akk, chunk_indices, chunk_offsets
+    # With our scan, the w/u pass also writes the gated queries qg = q * exp2(gc) (fla's
+    # ``disable_recompute`` switch does only that in this stage): the scan then reads qg instead
+    # of q and the gate, 0.93 vs 1.27 ms at B=8 on the H200 for 0.27 GB more written. qg is
+    # freed when the forward returns (the backward recomputes it).
+    fwd_intra = STAGES.get("fwd_intra") or _fla("fla.ops.kda.chunk_intra", "chunk_kda_fwd_intra")
+    w, u, qg, kg, Aqk, Akk = fwd_intra(
+        q=q, k=k, v=v, gk=gc, beta=beta, scale=scale, cu_seqlens=cu_seqlens, chunk_size=BT,
+        chunk_indices=chunk_indices, disable_recompute=scan is not None)
     if scan is not None:  # ours: o made inside the scan; h and v_new never written
         o, final_state, _, _ = scan(
             qg, kg, w, u, gk=gc, Aqk=Aqk, scale=scale, initial_state=initial_state,
@@ -185,7 +178,7 @@ def beta_sigmoid_bwd(x, dy, scale):
 from .._delta._kernels.state_scan_bwd import state_scan_bwd  # noqa: E402
 from .._delta._kernels.state_scan_fwd import state_scan_fwd  # noqa: E402
 from ._kernels.intra_bwd import can_fuse_l2norm as intra_can_fuse_l2norm  # noqa: E402
-from ._kernels.intra_fwd import intra_fwd  # noqa: E402
+from ._kernels.intra_fwd import chunk_fwd_intra, intra_fwd  # noqa: E402
 from ._kernels.intra_bwd import intra_bwd  # noqa: E402
 from ._kernels.intra_bwd import whole_k_block as intra_whole_k_block  # noqa: E402
 from ._kernels.wy_bwd import wy_dqkg_bwd  # noqa: E402
@@ -201,10 +194,12 @@ STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bw
 # other gradient as with fla's. Not shipped until the same-input comparison
 # (test_chain_gpu.py::test_backward_state_scan_against_fla_dhu) has run (2026-11-30).
 #
-# The forward's intra-chunk scores in one kernel (kda/_kernels/intra_fwd.py: Aqk and
-# Akk = (I + L)^-1, in place of fla's token-parallel stage and inter + solve kernel, 3.14 ms at
-# B=16): interpreter-tested against the fp64 intra reference; not yet timed on a GPU.
-CANDIDATE_STAGES: dict = {"state_scan_bwd": state_scan_bwd, "intra_fwd": intra_fwd}
+# The forward's intra stage in one kernel (kda/_kernels/intra_fwd.py), interpreter-tested
+# against the fp64 intra reference, not yet timed on a GPU: "fwd_intra" is fla's whole
+# chunk_kda_fwd_intra (the scores Aqk, Akk = (I + L)^-1 in place of its token-parallel stage
+# and inter + solve kernel, 3.14 ms at B=16, and w, u, qg, kg from the same registers in place
+# of its recompute_w_u_fwd pass); "intra_fwd" the scores alone (with FUSE_WY_FWD).
+CANDIDATE_STAGES: dict = {"state_scan_bwd": state_scan_bwd, "fwd_intra": chunk_fwd_intra, "intra_fwd": intra_fwd}
 
 # The switches below are epilogues of our intra backward (they need a K block covering K).
 # Measured end to end at B=16, T=8192, H=HV=16, K=128, V=256 bf16 on the H200, 2026-11-30

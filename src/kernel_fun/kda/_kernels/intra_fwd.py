@@ -130,14 +130,38 @@ def _store_block(p, I, J, blk, n_valid, o_r, HVBT: tl.constexpr):
     tl.store(p + r[:, None] * HVBT + (J * 16 + o_r)[None, :], blk.to(p.dtype.element_ty), mask=(r < n_valid)[:, None])
 
 
+@triton.jit
+def _wy_rows(p, I, x0, x1, x2, x3, t0_, t1_, t2_, t3_, n_valid, o_r, o_c, m_c, ROW: tl.constexpr,
+             N_TERMS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Rows of sub-chunk I of X @ T (X = Akk's block row I, T = the per-sub-chunk right
+    operands [16, C]): sum over J <= I of x_IJ t_J, stored to ``p`` (row stride ROW)."""
+    acc = tl.dot(x0, t0_, input_precision=DOT_PRECISION)
+    if N_TERMS > 1:
+        acc = tl.dot(x1, t1_, acc, input_precision=DOT_PRECISION)
+    if N_TERMS > 2:
+        acc = tl.dot(x2, t2_, acc, input_precision=DOT_PRECISION)
+    if N_TERMS > 3:
+        acc = tl.dot(x3, t3_, acc, input_precision=DOT_PRECISION)
+    r = I * 16 + o_r
+    tl.store(p + r[:, None] * ROW + o_c[None, :], acc.to(p.dtype.element_ty), mask=(r < n_valid)[:, None] & m_c[None, :])
+
+
+@triton.jit
+def _gated_rows(p, I, x, n_valid, o_r, o_k, m_k, HVK: tl.constexpr):
+    r = I * 16 + o_r
+    tl.store(p + r[:, None] * HVK + o_k[None, :], x.to(p.dtype.element_ty), mask=(r < n_valid)[:, None] & m_k[None, :])
+
+
 @triton.autotune(configs=autotune_configs(configs()), **autotune_cache(),
-                 key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION", "DIAG_PRECISION", "SOLVE_PRECISION"])
+                 key=["H", "HV", "K", "V", "BT", "IS_VARLEN", "DOT_PRECISION", "DIAG_PRECISION", "SOLVE_PRECISION",
+                      "WY", "STORE_QG"])
 @triton.jit(do_not_specialize=["T"])
 def _intra_fwd_kernel(
-    q, k, g, beta, Aqk, Akk, cu_seqlens, chunk_indices, scale, T,
+    q, k, g, beta, Aqk, Akk, v, w, u, qg, kg, cu_seqlens, chunk_indices, scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_PRECISION: tl.constexpr,
-    SOLVE_PRECISION: tl.constexpr,
+    SOLVE_PRECISION: tl.constexpr, WY: tl.constexpr = False, STORE_QG: tl.constexpr = False,
+    V: tl.constexpr = 64, BV: tl.constexpr = 64,
 ):
     tl.static_assert(BT == 64, "chunk size 64: four 16-row sub-chunks")
     _, i_hv, i_h, _, t0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
@@ -232,6 +256,55 @@ def _intra_fwd_kernel(
     _store_block(Akk, 3, 2, x32, n_valid, o_r, HVBT)
     _store_block(Akk, 3, 3, x33, n_valid, o_r, HVBT)
 
+    if WY:
+        # What fla's recompute_w_u_fwd makes from Akk, from the tiles already in registers:
+        # w = Akk (beta k exp2(g)), u = Akk (beta v), qg = q exp2(g), kg = k exp2(g_last - g)
+        # (Akk in fp32 here, not rounded to the input dtype first as fla's is).
+        w += t0 * HVK + i_hv * K
+        kg += t0 * HVK + i_hv * K
+        e0 = tl.exp2(g0)
+        e1 = tl.exp2(g1)
+        e2 = tl.exp2(g2)
+        e3 = tl.exp2(g3)
+        kb0 = k0 * e0 * b0[:, None]
+        kb1 = k1 * e1 * b1[:, None]
+        kb2 = k2 * e2 * b2[:, None]
+        kb3 = k3 * e3 * b3[:, None]
+        _wy_rows(w, 0, x00, x00, x00, x00, kb0, kb0, kb0, kb0, n_valid, o_r, o_k, m_k, HVK, 1, DOT_PRECISION)
+        _wy_rows(w, 1, x10, x11, x11, x11, kb0, kb1, kb1, kb1, n_valid, o_r, o_k, m_k, HVK, 2, DOT_PRECISION)
+        _wy_rows(w, 2, x20, x21, x22, x22, kb0, kb1, kb2, kb2, n_valid, o_r, o_k, m_k, HVK, 3, DOT_PRECISION)
+        _wy_rows(w, 3, x30, x31, x32, x33, kb0, kb1, kb2, kb3, n_valid, o_r, o_k, m_k, HVK, 4, DOT_PRECISION)
+        if STORE_QG:
+            qg += t0 * HVK + i_hv * K
+            _gated_rows(qg, 0, q0 * e0, n_valid, o_r, o_k, m_k, HVK)
+            _gated_rows(qg, 1, q1 * e1, n_valid, o_r, o_k, m_k, HVK)
+            _gated_rows(qg, 2, q2 * e2, n_valid, o_r, o_k, m_k, HVK)
+            _gated_rows(qg, 3, q3 * e3, n_valid, o_r, o_k, m_k, HVK)
+        gl = tl.load(g + (n_valid - 1) * HVK + o_k, mask=m_k, other=0.).to(tl.float32)[None, :]
+        NEG_INF: tl.constexpr = float("-inf")
+        _gated_rows(kg, 0, k0 * tl.exp2(tl.where(m0[:, None], gl - g0, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
+        _gated_rows(kg, 1, k1 * tl.exp2(tl.where(m1[:, None], gl - g1, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
+        _gated_rows(kg, 2, k2 * tl.exp2(tl.where(m2[:, None], gl - g2, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
+        _gated_rows(kg, 3, k3 * tl.exp2(tl.where(m3[:, None], gl - g3, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
+        HVV: tl.constexpr = HV * V
+        v += t0 * HVV + i_hv * V
+        u += t0 * HVV + i_hv * V
+        for i_v in range(0, tl.cdiv(V, BV)):
+            o_v = i_v * BV + tl.arange(0, BV)
+            m_v = o_v < V
+            vb0 = tl.load(v + (0 * 16 + o_r)[:, None] * HVV + o_v[None, :], mask=m0[:, None] & m_v[None, :],
+                          other=0.).to(tl.float32) * b0[:, None]
+            vb1 = tl.load(v + (1 * 16 + o_r)[:, None] * HVV + o_v[None, :], mask=m1[:, None] & m_v[None, :],
+                          other=0.).to(tl.float32) * b1[:, None]
+            vb2 = tl.load(v + (2 * 16 + o_r)[:, None] * HVV + o_v[None, :], mask=m2[:, None] & m_v[None, :],
+                          other=0.).to(tl.float32) * b2[:, None]
+            vb3 = tl.load(v + (3 * 16 + o_r)[:, None] * HVV + o_v[None, :], mask=m3[:, None] & m_v[None, :],
+                          other=0.).to(tl.float32) * b3[:, None]
+            _wy_rows(u, 0, x00, x00, x00, x00, vb0, vb0, vb0, vb0, n_valid, o_r, o_v, m_v, HVV, 1, DOT_PRECISION)
+            _wy_rows(u, 1, x10, x11, x11, x11, vb0, vb1, vb1, vb1, n_valid, o_r, o_v, m_v, HVV, 2, DOT_PRECISION)
+            _wy_rows(u, 2, x20, x21, x22, x22, vb0, vb1, vb2, vb2, n_valid, o_r, o_v, m_v, HVV, 3, DOT_PRECISION)
+            _wy_rows(u, 3, x30, x31, x32, x33, vb0, vb1, vb2, vb3, n_valid, o_r, o_v, m_v, HVV, 4, DOT_PRECISION)
+
 
 def intra_fwd(q, k, gk, beta, scale, cu_seqlens=None, chunk_indices=None, chunk_size: int = 64,
               dot_precision: str = "tf32", diag_precision: str = "tf32x3", config=None):
@@ -266,9 +339,56 @@ def intra_fwd(q, k, gk, beta, scale, cu_seqlens=None, chunk_indices=None, chunk_
         return Aqk, Akk
     fp32 = k.dtype == torch.float32
     launch(_intra_fwd_kernel, (NT, B * HV), config,
-           q, k, gk, beta, Aqk, Akk, cu_seqlens, chunk_indices, float(scale), T,
+           q, k, gk, beta, Aqk, Akk, Aqk, Aqk, Aqk, Aqk, Aqk, cu_seqlens, chunk_indices, float(scale), T,
            H=H, HV=HV, K=K, BT=BT, BK=max(16, triton.next_power_of_2(K)), IS_VARLEN=cu_seqlens is not None,
            DOT_PRECISION="ieee" if fp32 else dot_precision, DIAG_PRECISION="ieee" if fp32 else diag_precision,
            SOLVE_PRECISION="ieee")
     record_launch("kda.intra_fwd")
     return Aqk, Akk
+
+
+def chunk_fwd_intra(q, k, v, gk, beta, scale, cu_seqlens=None, chunk_size: int = 64, chunk_indices=None,
+                    disable_recompute: bool = False, safe_gate: bool = False, lower_bound=None,
+                    use_graph: bool = False, dot_precision: str = "tf32", diag_precision: str = "tf32x3",
+                    config=None):
+    """Drop-in for fla 0.6.0's ``chunk_kda_fwd_intra``, whole: the scores and, from the same
+    registers, what its closing ``recompute_w_u_fwd`` makes. Returns
+    ``(w, u, qg, kg, Aqk, Akk)``: w, kg (and qg when ``disable_recompute``, else None)
+    ``[B, T, HV, K]`` in k's dtype, u like v, Aqk and Akk as ``intra_fwd``.
+
+    safe_gate / lower_bound select another gate scheme in fla (routed to fla by the op) and
+    use_graph fla's static buffers: not supported here (raise)."""
+    if safe_gate or lower_bound is not None or use_graph:
+        raise NotImplementedError("kernel_fun chunk_fwd_intra: safe_gate, lower_bound and use_graph are fla's")
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    BT = chunk_size
+    if BT != 64 or K > 128:
+        raise ValueError(f"chunk_fwd_intra: chunk size 64 and K <= 128 (got {BT}, {K})")
+    if HV % H or tuple(gk.shape) != (B, T, HV, K) or tuple(beta.shape) != (B, T, HV) or v.shape[:2] != (B, T):
+        raise ValueError(f"chunk_fwd_intra: shapes q/k {tuple(k.shape)} v {tuple(v.shape)} gk {tuple(gk.shape)} "
+                         f"beta {tuple(beta.shape)} disagree")
+    if cu_seqlens is not None and B != 1:
+        raise ValueError("chunk_fwd_intra: varlen (cu_seqlens) needs B == 1")
+    if chunk_indices is None and cu_seqlens is not None:
+        chunk_indices = chunk_indices_for(cu_seqlens, BT)
+    NT = triton.cdiv(T, BT) if cu_seqlens is None else len(chunk_indices)
+    q, k, v, gk, beta = (x.contiguous() for x in (q, k, v, gk, beta))
+    dev = k.device
+    Aqk = _alloc((B, T, HV, BT), k.dtype, dev)
+    Akk = _alloc((B, T, HV, BT), k.dtype, dev)
+    w = _alloc((B, T, HV, K), k.dtype, dev)
+    kg = _alloc((B, T, HV, K), k.dtype, dev)
+    qg = _alloc((B, T, HV, K), k.dtype, dev) if disable_recompute else None
+    u = _alloc(tuple(v.shape), v.dtype, dev)
+    if NT == 0:
+        return w, u, qg, kg, Aqk, Akk
+    fp32 = k.dtype == torch.float32
+    launch(_intra_fwd_kernel, (NT, B * HV), config,
+           q, k, gk, beta, Aqk, Akk, v, w, u, qg if qg is not None else w, kg, cu_seqlens, chunk_indices,
+           float(scale), T,
+           H=H, HV=HV, K=K, BT=BT, BK=max(16, triton.next_power_of_2(K)), IS_VARLEN=cu_seqlens is not None,
+           DOT_PRECISION="ieee" if fp32 else dot_precision, DIAG_PRECISION="ieee" if fp32 else diag_precision,
+           SOLVE_PRECISION="ieee", WY=True, STORE_QG=qg is not None, V=V, BV=min(64, max(16, triton.next_power_of_2(V))))
+    record_launch("kda.intra_fwd")
+    return w, u, qg, kg, Aqk, Akk
