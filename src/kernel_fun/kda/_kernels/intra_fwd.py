@@ -258,22 +258,27 @@ def _intra_fwd_kernel(
 
     if WY:
         # What fla's recompute_w_u_fwd makes from Akk, from the tiles already in registers:
-        # w = Akk (beta k exp2(g)), u = Akk (beta v), qg = q exp2(g), kg = k exp2(g_last - g)
-        # (Akk in fp32 here, not rounded to the input dtype first as fla's is).
+        # w = Akk (beta k exp2(g)), u = Akk (beta v), qg = q exp2(g), kg = k exp2(g_last - g).
+        # Akk and the right operands are rounded to the input dtype first, as fla's pass reads
+        # them (Akk as stored): the backward recomputes w and u from the stored Akk, so the
+        # forward's agree with it.
+        DT: tl.constexpr = Akk.dtype.element_ty
         w += t0 * HVK + i_hv * K
         kg += t0 * HVK + i_hv * K
+        r00, r10, r11, r20, r21, r22 = x00.to(DT), x10.to(DT), x11.to(DT), x20.to(DT), x21.to(DT), x22.to(DT)
+        r30, r31, r32, r33 = x30.to(DT), x31.to(DT), x32.to(DT), x33.to(DT)
         e0 = tl.exp2(g0)
         e1 = tl.exp2(g1)
         e2 = tl.exp2(g2)
         e3 = tl.exp2(g3)
-        kb0 = k0 * e0 * b0[:, None]
-        kb1 = k1 * e1 * b1[:, None]
-        kb2 = k2 * e2 * b2[:, None]
-        kb3 = k3 * e3 * b3[:, None]
-        _wy_rows(w, 0, x00, x00, x00, x00, kb0, kb0, kb0, kb0, n_valid, o_r, o_k, m_k, HVK, 1, DOT_PRECISION)
-        _wy_rows(w, 1, x10, x11, x11, x11, kb0, kb1, kb1, kb1, n_valid, o_r, o_k, m_k, HVK, 2, DOT_PRECISION)
-        _wy_rows(w, 2, x20, x21, x22, x22, kb0, kb1, kb2, kb2, n_valid, o_r, o_k, m_k, HVK, 3, DOT_PRECISION)
-        _wy_rows(w, 3, x30, x31, x32, x33, kb0, kb1, kb2, kb3, n_valid, o_r, o_k, m_k, HVK, 4, DOT_PRECISION)
+        kb0 = (k0 * e0 * b0[:, None]).to(DT)
+        kb1 = (k1 * e1 * b1[:, None]).to(DT)
+        kb2 = (k2 * e2 * b2[:, None]).to(DT)
+        kb3 = (k3 * e3 * b3[:, None]).to(DT)
+        _wy_rows(w, 0, r00, r00, r00, r00, kb0, kb0, kb0, kb0, n_valid, o_r, o_k, m_k, HVK, 1, DOT_PRECISION)
+        _wy_rows(w, 1, r10, r11, r11, r11, kb0, kb1, kb1, kb1, n_valid, o_r, o_k, m_k, HVK, 2, DOT_PRECISION)
+        _wy_rows(w, 2, r20, r21, r22, r22, kb0, kb1, kb2, kb2, n_valid, o_r, o_k, m_k, HVK, 3, DOT_PRECISION)
+        _wy_rows(w, 3, r30, r31, r32, r33, kb0, kb1, kb2, kb3, n_valid, o_r, o_k, m_k, HVK, 4, DOT_PRECISION)
         if STORE_QG:
             qg += t0 * HVK + i_hv * K
             _gated_rows(qg, 0, q0 * e0, n_valid, o_r, o_k, m_k, HVK)
@@ -292,18 +297,18 @@ def _intra_fwd_kernel(
         for i_v in range(0, tl.cdiv(V, BV)):
             o_v = i_v * BV + tl.arange(0, BV)
             m_v = o_v < V
-            vb0 = tl.load(v + (0 * 16 + o_r)[:, None] * HVV + o_v[None, :], mask=m0[:, None] & m_v[None, :],
-                          other=0.).to(tl.float32) * b0[:, None]
-            vb1 = tl.load(v + (1 * 16 + o_r)[:, None] * HVV + o_v[None, :], mask=m1[:, None] & m_v[None, :],
-                          other=0.).to(tl.float32) * b1[:, None]
-            vb2 = tl.load(v + (2 * 16 + o_r)[:, None] * HVV + o_v[None, :], mask=m2[:, None] & m_v[None, :],
-                          other=0.).to(tl.float32) * b2[:, None]
-            vb3 = tl.load(v + (3 * 16 + o_r)[:, None] * HVV + o_v[None, :], mask=m3[:, None] & m_v[None, :],
-                          other=0.).to(tl.float32) * b3[:, None]
-            _wy_rows(u, 0, x00, x00, x00, x00, vb0, vb0, vb0, vb0, n_valid, o_r, o_v, m_v, HVV, 1, DOT_PRECISION)
-            _wy_rows(u, 1, x10, x11, x11, x11, vb0, vb1, vb1, vb1, n_valid, o_r, o_v, m_v, HVV, 2, DOT_PRECISION)
-            _wy_rows(u, 2, x20, x21, x22, x22, vb0, vb1, vb2, vb2, n_valid, o_r, o_v, m_v, HVV, 3, DOT_PRECISION)
-            _wy_rows(u, 3, x30, x31, x32, x33, vb0, vb1, vb2, vb3, n_valid, o_r, o_v, m_v, HVV, 4, DOT_PRECISION)
+            vb0 = (tl.load(v + (0 * 16 + o_r)[:, None] * HVV + o_v[None, :], mask=m0[:, None] & m_v[None, :],
+                           other=0.).to(tl.float32) * b0[:, None]).to(DT)
+            vb1 = (tl.load(v + (1 * 16 + o_r)[:, None] * HVV + o_v[None, :], mask=m1[:, None] & m_v[None, :],
+                           other=0.).to(tl.float32) * b1[:, None]).to(DT)
+            vb2 = (tl.load(v + (2 * 16 + o_r)[:, None] * HVV + o_v[None, :], mask=m2[:, None] & m_v[None, :],
+                           other=0.).to(tl.float32) * b2[:, None]).to(DT)
+            vb3 = (tl.load(v + (3 * 16 + o_r)[:, None] * HVV + o_v[None, :], mask=m3[:, None] & m_v[None, :],
+                           other=0.).to(tl.float32) * b3[:, None]).to(DT)
+            _wy_rows(u, 0, r00, r00, r00, r00, vb0, vb0, vb0, vb0, n_valid, o_r, o_v, m_v, HVV, 1, DOT_PRECISION)
+            _wy_rows(u, 1, r10, r11, r11, r11, vb0, vb1, vb1, vb1, n_valid, o_r, o_v, m_v, HVV, 2, DOT_PRECISION)
+            _wy_rows(u, 2, r20, r21, r22, r22, vb0, vb1, vb2, vb2, n_valid, o_r, o_v, m_v, HVV, 3, DOT_PRECISION)
+            _wy_rows(u, 3, r30, r31, r32, r33, vb0, vb1, vb2, vb3, n_valid, o_r, o_v, m_v, HVV, 4, DOT_PRECISION)
 
 
 def intra_fwd(q, k, gk, beta, scale, cu_seqlens=None, chunk_indices=None, chunk_size: int = 64,
