@@ -55,3 +55,11 @@ def chunk_program(cu_seqlens, chunk_indices, T, H: tl.constexpr, HV: tl.constexp
         eos = bos + T
     t0 = bos + i_t * BT
     return i_b, i_hv, i_hv // (HV // H), i_tg, t0, tl.minimum(eos - t0, BT).to(tl.int32)
+
+
+@triton.jit
+def bit_level(o_r):
+    """[n, n] for a 16-row block: the highest bit where r and c differ (3..0), -1 on r == c.
+    The pairs of one level share an anchor row (the intra stages' split of the gate factor)."""
+    x_rc = o_r[:, None] ^ o_r[None, :]
+    return tl.where(x_rc >= 8, 3, tl.where(x_rc >= 4, 2, tl.where(x_rc >= 2, 1, tl.where(x_rc >= 1, 0, -1))))

@@ -50,7 +50,7 @@ import triton.language as tl
 
 from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
-from kernel_fun.kda._kernels import chunk_indices_for, chunk_program, launch
+from kernel_fun.kda._kernels import bit_level, chunk_indices_for, chunk_program, launch
 
 install_interpreter_shims()  # runtime-bound loops under TRITON_INTERPRET=1 (see tuning.py)
 
@@ -146,8 +146,7 @@ def _intra_bwd_kernel(
 
     o_r = tl.arange(0, BC)
     # level of a pair inside a 16-block: the highest bit where r and c differ (-1 on r == c)
-    x_rc = o_r[:, None] ^ o_r[None, :]
-    lvl = tl.where(x_rc >= 8, 3, tl.where(x_rc >= 4, 2, tl.where(x_rc >= 2, 1, tl.where(x_rc >= 1, 0, -1))))
+    lvl = bit_level(o_r)
 
     # one output sub-chunk I (16 rows) at a time: its dq / dk / dg rows for every K block
     # DG_CUMSUM: dg leaves chunk-local reverse-cumsummed (dg_i = sum over the chunk's rows

@@ -39,7 +39,7 @@ import triton.language as tl
 
 from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
-from kernel_fun.kda._kernels import chunk_indices_for, chunk_program, launch
+from kernel_fun.kda._kernels import bit_level, chunk_indices_for, chunk_program, launch
 
 install_interpreter_shims()
 
@@ -74,8 +74,7 @@ def _diag_block(g, I, n_valid, b_q, b_k, b_g, m, o_r, o_k, m_k, HVK: tl.constexp
     """Inside sub-chunk I: (sum_c q_i k_j E_ij for j <= i, sum_c k_i k_j E_ij for j < i),
     [16, 16] fp32, zero elsewhere."""
     NEG_INF: tl.constexpr = float("-inf")
-    x_rc = o_r[:, None] ^ o_r[None, :]
-    lvl = tl.where(x_rc >= 8, 3, tl.where(x_rc >= 4, 2, tl.where(x_rc >= 2, 1, tl.where(x_rc >= 1, 0, -1))))
+    lvl = bit_level(o_r)
     lower = o_r[:, None] > o_r[None, :]
     acc_q = tl.zeros([16, 16], dtype=tl.float32)
     acc_k = tl.zeros([16, 16], dtype=tl.float32)
