@@ -2,8 +2,9 @@
 # One batched GPU session step on the lent H200: install the carried fla wheel, then run the
 # named steps, each under its own timeout, logging to $OUT. Usage: scripts/gpu_run.sh STEP...
 # Steps: doctor, cconv_tests, cconv_bench, delta_tests, delta_bench, kda_stage_tests,
-#        kda_stage_bench, kda_tests, kda_bench, kda_ab, candidates, cconv_sweep
-# candidates: the GPU tests of the kda stages and switches not yet on by default.
+#        kda_stage_bench, kda_tests, kda_bench, kda_ab, candidates, candidates_chain, cconv_sweep
+# candidates / candidates_chain: the GPU tests (stage-level / whole chain against fp64) of the
+# kda stages and switches not yet on by default.
 # KDA_AB_ARGS="--B 8 --combos base,l2" is passed to scripts/kda_switch_ab.py.
 # KDA_CASES="--case prod_b16 ..." picks kda bench cases; KDA_TEST_K="..." is passed to pytest -k.
 set -u
@@ -26,7 +27,8 @@ for step in "$@"; do
     kda_stage_bench) timeout "$T" python3 scripts/kda_stage_bench.py "$OUT/kda_stage_bench.json" 2>&1 | tee "$OUT/kda_stage_bench.log" | tail -40 ;;
     kda_tests) timeout "$T" python3 -m pytest -m gpu tests/kda/test_chain_gpu.py -q -rs -s ${KDA_TEST_K:+-k "$KDA_TEST_K"} 2>&1 | tee "$OUT/kda_tests.log" | tail -40 ;;
     kda_bench) timeout "$T" python3 -m kernel_fun bench --family kda ${KDA_CASES:-} --json "$OUT/kda_bench.json" 2>&1 | tee "$OUT/kda_bench.log" ;;
-    candidates) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_stage_kernels_gpu.py tests/delta/test_state_scan_fwd_gpu.py tests/kda/test_chain_gpu.py -k "intra_fwd or fwd_intra or wy_formed or forward_variants or backward_state_scan" 2>&1 | tee "$OUT/candidates.log" | grep --line-buffered -E "^\[|passed|failed|Error|vs fp64|dA_log|wyf|ifwd" | tail -60 ;;
+    candidates) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_stage_kernels_gpu.py tests/delta/test_state_scan_fwd_gpu.py -k "intra_fwd or fwd_intra or wy_formed" 2>&1 | tee "$OUT/candidates.log" | grep --line-buffered -E "^\[|passed|failed|Error" | tail -60 ;;
+    candidates_chain) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_chain_gpu.py -k "forward_variants or backward_state_scan" 2>&1 | tee "$OUT/candidates_chain.log" | grep --line-buffered -E "passed|failed|Error|vs fp64|dA_log|wyf|fwdi|ifwd" | tail -60 ;;
     kda_ab) timeout "$T" python3 scripts/kda_switch_ab.py "$OUT/kda_ab.json" ${KDA_AB_ARGS:-} 2>&1 | tee "$OUT/kda_ab.log" | tail -40 ;;
     cconv_sweep) timeout "$T" python3 scripts/cconv_sweep.py "$OUT/cconv_sweep.json" 2>&1 | tee "$OUT/cconv_sweep.log" | tail -60 ;;
     *) echo "unknown step $step" ;;
