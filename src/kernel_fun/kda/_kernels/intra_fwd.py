@@ -111,16 +111,28 @@ def _off_block(g, I, n_valid, b_qI, b_kI, b_gI, mI, b_kJ, b_gJ, o_k, m_k, HVK: t
 
 
 @triton.jit
-def _inv_unit_lower(N, o_r):
-    """(I + N)^-1 for a strictly lower [16, 16] N, by forward substitution in fp32:
-    row i of X is e_i - sum_j N_ij X_j."""
+def _sub_row(N, X, i, o_r, eye):
+    """One forward-substitution step: row i of X becomes e_i - sum_j N_ij X_j."""
+    n_i = tl.sum(tl.where(o_r[:, None] == i, N, 0.), axis=0)  # row i of N, [16] over j
+    row = tl.sum(n_i[:, None] * X, axis=0)  # sum_j N_ij X_j, [16]
+    return tl.where(o_r[:, None] == i, eye - row[None, :], X)
+
+
+@triton.jit
+def _inv_unit_lower4(N0, N1, N2, N3, o_r):
+    """(I + N)^-1 for four strictly lower [16, 16] N at once, by forward substitution in fp32:
+    the four chains of 15 dependent steps are interleaved (independent work per step)."""
     eye = (o_r[:, None] == o_r[None, :]).to(tl.float32)
-    X = eye
+    X0 = eye
+    X1 = eye
+    X2 = eye
+    X3 = eye
     for i in range(1, 16):
-        n_i = tl.sum(tl.where(o_r[:, None] == i, N, 0.), axis=0)  # row i of N, [16] over j
-        row = tl.sum(n_i[:, None] * X, axis=0)  # sum_j N_ij X_j, [16]
-        X = tl.where(o_r[:, None] == i, eye - row[None, :], X)
-    return X
+        X0 = _sub_row(N0, X0, i, o_r, eye)
+        X1 = _sub_row(N1, X1, i, o_r, eye)
+        X2 = _sub_row(N2, X2, i, o_r, eye)
+        X3 = _sub_row(N3, X3, i, o_r, eye)
+    return X0, X1, X2, X3
 
 
 @triton.jit
@@ -224,10 +236,7 @@ def _intra_fwd_kernel(
     _store_block(Aqk, 3, 3, a33 * scale, n_valid, o_r, HVBT)
 
     # Akk = (I + L)^-1 by block forward substitution
-    x00 = _inv_unit_lower(l00, o_r)
-    x11 = _inv_unit_lower(l11, o_r)
-    x22 = _inv_unit_lower(l22, o_r)
-    x33 = _inv_unit_lower(l33, o_r)
+    x00, x11, x22, x33 = _inv_unit_lower4(l00, l11, l22, l33, o_r)
     x10 = -tl.dot(x11, tl.dot(l10, x00, input_precision=SOLVE_PRECISION), input_precision=SOLVE_PRECISION)
     x21 = -tl.dot(x22, tl.dot(l21, x11, input_precision=SOLVE_PRECISION), input_precision=SOLVE_PRECISION)
     x20 = -tl.dot(x22, tl.dot(l20, x00, input_precision=SOLVE_PRECISION)
