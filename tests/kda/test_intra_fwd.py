@@ -114,3 +114,11 @@ def test_chunk_fwd_intra_refuses_fla_only_schemes():
     q, k, v, gk, beta, cu_t, _ = _case_v("k128_tail", 64)
     with pytest.raises(NotImplementedError, match="safe_gate"):
         mod.chunk_fwd_intra(q.float(), k.float(), v.float(), gk, beta.float(), SCALE, safe_gate=True)
+
+
+def test_intra_fwd_shape_errors():
+    q, k, gk, beta, cu_t, _ = _case(**CASES["k128_tail"])
+    with pytest.raises(ValueError, match="disagree"):
+        mod.intra_fwd(q[:, :, :1].float(), k.float(), gk, beta.float(), SCALE)
+    with pytest.raises(ValueError, match="disagree"):
+        mod.intra_fwd(q.float(), k.float(), gk[..., :64], beta.float(), SCALE)

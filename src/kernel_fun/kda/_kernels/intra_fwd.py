@@ -29,7 +29,8 @@ Design (one program = one chunk x one value head, all of K in one tile):
   tf32x3 by default); the solve's dots use ``SOLVE_PRECISION`` (ieee: exact fp32).
 
 Outputs in k's dtype: Aqk and Akk ``[B, T, HV, BT]``, each row's 64 entries written (zeros
-above the diagonal), rows past a sequence's end not written.
+above the diagonal), rows past a sequence's end not written (with packed documents, the
+padding rows after ``cu_seqlens[-1]``: fla zero-fills its Akk there; no stage reads them).
 """
 from __future__ import annotations
 
@@ -217,6 +218,33 @@ def _intra_fwd_kernel(
     l31 *= b3[:, None]
     l32 *= b3[:, None]
 
+    DT: tl.constexpr = Akk.dtype.element_ty
+    if WY:
+        # The element-wise part of what fla's recompute_w_u_fwd makes (qg = q exp2(g),
+        # kg = k exp2(g_last - g), and w's right operand beta k exp2(g) rounded to the input
+        # dtype), done here so that the q, k and gate tiles die before the solve.
+        kg += t0 * HVK + i_hv * K
+        e0 = tl.exp2(g0)
+        e1 = tl.exp2(g1)
+        e2 = tl.exp2(g2)
+        e3 = tl.exp2(g3)
+        if STORE_QG:
+            qg += t0 * HVK + i_hv * K
+            _gated_rows(qg, 0, q0 * e0, n_valid, o_r, o_k, m_k, HVK)
+            _gated_rows(qg, 1, q1 * e1, n_valid, o_r, o_k, m_k, HVK)
+            _gated_rows(qg, 2, q2 * e2, n_valid, o_r, o_k, m_k, HVK)
+            _gated_rows(qg, 3, q3 * e3, n_valid, o_r, o_k, m_k, HVK)
+        gl = tl.load(g + (n_valid - 1) * HVK + o_k, mask=m_k, other=0.).to(tl.float32)[None, :]
+        NEG_INF: tl.constexpr = float("-inf")
+        _gated_rows(kg, 0, k0 * tl.exp2(tl.where(m0[:, None], gl - g0, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
+        _gated_rows(kg, 1, k1 * tl.exp2(tl.where(m1[:, None], gl - g1, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
+        _gated_rows(kg, 2, k2 * tl.exp2(tl.where(m2[:, None], gl - g2, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
+        _gated_rows(kg, 3, k3 * tl.exp2(tl.where(m3[:, None], gl - g3, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
+        kb0 = (k0 * e0 * b0[:, None]).to(DT)
+        kb1 = (k1 * e1 * b1[:, None]).to(DT)
+        kb2 = (k2 * e2 * b2[:, None]).to(DT)
+        kb3 = (k3 * e3 * b3[:, None]).to(DT)
+
     # Aqk rows, zeros above the diagonal
     _store_block(Aqk, 0, 0, a00 * scale, n_valid, o_r, HVBT)
     _store_block(Aqk, 0, 1, zero, n_valid, o_r, HVBT)
@@ -265,40 +293,17 @@ def _intra_fwd_kernel(
     _store_block(Akk, 3, 3, x33, n_valid, o_r, HVBT)
 
     if WY:
-        # What fla's recompute_w_u_fwd makes from Akk, from the tiles already in registers:
-        # w = Akk (beta k exp2(g)), u = Akk (beta v), qg = q exp2(g), kg = k exp2(g_last - g).
-        # Akk and the right operands are rounded to the input dtype first, as fla's pass reads
-        # them (Akk as stored): the backward recomputes w and u from the stored Akk, so the
-        # forward's agree with it.
-        DT: tl.constexpr = Akk.dtype.element_ty
+        # The rest of what fla's recompute_w_u_fwd makes from Akk: w = Akk (beta k exp2(g)),
+        # u = Akk (beta v). Akk and the right operands are rounded to the input dtype first, as
+        # fla's pass reads them (Akk as stored): the backward recomputes w and u from the
+        # stored Akk, so the forward's agree with it.
         w += t0 * HVK + i_hv * K
-        kg += t0 * HVK + i_hv * K
         r00, r10, r11, r20, r21, r22 = x00.to(DT), x10.to(DT), x11.to(DT), x20.to(DT), x21.to(DT), x22.to(DT)
         r30, r31, r32, r33 = x30.to(DT), x31.to(DT), x32.to(DT), x33.to(DT)
-        e0 = tl.exp2(g0)
-        e1 = tl.exp2(g1)
-        e2 = tl.exp2(g2)
-        e3 = tl.exp2(g3)
-        kb0 = (k0 * e0 * b0[:, None]).to(DT)
-        kb1 = (k1 * e1 * b1[:, None]).to(DT)
-        kb2 = (k2 * e2 * b2[:, None]).to(DT)
-        kb3 = (k3 * e3 * b3[:, None]).to(DT)
         _wy_rows(w, 0, r00, r00, r00, r00, kb0, kb0, kb0, kb0, n_valid, o_r, o_k, m_k, HVK, 1, DOT_PRECISION)
         _wy_rows(w, 1, r10, r11, r11, r11, kb0, kb1, kb1, kb1, n_valid, o_r, o_k, m_k, HVK, 2, DOT_PRECISION)
         _wy_rows(w, 2, r20, r21, r22, r22, kb0, kb1, kb2, kb2, n_valid, o_r, o_k, m_k, HVK, 3, DOT_PRECISION)
         _wy_rows(w, 3, r30, r31, r32, r33, kb0, kb1, kb2, kb3, n_valid, o_r, o_k, m_k, HVK, 4, DOT_PRECISION)
-        if STORE_QG:
-            qg += t0 * HVK + i_hv * K
-            _gated_rows(qg, 0, q0 * e0, n_valid, o_r, o_k, m_k, HVK)
-            _gated_rows(qg, 1, q1 * e1, n_valid, o_r, o_k, m_k, HVK)
-            _gated_rows(qg, 2, q2 * e2, n_valid, o_r, o_k, m_k, HVK)
-            _gated_rows(qg, 3, q3 * e3, n_valid, o_r, o_k, m_k, HVK)
-        gl = tl.load(g + (n_valid - 1) * HVK + o_k, mask=m_k, other=0.).to(tl.float32)[None, :]
-        NEG_INF: tl.constexpr = float("-inf")
-        _gated_rows(kg, 0, k0 * tl.exp2(tl.where(m0[:, None], gl - g0, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
-        _gated_rows(kg, 1, k1 * tl.exp2(tl.where(m1[:, None], gl - g1, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
-        _gated_rows(kg, 2, k2 * tl.exp2(tl.where(m2[:, None], gl - g2, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
-        _gated_rows(kg, 3, k3 * tl.exp2(tl.where(m3[:, None], gl - g3, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
         HVV: tl.constexpr = HV * V
         v += t0 * HVV + i_hv * V
         u += t0 * HVV + i_hv * V
@@ -340,6 +345,9 @@ def intra_fwd(q, k, gk, beta, scale, cu_seqlens=None, chunk_indices=None, chunk_
         raise ValueError(f"intra_fwd: K <= 128, got {K}")
     if HV % H:
         raise ValueError(f"intra_fwd: HV={HV} must be a multiple of H={H}")
+    if tuple(q.shape) != tuple(k.shape) or tuple(gk.shape) != (B, T, HV, K) or tuple(beta.shape) != (B, T, HV):
+        raise ValueError(f"intra_fwd: shapes q {tuple(q.shape)} k {tuple(k.shape)} gk {tuple(gk.shape)} "
+                         f"beta {tuple(beta.shape)} disagree")
     if cu_seqlens is not None and B != 1:
         raise ValueError("intra_fwd: varlen (cu_seqlens) needs B == 1")
     if chunk_indices is None and cu_seqlens is not None:
@@ -378,7 +386,8 @@ def chunk_fwd_intra(q, k, v, gk, beta, scale, cu_seqlens=None, chunk_size: int =
     BT = chunk_size
     if BT != 64 or K > 128:
         raise ValueError(f"chunk_fwd_intra: chunk size 64 and K <= 128 (got {BT}, {K})")
-    if HV % H or tuple(gk.shape) != (B, T, HV, K) or tuple(beta.shape) != (B, T, HV) or v.shape[:2] != (B, T):
+    if (HV % H or tuple(q.shape) != tuple(k.shape) or tuple(gk.shape) != (B, T, HV, K)
+            or tuple(beta.shape) != (B, T, HV) or v.shape[:2] != (B, T)):
         raise ValueError(f"chunk_fwd_intra: shapes q/k {tuple(k.shape)} v {tuple(v.shape)} gk {tuple(gk.shape)} "
                          f"beta {tuple(beta.shape)} disagree")
     if cu_seqlens is not None and B != 1:
