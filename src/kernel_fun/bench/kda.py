@@ -101,6 +101,8 @@ def _case(name, B, T, H, HV, K, V, cu_seqlens=None, profile=False):
     if profile:
         extra["stages_ms"] = {"ours": stage_profile(fwdbwd(kda.chunk_kda)),
                               "fla": stage_profile(fwdbwd(fla_kda))}
+        extra["stages_ms_fwd"] = {"ours": stage_profile(lambda: call(kda.chunk_kda)),
+                                  "fla": stage_profile(lambda: call(fla_kda))}
     # fwd is timed as in training (inputs require grad, so the forward saves for backward)
     dirs = [Direction("fwd", lambda: call(kda.chunk_kda), lambda: call(fla_kda)), Direction("fwdbwd", fwdbwd(kda.chunk_kda), fwdbwd(fla_kda), extra=extra)]
     shape = dict(B=B, T=T, H=H, HV=HV, K=K, V=V, dtype="bfloat16", use_qk_l2norm_in_kernel=True,
