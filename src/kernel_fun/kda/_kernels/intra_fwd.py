@@ -324,6 +324,53 @@ def _intra_fwd_kernel(
             _wy_rows(u, 3, r30, r31, r32, r33, vb0, vb1, vb2, vb3, n_valid, o_r, o_v, m_v, HVV, 4, DOT_PRECISION)
 
 
+def _run(q, k, gk, beta, scale, cu_seqlens, chunk_indices, chunk_size, dot_precision, diag_precision, config,
+         v=None, store_qg=False):
+    """Check, allocate and launch: ``(Aqk, Akk)``, and with ``v`` the WY pieces before them,
+    ``(w, u, qg, kg, Aqk, Akk)`` (qg None unless ``store_qg``)."""
+    B, T, H, K = k.shape
+    HV = gk.shape[2]
+    BT = chunk_size
+    if BT != 64 or K > 128:
+        raise ValueError(f"intra_fwd: chunk size 64 and K <= 128 (got {BT}, {K})")
+    if (HV % H or tuple(q.shape) != tuple(k.shape) or tuple(gk.shape) != (B, T, HV, K)
+            or tuple(beta.shape) != (B, T, HV) or (v is not None and (v.shape[:3] != (B, T, HV)))):
+        raise ValueError(f"intra_fwd: shapes q {tuple(q.shape)} k {tuple(k.shape)} gk {tuple(gk.shape)} "
+                         f"beta {tuple(beta.shape)} v {None if v is None else tuple(v.shape)} disagree")
+    if cu_seqlens is not None and B != 1:
+        raise ValueError("intra_fwd: varlen (cu_seqlens) needs B == 1")
+    if chunk_indices is None and cu_seqlens is not None:
+        chunk_indices = chunk_indices_for(cu_seqlens, BT)
+    NT = triton.cdiv(T, BT) if cu_seqlens is None else len(chunk_indices)
+    q, k, gk, beta = (x.contiguous() for x in (q, k, gk, beta))
+    dev = k.device
+    Aqk = _alloc((B, T, HV, BT), k.dtype, dev)
+    Akk = _alloc((B, T, HV, BT), k.dtype, dev)
+    wy = dict(WY=False)
+    outs = (Aqk, Akk)
+    ptrs = (Aqk,) * 5  # v, w, u, qg, kg: unused without WY
+    if v is not None:
+        v = v.contiguous()
+        V = v.shape[3]
+        w = _alloc((B, T, HV, K), k.dtype, dev)
+        kg = _alloc((B, T, HV, K), k.dtype, dev)
+        qg = _alloc((B, T, HV, K), k.dtype, dev) if store_qg else None
+        u = _alloc(tuple(v.shape), v.dtype, dev)
+        outs = (w, u, qg, kg, Aqk, Akk)
+        ptrs = (v, w, u, qg if qg is not None else w, kg)
+        wy = dict(WY=True, STORE_QG=store_qg, V=V, BV=min(64, max(16, triton.next_power_of_2(V))))
+    if NT == 0:
+        return outs
+    fp32 = k.dtype == torch.float32
+    launch(_intra_fwd_kernel, (NT, B * HV), config,
+           q, k, gk, beta, Aqk, Akk, *ptrs, cu_seqlens, chunk_indices, float(scale), T,
+           H=H, HV=HV, K=K, BT=BT, BK=max(16, triton.next_power_of_2(K)), IS_VARLEN=cu_seqlens is not None,
+           DOT_PRECISION="ieee" if fp32 else dot_precision, DIAG_PRECISION="ieee" if fp32 else diag_precision,
+           SOLVE_PRECISION="ieee", **wy)
+    record_launch("kda.intra_fwd")
+    return outs
+
+
 def intra_fwd(q, k, gk, beta, scale, cu_seqlens=None, chunk_indices=None, chunk_size: int = 64,
               dot_precision: str = "tf32", diag_precision: str = "tf32x3", config=None):
     """The forward's intra-chunk scores: ``(Aqk, Akk)``, what fla's ``chunk_kda_fwd_intra``
@@ -336,36 +383,7 @@ def intra_fwd(q, k, gk, beta, scale, cu_seqlens=None, chunk_indices=None, chunk_
         dot_precision / diag_precision: ``tl.dot`` input precision of the gated products off /
         on the diagonal blocks. config: a ``triton.Config`` from ``configs()`` (tests).
     """
-    B, T, H, K = k.shape
-    HV = gk.shape[2]
-    BT = chunk_size
-    if BT != 64:
-        raise ValueError(f"intra_fwd: chunk size 64 only, got {BT}")
-    if K > 128:
-        raise ValueError(f"intra_fwd: K <= 128, got {K}")
-    if HV % H:
-        raise ValueError(f"intra_fwd: HV={HV} must be a multiple of H={H}")
-    if tuple(q.shape) != tuple(k.shape) or tuple(gk.shape) != (B, T, HV, K) or tuple(beta.shape) != (B, T, HV):
-        raise ValueError(f"intra_fwd: shapes q {tuple(q.shape)} k {tuple(k.shape)} gk {tuple(gk.shape)} "
-                         f"beta {tuple(beta.shape)} disagree")
-    if cu_seqlens is not None and B != 1:
-        raise ValueError("intra_fwd: varlen (cu_seqlens) needs B == 1")
-    if chunk_indices is None and cu_seqlens is not None:
-        chunk_indices = chunk_indices_for(cu_seqlens, BT)
-    NT = triton.cdiv(T, BT) if cu_seqlens is None else len(chunk_indices)
-    q, k, gk, beta = (x.contiguous() for x in (q, k, gk, beta))
-    Aqk = _alloc((B, T, HV, BT), k.dtype, k.device)
-    Akk = _alloc((B, T, HV, BT), k.dtype, k.device)
-    if NT == 0:
-        return Aqk, Akk
-    fp32 = k.dtype == torch.float32
-    launch(_intra_fwd_kernel, (NT, B * HV), config,
-           q, k, gk, beta, Aqk, Akk, Aqk, Aqk, Aqk, Aqk, Aqk, cu_seqlens, chunk_indices, float(scale), T,
-           H=H, HV=HV, K=K, BT=BT, BK=max(16, triton.next_power_of_2(K)), IS_VARLEN=cu_seqlens is not None,
-           DOT_PRECISION="ieee" if fp32 else dot_precision, DIAG_PRECISION="ieee" if fp32 else diag_precision,
-           SOLVE_PRECISION="ieee")
-    record_launch("kda.intra_fwd")
-    return Aqk, Akk
+    return _run(q, k, gk, beta, scale, cu_seqlens, chunk_indices, chunk_size, dot_precision, diag_precision, config)
 
 
 def chunk_fwd_intra(q, k, v, gk, beta, scale, cu_seqlens=None, chunk_size: int = 64, chunk_indices=None,
@@ -381,36 +399,5 @@ def chunk_fwd_intra(q, k, v, gk, beta, scale, cu_seqlens=None, chunk_size: int =
     use_graph fla's static buffers: not supported here (raise)."""
     if safe_gate or lower_bound is not None or use_graph:
         raise NotImplementedError("kernel_fun chunk_fwd_intra: safe_gate, lower_bound and use_graph are fla's")
-    B, T, H, K = k.shape
-    HV, V = v.shape[2], v.shape[3]
-    BT = chunk_size
-    if BT != 64 or K > 128:
-        raise ValueError(f"chunk_fwd_intra: chunk size 64 and K <= 128 (got {BT}, {K})")
-    if (HV % H or tuple(q.shape) != tuple(k.shape) or tuple(gk.shape) != (B, T, HV, K)
-            or tuple(beta.shape) != (B, T, HV) or v.shape[:2] != (B, T)):
-        raise ValueError(f"chunk_fwd_intra: shapes q/k {tuple(k.shape)} v {tuple(v.shape)} gk {tuple(gk.shape)} "
-                         f"beta {tuple(beta.shape)} disagree")
-    if cu_seqlens is not None and B != 1:
-        raise ValueError("chunk_fwd_intra: varlen (cu_seqlens) needs B == 1")
-    if chunk_indices is None and cu_seqlens is not None:
-        chunk_indices = chunk_indices_for(cu_seqlens, BT)
-    NT = triton.cdiv(T, BT) if cu_seqlens is None else len(chunk_indices)
-    q, k, v, gk, beta = (x.contiguous() for x in (q, k, v, gk, beta))
-    dev = k.device
-    Aqk = _alloc((B, T, HV, BT), k.dtype, dev)
-    Akk = _alloc((B, T, HV, BT), k.dtype, dev)
-    w = _alloc((B, T, HV, K), k.dtype, dev)
-    kg = _alloc((B, T, HV, K), k.dtype, dev)
-    qg = _alloc((B, T, HV, K), k.dtype, dev) if disable_recompute else None
-    u = _alloc(tuple(v.shape), v.dtype, dev)
-    if NT == 0:
-        return w, u, qg, kg, Aqk, Akk
-    fp32 = k.dtype == torch.float32
-    launch(_intra_fwd_kernel, (NT, B * HV), config,
-           q, k, gk, beta, Aqk, Akk, v, w, u, qg if qg is not None else w, kg, cu_seqlens, chunk_indices,
-           float(scale), T,
-           H=H, HV=HV, K=K, BT=BT, BK=max(16, triton.next_power_of_2(K)), IS_VARLEN=cu_seqlens is not None,
-           DOT_PRECISION="ieee" if fp32 else dot_precision, DIAG_PRECISION="ieee" if fp32 else diag_precision,
-           SOLVE_PRECISION="ieee", WY=True, STORE_QG=qg is not None, V=V, BV=min(64, max(16, triton.next_power_of_2(V))))
-    record_launch("kda.intra_fwd")
-    return w, u, qg, kg, Aqk, Akk
+    return _run(q, k, gk, beta, scale, cu_seqlens, chunk_indices, chunk_size, dot_precision, diag_precision, config,
+                v=v, store_qg=disable_recompute)
