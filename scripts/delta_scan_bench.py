@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from kda_inputs import production_inputs  # noqa: E402  (a sibling script module)
+from kda_inputs import production_inputs, qkv_beta  # noqa: E402  (a sibling script module)
 from kernel_fun._common.numerics import rel_rms as rel
 
 T0 = time.time()
@@ -204,13 +204,8 @@ def gdn_rows(B=8, T=8192, H=16, HV=16, K=128, V=128, all_configs=False) -> dict:
 
     from kernel_fun._delta._kernels.state_scan_fwd import state_scan_fwd
 
-    torch.manual_seed(0)
-    dev, dt = "cuda", torch.bfloat16
-    q = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
-    k = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
-    v = torch.randn(B, T, HV, V, device=dev, dtype=dt)
-    beta = torch.randn(B, T, HV, device=dev).sigmoid().to(dt)
-    g_raw = F.logsigmoid(torch.randn(B, T, HV, device=dev)) / 4
+    q, k, v, beta = qkv_beta(B, T, H, HV, K, V)
+    g_raw = F.logsigmoid(torch.randn(B, T, HV, device="cuda")) / 4
     scale = K ** -0.5
     g = chunk_local_cumsum(g_raw, chunk_size=64, scale=RCP_LN2)
     w, u, _ = chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=64)

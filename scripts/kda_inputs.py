@@ -11,17 +11,25 @@ import torch
 import torch.nn.functional as F
 
 
-def production_inputs(B, T, H, HV, K, V):
-    """(q, k, v, beta, gk, scale), bf16 on the GPU; gk fp32 [B, T, HV, K] (log2, chunk-local)."""
-    from fla.ops.kda.gate import kda_gate_chunk_cumsum
-    from fla.ops.utils.constant import RCP_LN2
-
+def qkv_beta(B, T, H, HV, K, V):
+    """Seeds torch (0), then draws l2-normalized q, k, random v and sigmoid beta, bf16 on the
+    GPU, in that order (the delta-rule benches' common start; gates are drawn after)."""
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
     q = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
     k = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt)
     v = torch.randn(B, T, HV, V, device=dev, dtype=dt)
     beta = torch.randn(B, T, HV, device=dev).sigmoid().to(dt)
+    return q, k, v, beta
+
+
+def production_inputs(B, T, H, HV, K, V):
+    """(q, k, v, beta, gk, scale), bf16 on the GPU; gk fp32 [B, T, HV, K] (log2, chunk-local)."""
+    from fla.ops.kda.gate import kda_gate_chunk_cumsum
+    from fla.ops.utils.constant import RCP_LN2
+
+    q, k, v, beta = qkv_beta(B, T, H, HV, K, V)
+    dev, dt = "cuda", torch.bfloat16
     g_raw = torch.randn(B, T, HV, K, device=dev, dtype=dt)
     A_log = torch.empty(HV, device=dev).uniform_(1, 16).log()
     dt_init = torch.exp(torch.empty(HV * K, device=dev).uniform_(math.log(1e-3), math.log(1e-1)))
