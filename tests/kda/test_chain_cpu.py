@@ -41,17 +41,20 @@ CASES = {  # the box's smallest heads (K=64, V=64: the interpreter's cost grows 
     "precomputed_gate": dict(B=1, T=70, H=2, HV=2, K=64, V=64, gate_in_kernel=False),
     "cu_seqlens": dict(B=1, T=150, H=1, HV=2, K=64, V=64, h0=True, N=3, cu=[0, 37, 38, 150]),
 }
-# the chain with every switch off and fla's stage where ours is switchable; as it ships; with
-# every switch on (the fusions measured slower stay correct and tested)
 # The chain with every switch off and fla's stage where ours is switchable; as it ships; with
 # every switch on and every candidate stage in (the fusions measured slower stay correct and
 # tested; with FUSE_WY_FWD that is our scores kernel before the scan); and each forward variant
 # alone on top of the shipped chain: the WY pieces formed in our scan with fla's two score
 # stages ("wyf"), our whole intra stage in place of fla's chunk_kda_fwd_intra ("fwd_intra").
+# Each: switch values set over the shipped ones, stages dropped, candidate stages added.
 SWITCHES = ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD", "FUSE_WY_FWD")
-FUSIONS = {"off": dict(on=(), stages="-dhu"), "shipped": dict(on=None, stages=""),
-           "all": dict(on=SWITCHES, stages="+all"), "wyf": dict(on=("+FUSE_WY_FWD",), stages=""),
-           "fwd_intra": dict(on=None, stages="+fwd_intra")}
+FUSIONS = {
+    "off": dict(switches=dict.fromkeys(SWITCHES, False), drop=("state_scan_bwd",), add=()),
+    "shipped": dict(switches={}, drop=(), add=()),
+    "all": dict(switches=dict.fromkeys(SWITCHES, True), drop=(), add=tuple(chain.CANDIDATE_STAGES)),
+    "wyf": dict(switches={"FUSE_WY_FWD": True}, drop=(), add=()),
+    "fwd_intra": dict(switches={}, drop=(), add=("fwd_intra",)),
+}
 
 
 @pytest.mark.parametrize("fusions", list(FUSIONS))
@@ -62,19 +65,12 @@ def test_chain_against_fp64_recurrence(name, fusions, monkeypatch, _standins):
     c = dict(CASES[name])
     cu, neg = c.pop("cu", None), c.pop("neg", False)
     mode = FUSIONS[fusions]
-    on = {sw: getattr(chain, sw) for sw in SWITCHES}
-    if mode["on"] is not None:
-        extra = [x[1:] for x in mode["on"] if x.startswith("+")]
-        on = {sw: (on[sw] or sw in extra) if extra else sw in mode["on"] for sw in SWITCHES}
+    on = {sw: mode["switches"].get(sw, getattr(chain, sw)) for sw in SWITCHES}
     for switch, value in on.items():
         monkeypatch.setattr(chain, switch, value)
-    if mode["stages"] == "-dhu":
-        monkeypatch.setattr(chain, "STAGES", {k: f for k, f in chain.STAGES.items() if k != "state_scan_bwd"})
-    elif mode["stages"] == "+all":
-        monkeypatch.setattr(chain, "STAGES", {**chain.STAGES, **chain.CANDIDATE_STAGES})
-    elif mode["stages"]:
-        name_ = mode["stages"][1:]
-        monkeypatch.setattr(chain, "STAGES", {**chain.STAGES, name_: chain.CANDIDATE_STAGES[name_]})
+    stages = {k: f for k, f in chain.STAGES.items() if k not in mode["drop"]}
+    stages.update({k: chain.CANDIDATE_STAGES[k] for k in mode["add"]})
+    monkeypatch.setattr(chain, "STAGES", stages)
     our_dhu = "state_scan_bwd" in chain.STAGES
     t = _make(**c)
     cu_t = None if cu is None else torch.tensor(cu)

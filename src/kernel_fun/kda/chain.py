@@ -8,6 +8,9 @@ section has the measured per-stage times.
 """
 from __future__ import annotations
 
+import torch
+import triton
+
 from .._common.compat import fla_symbol
 
 RCP_LN2 = 1.4426950408889634  # log2(e): fla's gates are cumsummed in log2 space
@@ -41,9 +44,6 @@ def intra_scores(q, k, gc, beta, scale, cu_seqlens, chunk_indices):
     """fla's ``chunk_kda_fwd_intra`` without its closing ``recompute_w_u_fwd``: the two stages
     that make the scores, (Aqk, Akk) ``[B, T, HV, BT]`` in k's dtype (Aqk's upper triangle
     unwritten, Akk zero there, as fla leaves them)."""
-    import torch
-    import triton
-
     B, T, H, K = k.shape
     HV = gc.shape[2]
     BC = 16
