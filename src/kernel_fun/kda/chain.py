@@ -172,9 +172,9 @@ def beta_sigmoid_bwd(x, dy, scale):
 
 
 # Where ours replaces fla's stage function (same arguments, same returns). Measured on the
-# H200 at B=8, T=8192, H=HV=16, K=128, V=256 bf16, 2026-11-30 (bench/records/raw/):
-# intra_bwd 4.31 ms vs fla 7.39; wy_bwd 4.37 vs 6.33; state_scan_fwd 1.58 vs fla's
-# fwd_h + fwd_o 1.88.
+# H200 at B=8, T=8192, H=HV=16, K=128, V=256 bf16, 2026-11-30 (bench/records/raw/*-r2.json):
+# intra_bwd 4.25 ms vs fla 7.31; wy_bwd 3.63 vs 6.25; state_scan_fwd reading qg 0.93 vs fla's
+# fwd_h + fwd_o 1.86.
 from .._delta._kernels.state_scan_bwd import state_scan_bwd  # noqa: E402
 from .._delta._kernels.state_scan_fwd import state_scan_fwd  # noqa: E402
 from ._kernels.intra_bwd import can_fuse_l2norm as intra_can_fuse_l2norm  # noqa: E402
@@ -201,6 +201,13 @@ STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bw
 # of its recompute_w_u_fwd pass); "intra_fwd" the scores alone (with FUSE_WY_FWD).
 CANDIDATE_STAGES: dict = {"state_scan_bwd": state_scan_bwd, "fwd_intra": chunk_fwd_intra, "intra_fwd": intra_fwd}
 
+# Forward: w, u and kg formed inside our forward scan (state_scan_fwd's wy_inputs) from Akk,
+# k, v, beta and the gate, instead of fla's recompute_w_u_fwd writing w, u, qg, kg (2.7 GB at
+# B=16) for the scan to read back. Interpreter-tested (tests/delta/test_state_scan_fwd.py, the
+# CPU chain test); compiled for sm_90a without spills (scripts/sass_stats.py state_scan_fwd);
+# off until timed on the H200 (scripts/kda_switch_ab.py, combination "wyf").
+FUSE_WY_FWD = False
+
 # The switches below are epilogues of our intra backward (they need a K block covering K).
 # Measured end to end at B=16, T=8192, H=HV=16, K=128, V=256 bf16 on the H200, 2026-11-30
 # (scripts/kda_switch_ab.py, bench/records/raw/2026-11-30-h200-kda-ab.json; fwd+bwd 33.26-33.57
@@ -208,12 +215,6 @@ CANDIDATE_STAGES: dict = {"state_scan_bwd": state_scan_bwd, "fwd_intra": chunk_f
 # the l2norm backward of q and k (HV == H): saves fla's l2norm_bwd and the fp32 dq/dk round
 # trip, -0.61 to -0.63 ms. On.
 FUSE_L2NORM_BWD = True
-# Forward: w, u and kg formed inside our forward scan (state_scan_fwd's wy_inputs) from Akk,
-# k, v, beta and the gate, instead of fla's recompute_w_u_fwd writing w, u, qg, kg (2.7 GB at
-# B=16) for the scan to read back. Interpreter-tested (tests/delta/test_state_scan_fwd.py, the
-# CPU chain test); compiled for sm_90a without spills (scripts/sass_stats.py state_scan_fwd);
-# off until timed on the H200 (scripts/kda_switch_ab.py, combination "wyf").
-FUSE_WY_FWD = False
 # the chunk-local reverse cumsum of dg: +1.08 ms on top of the l2norm one (it was to save fla's
 # chunk_local_cumsum, 0.58 ms). Off.
 FUSE_DG_CUMSUM = False
