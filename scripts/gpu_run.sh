@@ -5,6 +5,7 @@
 #        kda_stage_bench, kda_tests, kda_bench, kda_ab, candidates, candidates_chain, cconv_sweep
 # candidates / candidates_chain: the GPU tests (stage-level / whole chain against fp64) of the
 # kda stages and switches not yet on by default.
+# KDA_STAGE_ARGS="--only fwdi --B 16" is passed to scripts/kda_stage_bench.py.
 # KDA_AB_ARGS="--B 8 --combos base,l2" is passed to scripts/kda_switch_ab.py.
 # KDA_CASES="--case prod_b16 ..." picks kda bench cases; KDA_TEST_K="..." is passed to pytest -k.
 set -u
@@ -24,7 +25,7 @@ for step in "$@"; do
     delta_tests) timeout "$T" python3 -m pytest -m gpu tests/delta -q -x -rs 2>&1 | tee "$OUT/delta_tests.log" | tail -30 ;;
     delta_bench) timeout "$T" python3 scripts/delta_scan_bench.py "$OUT/delta_bench.json" 2>&1 | tee "$OUT/delta_bench.log" | tail -40 ;;
     kda_stage_tests) timeout "$T" python3 -m pytest -m gpu tests/kda/test_stage_kernels_gpu.py -q -x -rs 2>&1 | tee "$OUT/kda_stage_tests.log" | tail -30 ;;
-    kda_stage_bench) timeout "$T" python3 scripts/kda_stage_bench.py "$OUT/kda_stage_bench.json" 2>&1 | tee "$OUT/kda_stage_bench.log" | tail -40 ;;
+    kda_stage_bench) timeout "$T" python3 scripts/kda_stage_bench.py "$OUT/kda_stage_bench.json" ${KDA_STAGE_ARGS:-} 2>&1 | tee "$OUT/kda_stage_bench.log" | tail -40 ;;
     kda_tests) timeout "$T" python3 -m pytest -m gpu tests/kda/test_chain_gpu.py -q -rs -s ${KDA_TEST_K:+-k "$KDA_TEST_K"} 2>&1 | tee "$OUT/kda_tests.log" | tail -40 ;;
     kda_bench) timeout "$T" python3 -m kernel_fun bench --family kda ${KDA_CASES:-} --json "$OUT/kda_bench.json" 2>&1 | tee "$OUT/kda_bench.log" ;;
     candidates) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_stage_kernels_gpu.py tests/delta/test_state_scan_fwd_gpu.py -k "intra_fwd or fwd_intra or wy_formed" 2>&1 | tee "$OUT/candidates.log" | grep --line-buffered -E "^\[|passed|failed|Error" | tail -60 ;;

@@ -112,10 +112,47 @@ def build_inputs(B, T, H, HV, K, V):
     return wy_in, dAqk
 
 
+def bench_fwd_intra(a) -> dict:
+    """The forward's intra stage: fla's whole ``chunk_kda_fwd_intra`` (scores, solve and its
+    closing recompute_w_u_fwd) vs ours ``chunk_fwd_intra``, and fla's scores alone vs ours
+    ``intra_fwd``, every configuration of ours forced and checked against fla's outputs."""
+    from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra
+
+    from kernel_fun.kda._kernels import intra_fwd as m
+
+    q, k, v, beta, gk, scale = production_inputs(a.B, a.T, a.H, a.HV, a.K, a.V)
+    args = dict(q=q, k=k, v=v, gk=gk, beta=beta, scale=scale, chunk_size=64)
+
+    def fla_all():
+        return chunk_kda_fwd_intra(**args)
+
+    t = time.time()
+    w, u, _, kg, Aqk, Akk = fla_all()
+    torch.cuda.synchronize()
+    log(f"fla fwd intra ready (autotuned) in {time.time() - t:.1f}s")
+    out = {"fla_ms": bench(fla_all)}
+    log(f"fla  chunk_kda_fwd_intra {out['fla_ms']:.3f} ms")
+    names = ("w", "u", "kg", "Aqk", "Akk")
+
+    def check_all(res):
+        return {n: rel(o, r) for n, o, r in zip(names, (res[0], res[1], res[3], res[4], res[5]), (w, u, kg, Aqk, Akk))}
+
+    log("  ours chunk_fwd_intra, every configuration forced:")
+    out["per_config"] = per_config(m.configs(), lambda c: m.chunk_fwd_intra(**args, config=c), check_all, "fwdi")
+    out["best_config"], out["ours_ms"] = best_of(out["per_config"])
+    out["speedup"] = out["fla_ms"] / out["ours_ms"]
+    log(f"ours fwd intra best {out['best_config']}: {out['ours_ms']:.3f} ms ({out['speedup']:.2f}x)")
+    log("  ours intra_fwd (scores only), every configuration forced:")
+    out["scores_per_config"] = per_config(
+        m.configs(), lambda c: m.intra_fwd(q, k, gk, beta, scale, config=c),
+        lambda res: {"Aqk": rel(res[0], Aqk), "Akk": rel(res[1], Akk)}, "ifwd")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--only", default="wy,intra,l2norm", help="comma list: wy, intra, l2norm")
+    ap.add_argument("--only", default="wy,intra,l2norm", help="comma list: wy, intra, l2norm, fwdi")
     for n, d in dict(B=8, T=8192, H=16, HV=16, K=128, V=256).items():
         ap.add_argument(f"--{n}", type=int, default=d)
     a = ap.parse_args()
@@ -140,6 +177,11 @@ def main() -> None:
         "shape": dict(B=a.B, T=a.T, H=a.H, HV=a.HV, K=a.K, V=a.V, dtype="bfloat16"),
         "baseline_ms": {"fla_intra_h200_2026_11_30": 7.39, "fla_wy_h200_2026_11_30": 6.31},
     }
+    if "fwdi" in a.only:
+        rec["fwd_intra"] = bench_fwd_intra(a)
+        dump(rec, a.out)
+        if a.only == ["fwdi"]:
+            return
     wy_in, dAqk = build_inputs(a.B, a.T, a.H, a.HV, a.K, a.V)
 
     # ---------------- wy ----------------

@@ -32,6 +32,7 @@ COMBOS = {
     "l2+dhu": ("l2norm", "dhu"),
     "l2+wyf+dhu": ("l2norm", "wyf", "dhu"),
     "l2+fwdi": ("l2norm", "fwdi"),
+    "l2+fwdi+dhu": ("l2norm", "fwdi", "dhu"),
     "l2+ifwd+wyf": ("l2norm", "ifwd", "wyf"),
     "l2+cs+dhu": ("l2norm", "dg_cumsum", "dhu"),
     "l2+cs+gate+dhu": ("l2norm", "dg_cumsum", "gate", "dhu"),

@@ -74,8 +74,10 @@ def stats(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None) 
                          capture_output=True, text=True).stdout
     sass = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
     os.unlink(f.name)
-    m = re.search(r"REG:(\d+).*?LOCAL:(\d+)", res, re.S)
-    return dict(regs=int(m.group(1)), local_bytes=int(m.group(2)), shared_bytes=k.metadata.shared,
+    m = re.search(r"REG:(\d+)\s+STACK:(\d+).*?LOCAL:(\d+)", res, re.S)
+    # ptxas puts spilled registers on the stack (STACK, reached by LDL/STL), not in LOCAL
+    return dict(regs=int(m.group(1)), stack_bytes=int(m.group(2)), local_bytes=int(m.group(3)),
+                spill_ops=len(re.findall(r"\b(?:LDL|STL)\b", sass)), shared_bytes=k.metadata.shared,
                 sass=len(re.findall(r"^\s+/\*[0-9a-f]{4,6}\*/", sass, re.M)), mufu=sass.count("MUFU"))
 
 
@@ -196,10 +198,10 @@ def intra_fwd(full):
     wys = [dict(WY=False), dict(WY=True, STORE_QG=True, V=256, BV=64)]
     if full:
         wys.append(dict(WY=True, STORE_QG=False, V=96, BV=64))
-    for cfg, varlen, K, wy in itertools.product(m.configs() if full else m.configs()[:1],
+    for cfg, varlen, K, wy in itertools.product(m.configs() if full else m.configs()[:2],
                                                  (False, True) if full else (False,), (128, 64) if full else (128,), wys):
         c = dict(H=16, HV=16, K=K, BT=64, BK=K, IS_VARLEN=varlen, DOT_PRECISION="tf32", DIAG_PRECISION="tf32x3",
-                 SOLVE_PRECISION="ieee", **wy)
+                 SOLVE_PRECISION="ieee", **wy, **cfg.kwargs)
         yield f"intra_fwd K={K} varlen={varlen} {wy} {_cfg_label(cfg)}", m._intra_fwd_kernel.fn, ptr, c, cfg
 
 

@@ -52,33 +52,44 @@ def _alloc(size, dtype=None, device=None):
 
 def configs():
     """Every configuration the autotuner may pick (the interpreter runs only the first).
-    Not yet timed on a GPU."""
-    return [triton.Config({}, num_warps=w, num_stages=s) for w, s in [(4, 1), (8, 1), (4, 2), (2, 1)]]
+    BKC: the K slice (16 to 64; past 16 on 4 warps ptxas spills)."""
+    return [triton.Config({"BKC": c}, num_warps=w, num_stages=s)
+            for c, w, s in [(16, 4, 1), (32, 4, 1), (16, 8, 1), (32, 8, 1), (64, 8, 1)]]
 
 
 @triton.jit
-def _rows(q, k, g, beta, I, n_valid, o_r, o_k, m_k, HK: tl.constexpr, HVK: tl.constexpr, HV: tl.constexpr):
-    """Sub-chunk I's rows: q, k, g [16, BK] fp32, beta [16] fp32, the row mask."""
+def _load_rows(x, I, n_valid, o_r, o_k, m_k, ROW: tl.constexpr):
+    """Sub-chunk I's rows of x over one K slice, [16, BKC] fp32 (zero past the end)."""
     r = I * 16 + o_r
-    m = r < n_valid
+    return tl.load(x + r[:, None] * ROW + o_k[None, :], mask=(r < n_valid)[:, None] & m_k[None, :],
+                   other=0.).to(tl.float32)
+
+
+@triton.jit
+def _rows(k, g, I, n_valid, o_r, o_k, m_k, HK: tl.constexpr, HVK: tl.constexpr):
+    """Sub-chunk I's k and g over one K slice, [16, BKC] fp32."""
+    return _load_rows(k, I, n_valid, o_r, o_k, m_k, HK), _load_rows(g, I, n_valid, o_r, o_k, m_k, HVK)
+
+
+@triton.jit
+def _wb_rows(k, g, I, b_b, m, o_r, o_k, m_k, HK: tl.constexpr, HVK: tl.constexpr, DT: tl.constexpr):
+    """w's right operand for sub-chunk I over one K slice: beta k exp2(g) in the input dtype."""
+    r = I * 16 + o_r
     m2 = m[:, None] & m_k[None, :]
-    b_q = tl.load(q + r[:, None] * HK + o_k[None, :], mask=m2, other=0.).to(tl.float32)
     b_k = tl.load(k + r[:, None] * HK + o_k[None, :], mask=m2, other=0.).to(tl.float32)
     b_g = tl.load(g + r[:, None] * HVK + o_k[None, :], mask=m2, other=0.).to(tl.float32)
-    b_b = tl.load(beta + r * HV, mask=m, other=0.).to(tl.float32)
-    return b_q, b_k, b_g, b_b, m
+    return (b_k * tl.exp2(b_g) * b_b[:, None]).to(DT)
 
 
 @triton.jit
-def _diag_block(g, I, n_valid, b_q, b_k, b_g, m, o_r, o_k, m_k, HVK: tl.constexpr,
+def _diag_block(g, I, n_valid, b_x, b_k, b_g, m, o_r, o_k, m_k, HVK: tl.constexpr, WITH_DIAG: tl.constexpr,
                 DIAG_PRECISION: tl.constexpr):
-    """Inside sub-chunk I: (sum_c q_i k_j E_ij for j <= i, sum_c k_i k_j E_ij for j < i),
-    [16, 16] fp32, zero elsewhere."""
+    """Inside sub-chunk I, over one K slice: sum_c x_i k_j E_ij for j < i (and j == i when
+    WITH_DIAG), [16, 16] fp32, zero elsewhere."""
     NEG_INF: tl.constexpr = float("-inf")
     lvl = bit_level(o_r)
     lower = o_r[:, None] > o_r[None, :]
-    acc_q = tl.zeros([16, 16], dtype=tl.float32)
-    acc_k = tl.zeros([16, 16], dtype=tl.float32)
+    acc = tl.zeros([16, 16], dtype=tl.float32)
     for lv in range(0, 4):
         r_a = I * 16 + (((o_r >> lv) << lv) | (1 << lv))  # the row's anchor at this level
         m_a = r_a < n_valid
@@ -86,29 +97,74 @@ def _diag_block(g, I, n_valid, b_q, b_k, b_g, m, o_r, o_k, m_k, HVK: tl.constexp
         is_row = ((o_r >> lv) & 1) == 1
         sgn = tl.where(is_row, 1., -1.)  # row side: exp2(g - g_a); column side: exp2(g_a - g)
         f = tl.exp2(tl.where((m & m_a)[:, None], (b_g - g_a) * sgn[:, None], NEG_INF))
-        b_kft = tl.trans(b_k * f)
-        sel = (lvl == lv) & lower
-        acc_q += tl.where(sel, tl.dot(b_q * f, b_kft, input_precision=DIAG_PRECISION), 0.)
-        acc_k += tl.where(sel, tl.dot(b_k * f, b_kft, input_precision=DIAG_PRECISION), 0.)
-    b_d = tl.sum(b_q * b_k, axis=1)  # i == j: exp2(0) = 1
-    acc_q += tl.where(o_r[:, None] == o_r[None, :], b_d[:, None], 0.)
-    return acc_q, acc_k
+        acc += tl.where((lvl == lv) & lower, tl.dot(b_x * f, tl.trans(b_k * f), input_precision=DIAG_PRECISION), 0.)
+    if WITH_DIAG:
+        b_d = tl.sum(b_x * b_k, axis=1)  # i == j: exp2(0) = 1
+        acc += tl.where(o_r[:, None] == o_r[None, :], b_d[:, None], 0.)
+    return acc
 
 
 @triton.jit
-def _off_block(g, I, n_valid, b_qI, b_kI, b_gI, mI, b_kJ, b_gJ, o_k, m_k, HVK: tl.constexpr,
-               DOT_PRECISION: tl.constexpr):
-    """Sub-chunk I's rows against an earlier sub-chunk J's (all valid when I has a valid row),
-    anchored at I's first row: (sum_c q_i k_j E_ij, sum_c k_i k_j E_ij) [16, 16] fp32. When I
-    has no valid row both factors are 0: no exponent of unrelated rows, no inf * 0 that the
+def _off_block(g, I, n_valid, b_xI, b_gI, mI, b_kJ, b_gJ, o_k, m_k, HVK: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Sub-chunk I's rows against an earlier sub-chunk J's over one K slice (all of J valid
+    when I has a valid row), anchored at I's first row: sum_c x_i k_j E_ij [16, 16] fp32. When
+    I has no valid row both factors are 0: no exponent of unrelated rows, no inf * 0 that the
     solve would carry as NaN."""
     NEG_INF: tl.constexpr = float("-inf")
     live = I * 16 < n_valid
     g0 = tl.load(g + (I * 16) * HVK + o_k, mask=m_k & live, other=0.).to(tl.float32)
     fI = tl.exp2(tl.where(mI[:, None], b_gI - g0[None, :], NEG_INF))
     b_kJt = tl.trans(b_kJ * tl.exp2(tl.where(live, g0[None, :] - b_gJ, NEG_INF)))
-    return (tl.dot(b_qI * fI, b_kJt, input_precision=DOT_PRECISION),
-            tl.dot(b_kI * fI, b_kJt, input_precision=DOT_PRECISION))
+    return tl.dot(b_xI * fI, b_kJt, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _score_pass(x, k, g, qg, kg, n_valid, o_r, m0, m1, m2, m3, HX: tl.constexpr, HK: tl.constexpr,
+                HVK: tl.constexpr, K: tl.constexpr, BKC: tl.constexpr, NKC: tl.constexpr, IS_Q: tl.constexpr,
+                STORE_QG: tl.constexpr, STORE_KG: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                DIAG_PRECISION: tl.constexpr):
+    """The ten lower [16, 16] blocks (row block, column block) of sum_c x_ic k_jc E_ijc over
+    all of K, slice by slice: x = q (IS_Q: the diagonal included) or x = k (strictly lower).
+    On the way, optionally, qg = q exp2(g) and kg = k exp2(g_last - g)."""
+    NEG_INF: tl.constexpr = float("-inf")
+    zero = tl.zeros([16, 16], dtype=tl.float32)
+    s00, s11, s22, s33, s10, s20, s21, s30, s31, s32 = zero, zero, zero, zero, zero, zero, zero, zero, zero, zero
+    for kc in range(0, NKC):
+        o_k = kc * BKC + tl.arange(0, BKC)
+        m_k = o_k < K
+        k0, g0 = _rows(k, g, 0, n_valid, o_r, o_k, m_k, HK, HVK)
+        k1, g1 = _rows(k, g, 1, n_valid, o_r, o_k, m_k, HK, HVK)
+        k2, g2 = _rows(k, g, 2, n_valid, o_r, o_k, m_k, HK, HVK)
+        k3, g3 = _rows(k, g, 3, n_valid, o_r, o_k, m_k, HK, HVK)
+        if IS_Q:
+            x0 = _load_rows(x, 0, n_valid, o_r, o_k, m_k, HX)
+            x1 = _load_rows(x, 1, n_valid, o_r, o_k, m_k, HX)
+            x2 = _load_rows(x, 2, n_valid, o_r, o_k, m_k, HX)
+            x3 = _load_rows(x, 3, n_valid, o_r, o_k, m_k, HX)
+        else:
+            x0, x1, x2, x3 = k0, k1, k2, k3
+        s00 += _diag_block(g, 0, n_valid, x0, k0, g0, m0, o_r, o_k, m_k, HVK, IS_Q, DIAG_PRECISION)
+        s11 += _diag_block(g, 1, n_valid, x1, k1, g1, m1, o_r, o_k, m_k, HVK, IS_Q, DIAG_PRECISION)
+        s22 += _diag_block(g, 2, n_valid, x2, k2, g2, m2, o_r, o_k, m_k, HVK, IS_Q, DIAG_PRECISION)
+        s33 += _diag_block(g, 3, n_valid, x3, k3, g3, m3, o_r, o_k, m_k, HVK, IS_Q, DIAG_PRECISION)
+        s10 += _off_block(g, 1, n_valid, x1, g1, m1, k0, g0, o_k, m_k, HVK, DOT_PRECISION)
+        s20 += _off_block(g, 2, n_valid, x2, g2, m2, k0, g0, o_k, m_k, HVK, DOT_PRECISION)
+        s21 += _off_block(g, 2, n_valid, x2, g2, m2, k1, g1, o_k, m_k, HVK, DOT_PRECISION)
+        s30 += _off_block(g, 3, n_valid, x3, g3, m3, k0, g0, o_k, m_k, HVK, DOT_PRECISION)
+        s31 += _off_block(g, 3, n_valid, x3, g3, m3, k1, g1, o_k, m_k, HVK, DOT_PRECISION)
+        s32 += _off_block(g, 3, n_valid, x3, g3, m3, k2, g2, o_k, m_k, HVK, DOT_PRECISION)
+        if STORE_QG:  # x is q
+            _gated_rows(qg, 0, x0 * tl.exp2(g0), n_valid, o_r, o_k, m_k, HVK)
+            _gated_rows(qg, 1, x1 * tl.exp2(g1), n_valid, o_r, o_k, m_k, HVK)
+            _gated_rows(qg, 2, x2 * tl.exp2(g2), n_valid, o_r, o_k, m_k, HVK)
+            _gated_rows(qg, 3, x3 * tl.exp2(g3), n_valid, o_r, o_k, m_k, HVK)
+        if STORE_KG:
+            gl = tl.load(g + (n_valid - 1) * HVK + o_k, mask=m_k, other=0.).to(tl.float32)[None, :]
+            _gated_rows(kg, 0, k0 * tl.exp2(tl.where(m0[:, None], gl - g0, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
+            _gated_rows(kg, 1, k1 * tl.exp2(tl.where(m1[:, None], gl - g1, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
+            _gated_rows(kg, 2, k2 * tl.exp2(tl.where(m2[:, None], gl - g2, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
+            _gated_rows(kg, 3, k3 * tl.exp2(tl.where(m3[:, None], gl - g3, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
+    return s00, s11, s22, s33, s10, s20, s21, s30, s31, s32
 
 
 @triton.jit
@@ -173,78 +229,43 @@ def _intra_fwd_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_PRECISION: tl.constexpr,
     SOLVE_PRECISION: tl.constexpr, WY: tl.constexpr = False, STORE_QG: tl.constexpr = False,
-    V: tl.constexpr = 64, BV: tl.constexpr = 64,
+    V: tl.constexpr = 64, BV: tl.constexpr = 64, BKC: tl.constexpr = 32,
 ):
+    # BK: K padded to a power of two; BKC: the K slice the scores and w are built over (a
+    # slice's q, k, g tiles of the four sub-chunks are live at once: the whole K would spill).
     tl.static_assert(BT == 64, "chunk size 64: four 16-row sub-chunks")
     _, i_hv, i_h, _, t0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     HK: tl.constexpr = H * K
     HVK: tl.constexpr = HV * K
     HVBT: tl.constexpr = HV * BT
+    NKC: tl.constexpr = (BK + BKC - 1) // BKC
+    DT: tl.constexpr = Akk.dtype.element_ty
     q += t0 * HK + i_h * K
     k += t0 * HK + i_h * K
     g += t0 * HVK + i_hv * K
     beta += t0 * HV + i_hv
     Aqk += t0 * HVBT + i_hv * BT
     Akk += t0 * HVBT + i_hv * BT
-    o_r = tl.arange(0, 16)
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    zero = tl.zeros([16, 16], dtype=tl.float32)
-
-    q0, k0, g0, b0, m0 = _rows(q, k, g, beta, 0, n_valid, o_r, o_k, m_k, HK, HVK, HV)
-    q1, k1, g1, b1, m1 = _rows(q, k, g, beta, 1, n_valid, o_r, o_k, m_k, HK, HVK, HV)
-    q2, k2, g2, b2, m2 = _rows(q, k, g, beta, 2, n_valid, o_r, o_k, m_k, HK, HVK, HV)
-    q3, k3, g3, b3, m3 = _rows(q, k, g, beta, 3, n_valid, o_r, o_k, m_k, HK, HVK, HV)
-
-    # scores: a_IJ (q-k, scaled at the store) and l_IJ (k-k, beta on the rows)
-    a00, l00 = _diag_block(g, 0, n_valid, q0, k0, g0, m0, o_r, o_k, m_k, HVK, DIAG_PRECISION)
-    a11, l11 = _diag_block(g, 1, n_valid, q1, k1, g1, m1, o_r, o_k, m_k, HVK, DIAG_PRECISION)
-    a22, l22 = _diag_block(g, 2, n_valid, q2, k2, g2, m2, o_r, o_k, m_k, HVK, DIAG_PRECISION)
-    a33, l33 = _diag_block(g, 3, n_valid, q3, k3, g3, m3, o_r, o_k, m_k, HVK, DIAG_PRECISION)
-    a10, l10 = _off_block(g, 1, n_valid, q1, k1, g1, m1, k0, g0, o_k, m_k, HVK, DOT_PRECISION)
-    a20, l20 = _off_block(g, 2, n_valid, q2, k2, g2, m2, k0, g0, o_k, m_k, HVK, DOT_PRECISION)
-    a21, l21 = _off_block(g, 2, n_valid, q2, k2, g2, m2, k1, g1, o_k, m_k, HVK, DOT_PRECISION)
-    a30, l30 = _off_block(g, 3, n_valid, q3, k3, g3, m3, k0, g0, o_k, m_k, HVK, DOT_PRECISION)
-    a31, l31 = _off_block(g, 3, n_valid, q3, k3, g3, m3, k1, g1, o_k, m_k, HVK, DOT_PRECISION)
-    a32, l32 = _off_block(g, 3, n_valid, q3, k3, g3, m3, k2, g2, o_k, m_k, HVK, DOT_PRECISION)
-    l00 *= b0[:, None]
-    l11 *= b1[:, None]
-    l22 *= b2[:, None]
-    l33 *= b3[:, None]
-    l10 *= b1[:, None]
-    l20 *= b2[:, None]
-    l21 *= b2[:, None]
-    l30 *= b3[:, None]
-    l31 *= b3[:, None]
-    l32 *= b3[:, None]
-
-    DT: tl.constexpr = Akk.dtype.element_ty
     if WY:
-        # The element-wise part of what fla's recompute_w_u_fwd makes (qg = q exp2(g),
-        # kg = k exp2(g_last - g), and w's right operand beta k exp2(g) rounded to the input
-        # dtype), done here so that the q, k and gate tiles die before the solve.
         kg += t0 * HVK + i_hv * K
-        e0 = tl.exp2(g0)
-        e1 = tl.exp2(g1)
-        e2 = tl.exp2(g2)
-        e3 = tl.exp2(g3)
         if STORE_QG:
             qg += t0 * HVK + i_hv * K
-            _gated_rows(qg, 0, q0 * e0, n_valid, o_r, o_k, m_k, HVK)
-            _gated_rows(qg, 1, q1 * e1, n_valid, o_r, o_k, m_k, HVK)
-            _gated_rows(qg, 2, q2 * e2, n_valid, o_r, o_k, m_k, HVK)
-            _gated_rows(qg, 3, q3 * e3, n_valid, o_r, o_k, m_k, HVK)
-        gl = tl.load(g + (n_valid - 1) * HVK + o_k, mask=m_k, other=0.).to(tl.float32)[None, :]
-        NEG_INF: tl.constexpr = float("-inf")
-        _gated_rows(kg, 0, k0 * tl.exp2(tl.where(m0[:, None], gl - g0, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
-        _gated_rows(kg, 1, k1 * tl.exp2(tl.where(m1[:, None], gl - g1, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
-        _gated_rows(kg, 2, k2 * tl.exp2(tl.where(m2[:, None], gl - g2, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
-        _gated_rows(kg, 3, k3 * tl.exp2(tl.where(m3[:, None], gl - g3, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
-        kb0 = (k0 * e0 * b0[:, None]).to(DT)
-        kb1 = (k1 * e1 * b1[:, None]).to(DT)
-        kb2 = (k2 * e2 * b2[:, None]).to(DT)
-        kb3 = (k3 * e3 * b3[:, None]).to(DT)
+    o_r = tl.arange(0, 16)
+    zero = tl.zeros([16, 16], dtype=tl.float32)
+    m0 = o_r < n_valid
+    m1 = 16 + o_r < n_valid
+    m2 = 32 + o_r < n_valid
+    m3 = 48 + o_r < n_valid
+    b0 = tl.load(beta + o_r * HV, mask=m0, other=0.).to(tl.float32)
+    b1 = tl.load(beta + (16 + o_r) * HV, mask=m1, other=0.).to(tl.float32)
+    b2 = tl.load(beta + (32 + o_r) * HV, mask=m2, other=0.).to(tl.float32)
+    b3 = tl.load(beta + (48 + o_r) * HV, mask=m3, other=0.).to(tl.float32)
 
+    # scores over all of K, one matrix at a time (each pass holds ten [16, 16] accumulators and
+    # one K slice of the four sub-chunks' tiles): a_IJ (q-k, scaled at the store), l_IJ (k-k)
+    a00, a11, a22, a33, a10, a20, a21, a30, a31, a32 = _score_pass(
+        q, k, g, qg, kg, n_valid, o_r, m0, m1, m2, m3, HK, HK, HVK, K, BKC, NKC, True, WY and STORE_QG, False,
+        DOT_PRECISION, DIAG_PRECISION)
     # Aqk rows, zeros above the diagonal
     _store_block(Aqk, 0, 0, a00 * scale, n_valid, o_r, HVBT)
     _store_block(Aqk, 0, 1, zero, n_valid, o_r, HVBT)
@@ -262,6 +283,20 @@ def _intra_fwd_kernel(
     _store_block(Aqk, 3, 1, a31 * scale, n_valid, o_r, HVBT)
     _store_block(Aqk, 3, 2, a32 * scale, n_valid, o_r, HVBT)
     _store_block(Aqk, 3, 3, a33 * scale, n_valid, o_r, HVBT)
+
+    l00, l11, l22, l33, l10, l20, l21, l30, l31, l32 = _score_pass(
+        k, k, g, qg, kg, n_valid, o_r, m0, m1, m2, m3, HK, HK, HVK, K, BKC, NKC, False, False, WY,
+        DOT_PRECISION, DIAG_PRECISION)
+    l00 *= b0[:, None]
+    l11 *= b1[:, None]
+    l22 *= b2[:, None]
+    l33 *= b3[:, None]
+    l10 *= b1[:, None]
+    l20 *= b2[:, None]
+    l21 *= b2[:, None]
+    l30 *= b3[:, None]
+    l31 *= b3[:, None]
+    l32 *= b3[:, None]
 
     # Akk = (I + L)^-1 by block forward substitution
     x00, x11, x22, x33 = _inv_unit_lower4(l00, l11, l22, l33, o_r)
@@ -296,14 +331,22 @@ def _intra_fwd_kernel(
         # The rest of what fla's recompute_w_u_fwd makes from Akk: w = Akk (beta k exp2(g)),
         # u = Akk (beta v). Akk and the right operands are rounded to the input dtype first, as
         # fla's pass reads them (Akk as stored): the backward recomputes w and u from the
-        # stored Akk, so the forward's agree with it.
+        # stored Akk, so the forward's agree with it. k and g are read a second time here, slice
+        # by slice (L2-resident: this program read them a moment ago).
         w += t0 * HVK + i_hv * K
         r00, r10, r11, r20, r21, r22 = x00.to(DT), x10.to(DT), x11.to(DT), x20.to(DT), x21.to(DT), x22.to(DT)
         r30, r31, r32, r33 = x30.to(DT), x31.to(DT), x32.to(DT), x33.to(DT)
-        _wy_rows(w, 0, r00, r00, r00, r00, kb0, kb0, kb0, kb0, n_valid, o_r, o_k, m_k, HVK, 1, DOT_PRECISION)
-        _wy_rows(w, 1, r10, r11, r11, r11, kb0, kb1, kb1, kb1, n_valid, o_r, o_k, m_k, HVK, 2, DOT_PRECISION)
-        _wy_rows(w, 2, r20, r21, r22, r22, kb0, kb1, kb2, kb2, n_valid, o_r, o_k, m_k, HVK, 3, DOT_PRECISION)
-        _wy_rows(w, 3, r30, r31, r32, r33, kb0, kb1, kb2, kb3, n_valid, o_r, o_k, m_k, HVK, 4, DOT_PRECISION)
+        for kc in range(0, NKC):
+            o_k = kc * BKC + tl.arange(0, BKC)
+            m_k = o_k < K
+            kb0 = _wb_rows(k, g, 0, b0, m0, o_r, o_k, m_k, HK, HVK, DT)
+            kb1 = _wb_rows(k, g, 1, b1, m1, o_r, o_k, m_k, HK, HVK, DT)
+            kb2 = _wb_rows(k, g, 2, b2, m2, o_r, o_k, m_k, HK, HVK, DT)
+            kb3 = _wb_rows(k, g, 3, b3, m3, o_r, o_k, m_k, HK, HVK, DT)
+            _wy_rows(w, 0, r00, r00, r00, r00, kb0, kb0, kb0, kb0, n_valid, o_r, o_k, m_k, HVK, 1, DOT_PRECISION)
+            _wy_rows(w, 1, r10, r11, r11, r11, kb0, kb1, kb1, kb1, n_valid, o_r, o_k, m_k, HVK, 2, DOT_PRECISION)
+            _wy_rows(w, 2, r20, r21, r22, r22, kb0, kb1, kb2, kb2, n_valid, o_r, o_k, m_k, HVK, 3, DOT_PRECISION)
+            _wy_rows(w, 3, r30, r31, r32, r33, kb0, kb1, kb2, kb3, n_valid, o_r, o_k, m_k, HVK, 4, DOT_PRECISION)
         HVV: tl.constexpr = HV * V
         v += t0 * HVV + i_hv * V
         u += t0 * HVV + i_hv * V
