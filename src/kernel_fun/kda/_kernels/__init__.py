@@ -63,3 +63,4 @@ def bit_level(o_r):
     The pairs of one level share an anchor row (the intra stages' split of the gate factor)."""
     x_rc = o_r[:, None] ^ o_r[None, :]
     return tl.where(x_rc >= 8, 3, tl.where(x_rc >= 4, 2, tl.where(x_rc >= 2, 1, tl.where(x_rc >= 1, 0, -1))))
+

@@ -40,7 +40,7 @@ import triton.language as tl
 
 from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
-from kernel_fun.kda._kernels import bit_level, chunk_indices_for, chunk_program, launch
+from kernel_fun.kda._kernels import chunk_indices_for, chunk_program, launch
 
 install_interpreter_shims()
 
@@ -52,23 +52,9 @@ def _alloc(size, dtype=None, device=None):
 
 def configs():
     """Every configuration the autotuner may pick (the interpreter runs only the first).
-    BKC: the K slice (16 to 64; past 16 on 4 warps ptxas spills)."""
+    BKC: the K slice the scores are built over (16 to 64)."""
     return [triton.Config({"BKC": c}, num_warps=w, num_stages=s)
-            for c, w, s in [(16, 4, 1), (32, 4, 1), (16, 8, 1), (32, 8, 1), (64, 8, 1)]]
-
-
-@triton.jit
-def _load_rows(x, I, n_valid, o_r, o_k, m_k, ROW: tl.constexpr):
-    """Sub-chunk I's rows of x over one K slice, [16, BKC] fp32 (zero past the end)."""
-    r = I * 16 + o_r
-    return tl.load(x + r[:, None] * ROW + o_k[None, :], mask=(r < n_valid)[:, None] & m_k[None, :],
-                   other=0.).to(tl.float32)
-
-
-@triton.jit
-def _rows(k, g, I, n_valid, o_r, o_k, m_k, HK: tl.constexpr, HVK: tl.constexpr):
-    """Sub-chunk I's k and g over one K slice, [16, BKC] fp32."""
-    return _load_rows(k, I, n_valid, o_r, o_k, m_k, HK), _load_rows(g, I, n_valid, o_r, o_k, m_k, HVK)
+            for c, w, s in [(32, 8, 1), (16, 8, 1), (32, 4, 1), (16, 4, 1), (64, 8, 1)]]
 
 
 @triton.jit
@@ -82,89 +68,60 @@ def _wb_rows(k, g, I, b_b, m, o_r, o_k, m_k, HK: tl.constexpr, HVK: tl.constexpr
 
 
 @triton.jit
-def _diag_block(g, I, n_valid, b_x, b_k, b_g, m, o_r, o_k, m_k, HVK: tl.constexpr, WITH_DIAG: tl.constexpr,
-                DIAG_PRECISION: tl.constexpr):
-    """Inside sub-chunk I, over one K slice: sum_c x_i k_j E_ij for j < i (and j == i when
-    WITH_DIAG), [16, 16] fp32, zero elsewhere."""
+def _scores(q, k, g, n_valid, HK: tl.constexpr, HVK: tl.constexpr, K: tl.constexpr, BKC: tl.constexpr,
+            NKC: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_PRECISION: tl.constexpr):
+    """The chunk's two [64, 64] fp32 score matrices over all of K, slice by slice:
+    (sum_c q_ic k_jc E_ijc for j <= i, sum_c k_ic k_jc E_ijc for j < i), zero elsewhere.
+
+    Every pair i > j is taken at the level of the highest bit where i and j differ (0..5);
+    at level lv a row's anchor ``a`` is its index with the bits below lv cleared and bit lv
+    set, so that j < a <= i and the gate factor splits as exp2(g_i - g_a) * exp2(g_a - g_j),
+    both at most 1. One [64, BKC] x [BKC, 64] product per level and matrix: DIAG_PRECISION
+    at the levels inside a 16-row sub-chunk (0..3), DOT_PRECISION across sub-chunks (4, 5)."""
     NEG_INF: tl.constexpr = float("-inf")
-    lvl = bit_level(o_r)
-    lower = o_r[:, None] > o_r[None, :]
-    acc = tl.zeros([16, 16], dtype=tl.float32)
-    for lv in range(0, 4):
-        r_a = I * 16 + (((o_r >> lv) << lv) | (1 << lv))  # the row's anchor at this level
-        m_a = r_a < n_valid
-        g_a = tl.load(g + r_a[:, None] * HVK + o_k[None, :], mask=m_a[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        is_row = ((o_r >> lv) & 1) == 1
-        sgn = tl.where(is_row, 1., -1.)  # row side: exp2(g - g_a); column side: exp2(g_a - g)
-        f = tl.exp2(tl.where((m & m_a)[:, None], (b_g - g_a) * sgn[:, None], NEG_INF))
-        acc += tl.where((lvl == lv) & lower, tl.dot(b_x * f, tl.trans(b_k * f), input_precision=DIAG_PRECISION), 0.)
-    if WITH_DIAG:
-        b_d = tl.sum(b_x * b_k, axis=1)  # i == j: exp2(0) = 1
-        acc += tl.where(o_r[:, None] == o_r[None, :], b_d[:, None], 0.)
-    return acc
-
-
-@triton.jit
-def _off_block(g, I, n_valid, b_xI, b_gI, mI, b_kJ, b_gJ, o_k, m_k, HVK: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Sub-chunk I's rows against an earlier sub-chunk J's over one K slice (all of J valid
-    when I has a valid row), anchored at I's first row: sum_c x_i k_j E_ij [16, 16] fp32. When
-    I has no valid row both factors are 0: no exponent of unrelated rows, no inf * 0 that the
-    solve would carry as NaN."""
-    NEG_INF: tl.constexpr = float("-inf")
-    live = I * 16 < n_valid
-    g0 = tl.load(g + (I * 16) * HVK + o_k, mask=m_k & live, other=0.).to(tl.float32)
-    fI = tl.exp2(tl.where(mI[:, None], b_gI - g0[None, :], NEG_INF))
-    b_kJt = tl.trans(b_kJ * tl.exp2(tl.where(live, g0[None, :] - b_gJ, NEG_INF)))
-    return tl.dot(b_xI * fI, b_kJt, input_precision=DOT_PRECISION)
-
-
-@triton.jit
-def _score_pass(x, k, g, qg, kg, n_valid, o_r, m0, m1, m2, m3, HX: tl.constexpr, HK: tl.constexpr,
-                HVK: tl.constexpr, K: tl.constexpr, BKC: tl.constexpr, NKC: tl.constexpr, IS_Q: tl.constexpr,
-                STORE_QG: tl.constexpr, STORE_KG: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                DIAG_PRECISION: tl.constexpr):
-    """The ten lower [16, 16] blocks (row block, column block) of sum_c x_ic k_jc E_ijc over
-    all of K, slice by slice: x = q (IS_Q: the diagonal included) or x = k (strictly lower).
-    On the way, optionally, qg = q exp2(g) and kg = k exp2(g_last - g)."""
-    NEG_INF: tl.constexpr = float("-inf")
-    zero = tl.zeros([16, 16], dtype=tl.float32)
-    s00, s11, s22, s33, s10, s20, s21, s30, s31, s32 = zero, zero, zero, zero, zero, zero, zero, zero, zero, zero
+    o_t = tl.arange(0, 64)
+    m_t = o_t < n_valid
+    x_rc = o_t[:, None] ^ o_t[None, :]
+    acc_q = tl.zeros([64, 64], dtype=tl.float32)
+    acc_k = tl.zeros([64, 64], dtype=tl.float32)
+    d_q = tl.zeros([64], dtype=tl.float32)
     for kc in range(0, NKC):
         o_k = kc * BKC + tl.arange(0, BKC)
         m_k = o_k < K
-        k0, g0 = _rows(k, g, 0, n_valid, o_r, o_k, m_k, HK, HVK)
-        k1, g1 = _rows(k, g, 1, n_valid, o_r, o_k, m_k, HK, HVK)
-        k2, g2 = _rows(k, g, 2, n_valid, o_r, o_k, m_k, HK, HVK)
-        k3, g3 = _rows(k, g, 3, n_valid, o_r, o_k, m_k, HK, HVK)
-        if IS_Q:
-            x0 = _load_rows(x, 0, n_valid, o_r, o_k, m_k, HX)
-            x1 = _load_rows(x, 1, n_valid, o_r, o_k, m_k, HX)
-            x2 = _load_rows(x, 2, n_valid, o_r, o_k, m_k, HX)
-            x3 = _load_rows(x, 3, n_valid, o_r, o_k, m_k, HX)
-        else:
-            x0, x1, x2, x3 = k0, k1, k2, k3
-        s00 += _diag_block(g, 0, n_valid, x0, k0, g0, m0, o_r, o_k, m_k, HVK, IS_Q, DIAG_PRECISION)
-        s11 += _diag_block(g, 1, n_valid, x1, k1, g1, m1, o_r, o_k, m_k, HVK, IS_Q, DIAG_PRECISION)
-        s22 += _diag_block(g, 2, n_valid, x2, k2, g2, m2, o_r, o_k, m_k, HVK, IS_Q, DIAG_PRECISION)
-        s33 += _diag_block(g, 3, n_valid, x3, k3, g3, m3, o_r, o_k, m_k, HVK, IS_Q, DIAG_PRECISION)
-        s10 += _off_block(g, 1, n_valid, x1, g1, m1, k0, g0, o_k, m_k, HVK, DOT_PRECISION)
-        s20 += _off_block(g, 2, n_valid, x2, g2, m2, k0, g0, o_k, m_k, HVK, DOT_PRECISION)
-        s21 += _off_block(g, 2, n_valid, x2, g2, m2, k1, g1, o_k, m_k, HVK, DOT_PRECISION)
-        s30 += _off_block(g, 3, n_valid, x3, g3, m3, k0, g0, o_k, m_k, HVK, DOT_PRECISION)
-        s31 += _off_block(g, 3, n_valid, x3, g3, m3, k1, g1, o_k, m_k, HVK, DOT_PRECISION)
-        s32 += _off_block(g, 3, n_valid, x3, g3, m3, k2, g2, o_k, m_k, HVK, DOT_PRECISION)
-        if STORE_QG:  # x is q
-            _gated_rows(qg, 0, x0 * tl.exp2(g0), n_valid, o_r, o_k, m_k, HVK)
-            _gated_rows(qg, 1, x1 * tl.exp2(g1), n_valid, o_r, o_k, m_k, HVK)
-            _gated_rows(qg, 2, x2 * tl.exp2(g2), n_valid, o_r, o_k, m_k, HVK)
-            _gated_rows(qg, 3, x3 * tl.exp2(g3), n_valid, o_r, o_k, m_k, HVK)
-        if STORE_KG:
-            gl = tl.load(g + (n_valid - 1) * HVK + o_k, mask=m_k, other=0.).to(tl.float32)[None, :]
-            _gated_rows(kg, 0, k0 * tl.exp2(tl.where(m0[:, None], gl - g0, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
-            _gated_rows(kg, 1, k1 * tl.exp2(tl.where(m1[:, None], gl - g1, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
-            _gated_rows(kg, 2, k2 * tl.exp2(tl.where(m2[:, None], gl - g2, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
-            _gated_rows(kg, 3, k3 * tl.exp2(tl.where(m3[:, None], gl - g3, NEG_INF)), n_valid, o_r, o_k, m_k, HVK)
-    return s00, s11, s22, s33, s10, s20, s21, s30, s31, s32
+        m2 = m_t[:, None] & m_k[None, :]
+        b_q = tl.load(q + o_t[:, None] * HK + o_k[None, :], mask=m2, other=0.).to(tl.float32)
+        b_k = tl.load(k + o_t[:, None] * HK + o_k[None, :], mask=m2, other=0.).to(tl.float32)
+        b_g = tl.load(g + o_t[:, None] * HVK + o_k[None, :], mask=m2, other=0.).to(tl.float32)
+        d_q += tl.sum(b_q * b_k, axis=1)  # i == j: exp2(0) = 1
+        for lv in range(0, 6):
+            r_a = ((o_t >> lv) << lv) | (1 << lv)
+            m_a = r_a < n_valid
+            g_a = tl.load(g + r_a[:, None] * HVK + o_k[None, :], mask=m_a[:, None] & m_k[None, :],
+                          other=0.).to(tl.float32)
+            sgn = tl.where(((o_t >> lv) & 1) == 1, 1., -1.)  # row side: exp2(g - g_a); column side: exp2(g_a - g)
+            f = tl.exp2(tl.where((m_t & m_a)[:, None], (b_g - g_a) * sgn[:, None], NEG_INF))
+            b_kf = b_k * f
+            b_kft = tl.trans(b_kf)
+            # the pairs of this level, row side (bit lv set) below the column side
+            sel = ((x_rc >> lv) == 1) & (((o_t >> lv) & 1) == 1)[:, None]
+            if lv < 4:
+                p_q = tl.dot(b_q * f, b_kft, input_precision=DIAG_PRECISION)
+                p_k = tl.dot(b_kf, b_kft, input_precision=DIAG_PRECISION)
+            else:
+                p_q = tl.dot(b_q * f, b_kft, input_precision=DOT_PRECISION)
+                p_k = tl.dot(b_kf, b_kft, input_precision=DOT_PRECISION)
+            acc_q += tl.where(sel, p_q, 0.)
+            acc_k += tl.where(sel, p_k, 0.)
+    acc_q += tl.where(o_t[:, None] == o_t[None, :], d_q[:, None], 0.)
+    return acc_q, acc_k
+
+
+@triton.jit
+def _block(x, I: tl.constexpr, J: tl.constexpr):
+    """Block (I, J) [16, 16] of a [64, 64] register tile."""
+    o4 = tl.arange(0, 4)
+    rows = tl.sum(tl.where((o4 == I)[:, None, None], tl.reshape(x, [4, 16, 64]), 0.), axis=0)
+    return tl.sum(tl.where((o4 == J)[None, :, None], tl.reshape(rows, [16, 4, 16]), 0.), axis=1)
 
 
 @triton.jit
@@ -214,12 +171,6 @@ def _wy_rows(p, I, x0, x1, x2, x3, t0_, t1_, t2_, t3_, n_valid, o_r, o_c, m_c, R
     tl.store(p + r[:, None] * ROW + o_c[None, :], acc.to(p.dtype.element_ty), mask=(r < n_valid)[:, None] & m_c[None, :])
 
 
-@triton.jit
-def _gated_rows(p, I, x, n_valid, o_r, o_k, m_k, HVK: tl.constexpr):
-    r = I * 16 + o_r
-    tl.store(p + r[:, None] * HVK + o_k[None, :], x.to(p.dtype.element_ty), mask=(r < n_valid)[:, None] & m_k[None, :])
-
-
 @triton.autotune(configs=autotune_configs(configs()), **autotune_cache(),
                  key=["H", "HV", "K", "V", "BT", "IS_VARLEN", "DOT_PRECISION", "DIAG_PRECISION", "SOLVE_PRECISION",
                       "WY", "STORE_QG"])
@@ -239,6 +190,7 @@ def _intra_fwd_kernel(
     HVK: tl.constexpr = HV * K
     HVBT: tl.constexpr = HV * BT
     NKC: tl.constexpr = (BK + BKC - 1) // BKC
+    NEG_INF: tl.constexpr = float("-inf")
     DT: tl.constexpr = Akk.dtype.element_ty
     q += t0 * HK + i_h * K
     k += t0 * HK + i_h * K
@@ -261,42 +213,34 @@ def _intra_fwd_kernel(
     b2 = tl.load(beta + (32 + o_r) * HV, mask=m2, other=0.).to(tl.float32)
     b3 = tl.load(beta + (48 + o_r) * HV, mask=m3, other=0.).to(tl.float32)
 
-    # scores over all of K, one matrix at a time (each pass holds ten [16, 16] accumulators and
-    # one K slice of the four sub-chunks' tiles): a_IJ (q-k, scaled at the store), l_IJ (k-k)
-    a00, a11, a22, a33, a10, a20, a21, a30, a31, a32 = _score_pass(
-        q, k, g, qg, kg, n_valid, o_r, m0, m1, m2, m3, HK, HK, HVK, K, BKC, NKC, True, WY and STORE_QG, False,
-        DOT_PRECISION, DIAG_PRECISION)
-    # Aqk rows, zeros above the diagonal
-    _store_block(Aqk, 0, 0, a00 * scale, n_valid, o_r, HVBT)
-    _store_block(Aqk, 0, 1, zero, n_valid, o_r, HVBT)
-    _store_block(Aqk, 0, 2, zero, n_valid, o_r, HVBT)
-    _store_block(Aqk, 0, 3, zero, n_valid, o_r, HVBT)
-    _store_block(Aqk, 1, 0, a10 * scale, n_valid, o_r, HVBT)
-    _store_block(Aqk, 1, 1, a11 * scale, n_valid, o_r, HVBT)
-    _store_block(Aqk, 1, 2, zero, n_valid, o_r, HVBT)
-    _store_block(Aqk, 1, 3, zero, n_valid, o_r, HVBT)
-    _store_block(Aqk, 2, 0, a20 * scale, n_valid, o_r, HVBT)
-    _store_block(Aqk, 2, 1, a21 * scale, n_valid, o_r, HVBT)
-    _store_block(Aqk, 2, 2, a22 * scale, n_valid, o_r, HVBT)
-    _store_block(Aqk, 2, 3, zero, n_valid, o_r, HVBT)
-    _store_block(Aqk, 3, 0, a30 * scale, n_valid, o_r, HVBT)
-    _store_block(Aqk, 3, 1, a31 * scale, n_valid, o_r, HVBT)
-    _store_block(Aqk, 3, 2, a32 * scale, n_valid, o_r, HVBT)
-    _store_block(Aqk, 3, 3, a33 * scale, n_valid, o_r, HVBT)
-
-    l00, l11, l22, l33, l10, l20, l21, l30, l31, l32 = _score_pass(
-        k, k, g, qg, kg, n_valid, o_r, m0, m1, m2, m3, HK, HK, HVK, K, BKC, NKC, False, False, WY,
-        DOT_PRECISION, DIAG_PRECISION)
-    l00 *= b0[:, None]
-    l11 *= b1[:, None]
-    l22 *= b2[:, None]
-    l33 *= b3[:, None]
-    l10 *= b1[:, None]
-    l20 *= b2[:, None]
-    l21 *= b2[:, None]
-    l30 *= b3[:, None]
-    l31 *= b3[:, None]
-    l32 *= b3[:, None]
+    # scores over all of K: Aqk (scaled at the store, zeros above the diagonal) and L = beta k-k
+    s_q, s_k = _scores(q, k, g, n_valid, HK, HVK, K, BKC, NKC, DOT_PRECISION, DIAG_PRECISION)
+    o_t = tl.arange(0, 64)
+    tl.store(Aqk + o_t[:, None] * HVBT + o_t[None, :], (s_q * scale).to(Aqk.dtype.element_ty),
+             mask=(o_t < n_valid)[:, None])
+    b_t = tl.load(beta + o_t * HV, mask=o_t < n_valid, other=0.).to(tl.float32)
+    s_k *= b_t[:, None]
+    l00, l11, l22, l33 = _block(s_k, 0, 0), _block(s_k, 1, 1), _block(s_k, 2, 2), _block(s_k, 3, 3)
+    l10, l20, l21 = _block(s_k, 1, 0), _block(s_k, 2, 0), _block(s_k, 2, 1)
+    l30, l31, l32 = _block(s_k, 3, 0), _block(s_k, 3, 1), _block(s_k, 3, 2)
+    if WY:
+        # The element-wise part of what fla's recompute_w_u_fwd makes: qg = q exp2(g),
+        # kg = k exp2(g_last - g) (a pass over K of their own: the score loop stays small).
+        m_t = o_t < n_valid
+        for kc in range(0, NKC):
+            o_k = kc * BKC + tl.arange(0, BKC)
+            m_k = o_k < K
+            m_tk = m_t[:, None] & m_k[None, :]
+            b_g = tl.load(g + o_t[:, None] * HVK + o_k[None, :], mask=m_tk, other=0.).to(tl.float32)
+            if STORE_QG:
+                b_q = tl.load(q + o_t[:, None] * HK + o_k[None, :], mask=m_tk, other=0.).to(tl.float32)
+                tl.store(qg + o_t[:, None] * HVK + o_k[None, :], (b_q * tl.exp2(b_g)).to(qg.dtype.element_ty),
+                         mask=m_tk)
+            b_k = tl.load(k + o_t[:, None] * HK + o_k[None, :], mask=m_tk, other=0.).to(tl.float32)
+            gl = tl.load(g + (n_valid - 1) * HVK + o_k, mask=m_k, other=0.).to(tl.float32)
+            tl.store(kg + o_t[:, None] * HVK + o_k[None, :],
+                     (b_k * tl.exp2(tl.where(m_t[:, None], gl[None, :] - b_g, NEG_INF))).to(kg.dtype.element_ty),
+                     mask=m_tk)
 
     # Akk = (I + L)^-1 by block forward substitution
     x00, x11, x22, x33 = _inv_unit_lower4(l00, l11, l22, l33, o_r)
