@@ -1,4 +1,4 @@
-"""KDA intra-chunk forward: the two score matrices of a chunk, in one kernel.
+"""KDA intra-chunk forward: the two score matrices of a chunk and the solve, in one kernel.
 
 Drop-in for the first two stages of fla 0.6.0's ``chunk_kda_fwd_intra``
 (``chunk_kda_fwd_intra_token_parallel`` then ``chunk_kda_fwd_kernel_inter_solve_fused``, in
@@ -14,19 +14,22 @@ Why one kernel: fla's pair reads q, k and the fp32 gate twice and round-trips th
 blocks through an fp32 buffer (3.14 ms at B=16, T=8192, H=HV=16, K=128 on the H200, where the
 bytes take about 1 ms).
 
-Design (one program = one chunk x one value head, all of K in one tile):
+Design (one program = one chunk x one value head; K in slices of BKC):
 
 * The gate factor is split at an anchor row ``a`` with ``j < a <= i``:
   ``exp2(g_i - g_a) * exp2(g_a - g_j)``, both <= 1 for a decaying gate, so nothing overflows
   and no lower bound on the gate is needed (the same construction as our intra backward).
-  Off-diagonal 16x16 blocks (I > J) anchor at the first row of I; inside a diagonal block the
-  pairs are split by the highest bit where i and j differ, one masked dot per bit level.
-* The inverse is block forward substitution over the 4 sub-chunks: each diagonal block by
-  row-wise forward substitution in fp32 (as fla's solve), then
-  ``X_IJ = -X_II sum_{J <= M < I} L_IM X_MJ``.
-* Dots of gated fp32 operands use ``DOT_PRECISION`` (tf32 by default, as fla's off-diagonal
-  blocks; fla's token-parallel diagonal blocks are exact fp32, hence ``DIAG_PRECISION``,
-  tf32x3 by default); the solve's dots use ``SOLVE_PRECISION`` (ieee: exact fp32).
+  The pairs are split by the highest bit where i and j differ (0..5); the pairs of one level
+  share their anchors, so each level is one masked [64, BKC] x [BKC, 64] product per matrix
+  (levels 0..3 lie inside the 16-row sub-chunks, 4 and 5 across them).
+* The inverse: each diagonal 16x16 block by recursive doubling (``_inv_unit_lower``), then
+  block forward substitution over the 4 sub-chunks, ``X_IJ = -X_II sum_{J <= M < I} L_IM X_MJ``.
+* Dots of gated fp32 operands use ``DOT_PRECISION`` across sub-chunks (tf32 by default, as
+  fla's off-diagonal blocks) and ``DIAG_PRECISION`` inside them (fla's token-parallel diagonal
+  blocks are exact fp32; tf32x3 by default); the solve's dots use ``SOLVE_PRECISION`` (ieee:
+  exact fp32).
+* A first version held the sub-chunks' tiles over all of K and ran 16 ms at B=16 (spills, and
+  16x16 products with a layout change each); the whole-chunk products run on wgmma.
 
 Outputs in k's dtype: Aqk and Akk ``[B, T, HV, BT]``, each row's 64 entries written (zeros
 above the diagonal), rows past a sequence's end not written (with packed documents, the
@@ -40,7 +43,7 @@ import triton.language as tl
 
 from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
-from kernel_fun.kda._kernels import chunk_indices_for, chunk_program, launch
+from kernel_fun.kda._kernels import bit_level, chunk_indices_for, chunk_program, launch
 
 install_interpreter_shims()
 
@@ -125,28 +128,18 @@ def _block(x, I: tl.constexpr, J: tl.constexpr):
 
 
 @triton.jit
-def _sub_row(N, X, i, o_r, eye):
-    """One forward-substitution step: row i of X becomes e_i - sum_j N_ij X_j."""
-    n_i = tl.sum(tl.where(o_r[:, None] == i, N, 0.), axis=0)  # row i of N, [16] over j
-    row = tl.sum(n_i[:, None] * X, axis=0)  # sum_j N_ij X_j, [16]
-    return tl.where(o_r[:, None] == i, eye - row[None, :], X)
-
-
-@triton.jit
-def _inv_unit_lower4(N0, N1, N2, N3, o_r):
-    """(I + N)^-1 for four strictly lower [16, 16] N at once, by forward substitution in fp32:
-    the four chains of 15 dependent steps are interleaved (independent work per step)."""
-    eye = (o_r[:, None] == o_r[None, :]).to(tl.float32)
-    X0 = eye
-    X1 = eye
-    X2 = eye
-    X3 = eye
-    for i in range(1, 16):
-        X0 = _sub_row(N0, X0, i, o_r, eye)
-        X1 = _sub_row(N1, X1, i, o_r, eye)
-        X2 = _sub_row(N2, X2, i, o_r, eye)
-        X3 = _sub_row(N3, X3, i, o_r, eye)
-    return X0, X1, X2, X3
+def _inv_unit_lower(N, o_r, P: tl.constexpr):
+    """(I + N)^-1 for a strictly lower [16, 16] N by recursive doubling: with Y the inverse of
+    the block diagonal of 2^lv-blocks and N_lv the part of N between the two halves of each
+    2^(lv+1)-block (the pairs of bit level lv), the 2^(lv+1)-block inverse is Y - Y N_lv Y
+    (exactly: Y N_lv is nilpotent of order 2). Four levels, two [16, 16] products each, no
+    cross-row reductions (the forward substitution's 15 dependent steps each needed two)."""
+    lvl = bit_level(o_r)
+    X = (o_r[:, None] == o_r[None, :]).to(tl.float32)
+    for lv in tl.static_range(0, 4):
+        N_lv = tl.where(lvl == lv, N, 0.)
+        X -= tl.dot(X, tl.dot(N_lv, X, input_precision=P), input_precision=P)
+    return X
 
 
 @triton.jit
@@ -243,7 +236,10 @@ def _intra_fwd_kernel(
                      mask=m_tk)
 
     # Akk = (I + L)^-1 by block forward substitution
-    x00, x11, x22, x33 = _inv_unit_lower4(l00, l11, l22, l33, o_r)
+    x00 = _inv_unit_lower(l00, o_r, SOLVE_PRECISION)
+    x11 = _inv_unit_lower(l11, o_r, SOLVE_PRECISION)
+    x22 = _inv_unit_lower(l22, o_r, SOLVE_PRECISION)
+    x33 = _inv_unit_lower(l33, o_r, SOLVE_PRECISION)
     x10 = -tl.dot(x11, tl.dot(l10, x00, input_precision=SOLVE_PRECISION), input_precision=SOLVE_PRECISION)
     x21 = -tl.dot(x22, tl.dot(l21, x11, input_precision=SOLVE_PRECISION), input_precision=SOLVE_PRECISION)
     x20 = -tl.dot(x22, tl.dot(l20, x00, input_precision=SOLVE_PRECISION)
