@@ -172,7 +172,8 @@ def beta_sigmoid_bwd(x, dy, scale):
 
 
 # Where ours replaces fla's stage function (same arguments, same returns). Measured on the
-# H200 at B=8, T=8192, H=HV=16, K=128, V=256 bf16, 2026-11-30 (bench/records/raw/*-r2.json):
+# H200 at B=8, T=8192, H=HV=16, K=128, V=256 bf16, 2026-11-30 (bench/records/raw/*-r2.json;
+# at B=16 in bench/records/2026-11-30-h200-kda-249e593.json):
 # intra_bwd 4.25 ms vs fla 7.31; wy_bwd 3.63 vs 6.25; state_scan_fwd reading qg 0.93 vs fla's
 # fwd_h + fwd_o 1.86.
 from .._delta._kernels.state_scan_bwd import state_scan_bwd  # noqa: E402
@@ -187,25 +188,27 @@ STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bw
 
 # Stages of ours built and tested but not shipped; scripts/kda_switch_ab.py times each against
 # the shipped chain. The backward state scan (fla's chunk_gated_delta_rule_bwd_dhu): end to end
-# at B=16 it saves 0.13-0.16 ms of 33.3 and matches fla's dhu there (dA_log 4e-6 apart), but in
-# the GPU chain test at T=200 with grouped heads (H=2, HV=4) and a final-state gradient its
-# dA_log came out 2.6e-2 from the fp64 recurrence (the ceiling 2e-2; fla's dhu had 3.8e-3 in
-# an earlier run, but with other random cotangents: that test did not seed do and dht), every
-# other gradient as with fla's. Not shipped until the same-input comparison
-# (test_chain_gpu.py::test_backward_state_scan_against_fla_dhu) has run (2026-11-30).
+# at B=16 it saves 0.13-0.16 ms of 32.7 and matches fla's dhu there (dA_log 4e-6 apart); every
+# GPU chain case against the fp64 recurrence passed with it, and on the same seeded inputs at
+# T=200 with grouped heads and a final-state gradient its dA_log is 3.2e-3 against fla's
+# dhu's 3.5e-3 (test_chain_gpu.py::test_backward_state_scan_against_fla_dhu, H200 2026-11-30).
+# To ship once a kernel-fun bench record and the runtime tests are made with it in the chain.
 #
 # The forward's intra stage in one kernel (kda/_kernels/intra_fwd.py), interpreter-tested
-# against the fp64 intra reference, not yet timed on a GPU: "fwd_intra" is fla's whole
-# chunk_kda_fwd_intra (the scores Aqk, Akk = (I + L)^-1 in place of its token-parallel stage
-# and inter + solve kernel, 3.14 ms at B=16, and w, u, qg, kg from the same registers in place
-# of its recompute_w_u_fwd pass); "intra_fwd" the scores alone (with FUSE_WY_FWD).
+# against the fp64 intra reference and within 3.1e-3 of fla's outputs on the H200: "fwd_intra"
+# is fla's whole chunk_kda_fwd_intra (the scores Aqk, Akk = (I + L)^-1 in place of its
+# token-parallel stage and inter + solve kernel, and w, u, qg, kg in place of its
+# recompute_w_u_fwd pass); "intra_fwd" the scores alone (with FUSE_WY_FWD). Slower than fla's:
+# 8.7 ms (12.96 with tf32x3 inside the sub-chunks) against 4.55 at B=16 (scripts/kda_stage_bench.py
+# --only fwdi, bench/records/raw/2026-11-30-h200-kda-fwd-intra-stage.json).
 CANDIDATE_STAGES: dict = {"state_scan_bwd": state_scan_bwd, "fwd_intra": chunk_fwd_intra, "intra_fwd": intra_fwd}
 
 # Forward: w, u and kg formed inside our forward scan (state_scan_fwd's wy_inputs) from Akk,
 # k, v, beta and the gate, instead of fla's recompute_w_u_fwd writing w, u, qg, kg (2.7 GB at
 # B=16) for the scan to read back. Interpreter-tested (tests/delta/test_state_scan_fwd.py, the
-# CPU chain test); compiled for sm_90a without spills (scripts/sass_stats.py state_scan_fwd);
-# off until timed on the H200 (scripts/kda_switch_ab.py, combination "wyf").
+# CPU chain test). Slower on the H200 at B=16 (scripts/kda_switch_ab.py "l2+wyf", 2026-11-30,
+# bench/records/raw/2026-11-30-h200-kda-ab-r2.json): fwd 8.46 ms against 7.65, fwd+bwd 33.59
+# against 32.72. Off.
 FUSE_WY_FWD = False
 
 # The switches below are epilogues of our intra backward (they need a K block covering K).
