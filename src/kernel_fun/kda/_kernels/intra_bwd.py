@@ -64,9 +64,10 @@ def _alloc(size, dtype=None, device=None):
 def configs():
     """Every configuration the autotuner may pick (the interpreter runs only the first).
 
-    ptxas takes every register it is allowed (200-255 at every tile size, no spills), which
-    caps a 4-warp CTA at 2 per SM; with ``maxnreg=128`` it spills only 20-110 bytes (sm_90a
-    ahead-of-time compile, 2026-12 triton 3.6), so both kinds are offered."""
+    ptxas takes every register it is allowed (255), which caps a 4-warp CTA at 2 per SM. Its
+    stack (spills; sm_90a ahead-of-time compile, triton 3.6, ``scripts/sass_stats.py``, which
+    before 2026-11-30 read LOCAL and missed them): BK=64 on 4 warps none; BK=128 (the only
+    block the fused epilogues take) 272 bytes; with ``maxnreg`` 168 or 128, 160-664 bytes."""
     return [
         triton.Config({"BK": bk, "HOIST_S": hoist}, num_warps=w, num_stages=st, maxnreg=mr)
         for bk, hoist, w, st, mr in [
