@@ -151,11 +151,19 @@ def bench_fwd_intra(a) -> dict:
     out["scores_per_config"] = per_config(
         m.configs(), lambda c: m.intra_fwd(q, k, gk, beta, scale, config=c),
         lambda res: {"Aqk": rel(res[0].masked_fill(~tril, 0), Aqk), "Akk": rel(res[1], Akk)}, "ifwd")
-    # the diagonal sub-chunks' products in plain tf32 (as the off-diagonal ones), autotuned
-    lo = lambda: m.chunk_fwd_intra(**args, diag_precision="tf32")  # noqa: E731
-    errs = check_all(lo())
-    out["diag_tf32"] = {"ms": round(bench(lo), 4), "err_vs_fla": {n: float(f"{e:.3g}") for n, e in errs.items()}}
-    log(f"  ours chunk_fwd_intra, diagonal in tf32 (autotuned): {out['diag_tf32']}")
+    # other precisions (autotuned): inside the sub-chunks in plain tf32 (as across them); and
+    # the inverse's 16x16 products on the tensor cores instead of the FMA units. A large change
+    # with the solve's precision says where the time goes.
+    for name, kw in (("diag_tf32", dict(diag_precision="tf32")),
+                     ("diag_tf32_solve_tf32x3", dict(diag_precision="tf32", solve_precision="tf32x3")),
+                     ("diag_tf32_solve_tf32", dict(diag_precision="tf32", solve_precision="tf32"))):
+        run = lambda: m.chunk_fwd_intra(**args, **kw)  # noqa: E731
+        try:
+            errs = check_all(run())
+            out[name] = {"ms": round(bench(run), 4), "err_vs_fla": {n: float(f"{e:.3g}") for n, e in errs.items()}}
+        except Exception as e:  # a precision that does not compile is reported, not fatal
+            out[name] = {"error": f"{type(e).__name__}: {str(e)[:160]}"}
+        log(f"  ours chunk_fwd_intra {name} (autotuned): {out[name]}")
     return out
 
 

@@ -198,10 +198,12 @@ def intra_fwd(full):
     wys = [dict(WY=False), dict(WY=True, STORE_QG=True, V=256, BV=64)]
     if full:
         wys.append(dict(WY=True, STORE_QG=False, V=96, BV=64))
+        wys.append(dict(WY=True, STORE_QG=False, V=256, BV=64, SOLVE_PRECISION="tf32x3"))
     for cfg, varlen, K, wy in itertools.product(m.configs() if full else m.configs()[:2],
                                                  (False, True) if full else (False,), (128, 64) if full else (128,), wys):
         c = dict(H=16, HV=16, K=K, BT=64, BK=K, IS_VARLEN=varlen, DOT_PRECISION="tf32", DIAG_PRECISION="tf32x3",
-                 SOLVE_PRECISION="ieee", **wy, **cfg.kwargs)
+                 SOLVE_PRECISION="ieee", **cfg.kwargs)
+        c.update(wy)
         yield f"intra_fwd K={K} varlen={varlen} {wy} {_cfg_label(cfg)}", m._intra_fwd_kernel.fn, ptr, c, cfg
 
 

@@ -47,13 +47,17 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("solve", ["ieee", "tf32x3"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("name", list(CASES))
-def test_intra_fwd_matches_reference(name, dtype):
+def test_intra_fwd_matches_reference(name, dtype, solve):
+    """Every case, both input dtypes; the inverse's products on the FMA units (ieee, the
+    default) or on the tensor cores (tf32x3; fp32 inputs run ieee whatever is asked)."""
     c = dict(CASES[name])
     q, k, gk, beta, cu_t, want = _case(**c)
     before = launch_counts("kda.").get("kda.intra_fwd", 0)
-    Aqk, Akk = mod.intra_fwd(q.to(dtype), k.to(dtype), gk, beta.to(dtype), SCALE, cu_seqlens=cu_t)
+    Aqk, Akk = mod.intra_fwd(q.to(dtype), k.to(dtype), gk, beta.to(dtype), SCALE, cu_seqlens=cu_t,
+                             solve_precision=solve)
     assert launch_counts("kda.").get("kda.intra_fwd", 0) == before + 1
     assert Aqk.dtype == dtype and Akk.dtype == dtype
     rows = slice(None) if cu_t is None else slice(0, int(cu_t[-1]))

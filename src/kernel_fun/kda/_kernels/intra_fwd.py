@@ -307,8 +307,8 @@ def _intra_fwd_kernel(
             _wy_rows(u, 3, r30, r31, r32, r33, vb0, vb1, vb2, vb3, n_valid, o_r, o_v, m_v, HVV, 4, DOT_PRECISION)
 
 
-def _run(q, k, gk, beta, scale, cu_seqlens, chunk_indices, chunk_size, dot_precision, diag_precision, config,
-         v=None, store_qg=False):
+def _run(q, k, gk, beta, scale, cu_seqlens, chunk_indices, chunk_size, precisions, config, v=None,
+         store_qg=False):
     """Check, allocate and launch: ``(Aqk, Akk)``, and with ``v`` the WY pieces before them,
     ``(w, u, qg, kg, Aqk, Akk)`` (qg None unless ``store_qg``)."""
     B, T, H, K = k.shape
@@ -344,18 +344,18 @@ def _run(q, k, gk, beta, scale, cu_seqlens, chunk_indices, chunk_size, dot_preci
         wy = dict(WY=True, STORE_QG=store_qg, V=V, BV=min(64, max(16, triton.next_power_of_2(V))))
     if NT == 0:
         return outs
-    fp32 = k.dtype == torch.float32
+    dot_p, diag_p, solve_p = ("ieee",) * 3 if k.dtype == torch.float32 else precisions
     launch(_intra_fwd_kernel, (NT, B * HV), config,
            q, k, gk, beta, Aqk, Akk, *ptrs, cu_seqlens, chunk_indices, float(scale), T,
            H=H, HV=HV, K=K, BT=BT, BK=max(16, triton.next_power_of_2(K)), IS_VARLEN=cu_seqlens is not None,
-           DOT_PRECISION="ieee" if fp32 else dot_precision, DIAG_PRECISION="ieee" if fp32 else diag_precision,
-           SOLVE_PRECISION="ieee", **wy)
+           DOT_PRECISION=dot_p, DIAG_PRECISION=diag_p, SOLVE_PRECISION=solve_p, **wy)
     record_launch("kda.intra_fwd")
     return outs
 
 
 def intra_fwd(q, k, gk, beta, scale, cu_seqlens=None, chunk_indices=None, chunk_size: int = 64,
-              dot_precision: str = "tf32", diag_precision: str = "tf32x3", config=None):
+              dot_precision: str = "tf32", diag_precision: str = "tf32x3", solve_precision: str = "ieee",
+              config=None):
     """The forward's intra-chunk scores: ``(Aqk, Akk)``, what fla's ``chunk_kda_fwd_intra``
     returns besides w, u, qg, kg (same layout and dtype).
 
@@ -363,24 +363,28 @@ def intra_fwd(q, k, gk, beta, scale, cu_seqlens=None, chunk_indices=None, chunk_
         q, k: ``[B, T, H, K]`` (after the l2norm when the op has it); gk ``[B, T, HV, K]`` fp32,
         the chunk-local log2 gate cumsum; beta ``[B, T, HV]``; scale: float.
         cu_seqlens / chunk_indices: varlen as in fla (``B == 1``).
-        dot_precision / diag_precision: ``tl.dot`` input precision of the gated products off /
-        on the diagonal blocks. config: a ``triton.Config`` from ``configs()`` (tests).
+        dot_precision / diag_precision: ``tl.dot`` input precision of the gated products across
+        / inside the 16-row sub-chunks; solve_precision: of the inverse's 16x16 products (ieee:
+        fp32 on the FMA units; tf32x3 / tf32 on the tensor cores). fp32 inputs run all in ieee.
+        config: a ``triton.Config`` from ``configs()`` (tests).
     """
-    return _run(q, k, gk, beta, scale, cu_seqlens, chunk_indices, chunk_size, dot_precision, diag_precision, config)
+    return _run(q, k, gk, beta, scale, cu_seqlens, chunk_indices, chunk_size,
+                (dot_precision, diag_precision, solve_precision), config)
 
 
 def chunk_fwd_intra(q, k, v, gk, beta, scale, cu_seqlens=None, chunk_size: int = 64, chunk_indices=None,
                     disable_recompute: bool = False, safe_gate: bool = False, lower_bound=None,
                     use_graph: bool = False, dot_precision: str = "tf32", diag_precision: str = "tf32x3",
-                    config=None):
+                    solve_precision: str = "ieee", config=None):
     """Drop-in for fla 0.6.0's ``chunk_kda_fwd_intra``, whole: the scores and, from the same
     registers, what its closing ``recompute_w_u_fwd`` makes. Returns
     ``(w, u, qg, kg, Aqk, Akk)``: w, kg (and qg when ``disable_recompute``, else None)
     ``[B, T, HV, K]`` in k's dtype, u like v, Aqk and Akk as ``intra_fwd``.
 
     safe_gate / lower_bound select another gate scheme in fla (routed to fla by the op) and
-    use_graph fla's static buffers: not supported here (raise)."""
+    use_graph fla's static buffers: not supported here (raise). The precisions as in
+    ``intra_fwd``."""
     if safe_gate or lower_bound is not None or use_graph:
         raise NotImplementedError("kernel_fun chunk_fwd_intra: safe_gate, lower_bound and use_graph are fla's")
-    return _run(q, k, gk, beta, scale, cu_seqlens, chunk_indices, chunk_size, dot_precision, diag_precision, config,
-                v=v, store_qg=disable_recompute)
+    return _run(q, k, gk, beta, scale, cu_seqlens, chunk_indices, chunk_size,
+                (dot_precision, diag_precision, solve_precision), config, v=v, store_qg=disable_recompute)
