@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Bench: KDA's two costliest backward stages, ours vs fla's stage functions, on one GPU.
 
-    python scripts/kda_stage_bench.py out.json [--only wy,intra]
+    python scripts/kda_stage_bench.py out.json [--only wy,intra,l2norm,wyi,fwdi]
                                                [--B 8 --T 8192 ...]
 
 At B=8, T=8192, H=HV=16, K=128, V=256 bf16 (the baseline shape) the stage inputs come from
@@ -12,7 +12,9 @@ fla's own chain: ``kda_gate_chunk_cumsum`` (model-like A_log / dt_bias), ``chunk
 * wy:    fla ``chunk_kda_bwd_wy_dqkg_fused``  vs ours ``wy_dqkg_bwd``   (baseline 6.31 ms)
 * intra: fla ``chunk_kda_bwd_intra``          vs ours ``intra_bwd``     (baseline 7.39 ms)
 
-run side by side (``triton.testing.do_bench`` medians). fla is autotuned once (its wy autotune
+run side by side (``triton.testing.do_bench`` medians). ``wyi``: our two stages fused in one
+kernel (``wy_intra_bwd``) against them in two launches; ``fwdi``: the forward's intra stage
+(``chunk_fwd_intra``) against fla's ``chunk_kda_fwd_intra``. fla is autotuned once (its wy autotune
 alone took 67 s on the H200); ours is never autotuned here: every configuration of every
 is forced and timed (``wy_bwd.bench_configs()``, ``intra_bwd.configs()``), and each is checked against fla's
 outputs (relative RMS error; the intra stage's own contribution, outputs minus the wy inputs).
@@ -167,10 +169,39 @@ def bench_fwd_intra(a) -> dict:
     return out
 
 
+def bench_wy_intra(wy_in, dAqk) -> dict:
+    """Our WY and intra stages in one kernel (``wy_intra_bwd``, every configuration forced)
+    against the two run one after the other (each autotuned), on the same inputs; errors of
+    the fused outputs against the sequential ones."""
+    from kernel_fun.kda._kernels import intra_bwd as intra_mod
+    from kernel_fun.kda._kernels import wy_bwd as wy_mod
+    from kernel_fun.kda._kernels import wy_intra_bwd as m
+
+    args = {k: v for k, v in wy_in.items() if k != "chunk_offsets"}
+
+    def seq():
+        dq, dk, dv, db, dg, dAkk = wy_mod.wy_dqkg_bwd(**wy_in)
+        o = intra_mod.intra_bwd(q=wy_in["q"], k=wy_in["k"], g=wy_in["g"], beta=wy_in["beta"], dAqk=dAqk,
+                                dAkk=dAkk, dq=dq, dk=dk, db=db, dg=dg, chunk_size=64)
+        return o[0], o[1], dv, o[2], o[3]
+
+    want = seq()
+    out = {"sequential_ms": bench(seq)}
+    log(f"ours wy + intra, two launches: {out['sequential_ms']:.3f} ms")
+    names = ("dq", "dk", "dv", "db", "dg")
+    out["per_config"] = per_config(m.configs(), lambda c: m.wy_intra_bwd(**args, dAqk=dAqk, config=c),
+                                   lambda res: {n: rel(o, w) for n, o, w in zip(names, res, want)}, "wyi")
+    out["best_config"], out["fused_ms"] = best_of(out["per_config"])
+    out["saved_ms"] = out["sequential_ms"] - out["fused_ms"]
+    log(f"ours wy + intra fused, best {out['best_config']}: {out['fused_ms']:.3f} ms "
+        f"(saves {out['saved_ms']:.3f} ms)")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--only", default="wy,intra,l2norm", help="comma list: wy, intra, l2norm, fwdi")
+    ap.add_argument("--only", default="wy,intra,l2norm", help="comma list: wy, intra, l2norm, fwdi, wyi")
     for n, d in dict(B=8, T=8192, H=16, HV=16, K=128, V=256).items():
         ap.add_argument(f"--{n}", type=int, default=d)
     a = ap.parse_args()
@@ -265,6 +296,10 @@ def main() -> None:
             f"target <= 2.0 ms; moves >= {nbytes / 1e9:.2f} GB: {intra['ours_tbps']:.2f} TB/s)")
     rec["intra"] = intra
     dump(rec, a.out)
+
+    if "wyi" in a.only:
+        rec["wy_intra_fused"] = bench_wy_intra(wy_in, dAqk)
+        dump(rec, a.out)
 
     if "l2norm" in a.only:
         # intra with the l2norm backward in its epilogue, against intra (autotuned) followed by

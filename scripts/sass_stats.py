@@ -2,7 +2,7 @@
 """Compile our Triton kernels ahead of time for sm_90a on a machine without a GPU.
 
     python scripts/sass_stats.py intra_bwd            # registers, spills, shared memory, static
-    python scripts/sass_stats.py wy_bwd | state_scan_fwd | state_scan_bwd | intra_fwd | cconv
+    python scripts/sass_stats.py wy_bwd | wy_intra_bwd | state_scan_fwd | state_scan_bwd | intra_fwd | cconv
     python scripts/sass_stats.py all --frontend       # every config of every kernel, every flag
                                                       # combination, lowered to Triton IR only
 
@@ -207,7 +207,26 @@ def intra_fwd(full):
         yield f"intra_fwd K={K} varlen={varlen} {wy} {_cfg_label(cfg)}", m._intra_fwd_kernel.fn, ptr, c, cfg
 
 
-KERNELS = {"intra_fwd": intra_fwd, "intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,
+def wy_intra_bwd(full):
+    from kernel_fun.kda._kernels import wy_intra_bwd as m
+
+    ptr = {n: "*bf16" for n in ("q", "k", "v", "v_new", "beta", "A", "h", "do", "dh", "dv", "dv2",
+                                "q_i", "k_i", "beta_i", "dq_out", "dk_out", "g_raw")}
+    ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
+    flag_sets = [dict(L2NORM_BWD=True)]
+    if full:
+        flag_sets += [dict(), dict(L2NORM_BWD=True, DG_CUMSUM=True, GATE_BWD=True, HAS_DT_BIAS=True)]
+    for cfg, varlen, flags in itertools.product(m.configs() if full else m.configs()[:3:2],
+                                                (False, True) if full else (False,), flag_sets):
+        if flags and cfg.kwargs["IBK"] < 128:
+            continue  # the fused epilogues take only whole-K intra blocks (the launcher prunes the rest)
+        c = dict(H=16, HV=16, K=128, V=256, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", L2NORM_BWD=False,
+                 DG_CUMSUM=False, GATE_BWD=False, HAS_DT_BIAS=False, **cfg.kwargs)
+        c.update(flags)
+        yield f"wy_intra_bwd {flags} varlen={varlen} {_cfg_label(cfg)}", m._wy_intra_bwd_kernel.fn, ptr, c, cfg
+
+
+KERNELS = {"intra_fwd": intra_fwd, "wy_intra_bwd": wy_intra_bwd, "intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,
            "state_scan_bwd": state_scan_bwd, "cconv": cconv}
 
 

@@ -45,15 +45,17 @@ CASES = {  # the box's smallest heads (K=64, V=64: the interpreter's cost grows 
 # every switch on and every candidate stage in (the fusions measured slower stay correct and
 # tested; with FUSE_WY_FWD that is our scores kernel before the scan); and each forward variant
 # alone on top of the shipped chain: the WY pieces formed in our scan with fla's two score
-# stages ("wyf"), our whole intra stage in place of fla's chunk_kda_fwd_intra ("fwd_intra").
+# stages ("wyf"), our whole intra stage in place of fla's chunk_kda_fwd_intra ("fwd_intra"); and
+# the backward's WY and intra stages in one kernel ("wyi").
 # Each: switch values set over the shipped ones, stages dropped, candidate stages added.
-SWITCHES = ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD", "FUSE_WY_FWD")
+SWITCHES = ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD", "FUSE_WY_FWD", "FUSE_WY_INTRA_BWD")
 FUSIONS = {
     "off": dict(switches=dict.fromkeys(SWITCHES, False), drop=("state_scan_bwd",), add=()),
     "shipped": dict(switches={}, drop=(), add=()),
     "all": dict(switches=dict.fromkeys(SWITCHES, True), drop=(), add=tuple(chain.CANDIDATE_STAGES)),
     "wyf": dict(switches={"FUSE_WY_FWD": True}, drop=(), add=()),
     "fwd_intra": dict(switches={}, drop=(), add=("fwd_intra",)),
+    "wyi": dict(switches={"FUSE_WY_INTRA_BWD": True}, drop=(), add=()),
 }
 
 
@@ -88,7 +90,8 @@ def test_chain_against_fp64_recurrence(name, fusions, monkeypatch, _standins):
     ran = {k: n - before.get(k, 0) for k, n in launch_counts().items() if n != before.get(k, 0)}
     our_scores = "intra_fwd" in chain.STAGES and on["FUSE_WY_FWD"]
     our_whole = "fwd_intra" in chain.STAGES and not on["FUSE_WY_FWD"]
-    want = {"delta.state_scan_fwd": 1, "kda.wy_bwd": 1, "kda.intra_bwd": 1}
+    want = {"delta.state_scan_fwd": 1}
+    want.update({"kda.wy_intra_bwd": 1} if on["FUSE_WY_INTRA_BWD"] else {"kda.wy_bwd": 1, "kda.intra_bwd": 1})
     if our_dhu:
         want["delta.state_scan_bwd"] = 1
     if our_scores or our_whole:

@@ -181,6 +181,45 @@ def test_wy_bwd_every_config(name, config):
     _check(f"{name}/{config}", ours, fla_wy, ref, ("dq", "dk", "dv", "db", "dg", "dA"))
 
 
+def _wyi_configs():
+    from kernel_fun.kda._kernels.wy_intra_bwd import configs
+
+    return configs()
+
+
+@pytest.mark.parametrize("config", [None] + _wyi_configs(), ids=["autotuned"] + _ids(_wyi_configs()))
+@pytest.mark.parametrize("name", ["tail", "varlen"])
+def test_wy_intra_bwd_fused_against_the_two_stages_and_reference(name, config):
+    """The fused WY + intra kernel: against our two stage kernels run one after the other
+    (autotuned) and against the chained fp64 references (the WY reference's outputs fed to
+    the intra reference), with fla's tolerances."""
+    from kernel_fun.kda._kernels.intra_bwd import intra_bwd
+    from kernel_fun.kda._kernels.wy_bwd import wy_dqkg_bwd
+    from kernel_fun.kda._kernels.wy_intra_bwd import wy_intra_bwd
+
+    wy_in, _, intra_in = _inputs(name)
+    dAqk = intra_in["dAqk"]
+    before = launch_counts("kda.")
+    got = wy_intra_bwd(**{k: v for k, v in wy_in.items() if k != "chunk_offsets"}, dAqk=dAqk, config=config)
+    torch.cuda.synchronize()
+    assert launch_counts("kda.").get("kda.wy_intra_bwd", 0) == before.get("kda.wy_intra_bwd", 0) + 1
+    dq, dk, dv, db, dg, dAkk = wy_dqkg_bwd(**wy_in)
+    seq = intra_bwd(**{**intra_in, "dq": dq, "dk": dk, "db": db, "dg": dg, "dAkk": dAkk})
+    seq = (seq[0], seq[1], dv, seq[2], seq[3])
+    r = _refs(name)[0]
+    ref = refs.intra_bwd_reference(**{**intra_in, "dq": r[0].float(), "dk": r[1].float(), "db": r[3].float(),
+                                      "dg": r[4].float(), "dAkk": r[5].float()})
+    ref = (ref[0], ref[1], r[2], ref[2], ref[3])
+    lines = []
+    for n, o, w, x in zip(("dq", "dk", "dv", "db", "dg"), got, seq, ref):
+        assert o.shape == w.shape and o.dtype == w.dtype, n
+        assert torch.isfinite(o).all(), f"{name}/{n}: non-finite"
+        e_seq, e_ref, e_seq_ref = rel_err(o, w), rel_err(o, x), rel_err(w, x)
+        lines.append(f"{n}: fused-seq {e_seq:.1e} fused-ref {e_ref:.2e} seq-ref {e_seq_ref:.2e}")
+        assert e_seq < 1e-3 and e_ref < TOL[n] and e_ref < 1.5 * e_seq_ref + 1e-4, f"{name}/{config}: " + lines[-1]
+    print(f"[{name}/{config}] " + " | ".join(lines))
+
+
 def _intra_fwd_configs():
     from kernel_fun.kda._kernels.intra_fwd import configs
 

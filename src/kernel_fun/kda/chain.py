@@ -121,24 +121,28 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
     dh, dh0, dv = dhu(
         q=qg, k=kg, w=w, gk=gc, h0=initial_state, dht=dht, do=do, dv=dv, scale=scale,
         cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
-    wy = STAGES.get("wy_bwd") or _fla("fla.ops.kda.chunk_bwd", "chunk_kda_bwd_wy_dqkg_fused")
-    dq, dk, dv, db, dg, dAkk = wy(
-        q=q, k=k, v=v, v_new=v_new, g=gc, beta=beta, A=Akk, h=h, do=do, dh=dh, dv=dv, scale=scale,
-        cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
-    intra = STAGES.get("intra_bwd")
-    fused_l2 = (q_rstd is not None and intra is not None and FUSE_L2NORM_BWD
-                and intra_can_fuse_l2norm(H, HV, K))
-    fused_cs = intra is not None and FUSE_DG_CUMSUM and intra_whole_k_block(K)
+    wy, intra = STAGES.get("wy_bwd"), STAGES.get("intra_bwd")
+    fused_wyi = FUSE_WY_INTRA_BWD and wy is not None and intra is not None
+    whole_k = (wyi_whole_k_block if fused_wyi else intra_whole_k_block)(K)
+    fused_l2 = q_rstd is not None and intra is not None and FUSE_L2NORM_BWD and H == HV and whole_k
+    fused_cs = intra is not None and FUSE_DG_CUMSUM and whole_k
     fused_gate = fused_cs and use_gate_in_kernel and FUSE_GATE_BWD
     extra = dict(l2norm_rstd=(q_rstd, k_rstd), out_dtype=q.dtype) if fused_l2 else {}
     if fused_cs:
         extra["dg_reverse_cumsum"] = True
     if fused_gate:
         extra["gate_bwd"] = (g, A_log, dt_bias)
-    intra = intra or _fla("fla.ops.kda.chunk_intra", "chunk_kda_bwd_intra")
-    dq, dk, db, dg, *gate_grads = intra(
-        q=q, k=k, g=gc, beta=beta, dAqk=dAqk, dAkk=dAkk, dq=dq, dk=dk, db=db, dg=dg,
-        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT, **extra)
+    wy_args = dict(q=q, k=k, v=v, v_new=v_new, g=gc, beta=beta, A=Akk, h=h, do=do, dh=dh, dv=dv, scale=scale,
+                   cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices)
+    if fused_wyi:  # both stages in one kernel: their dq, dk, dg, db, dA never leave L2
+        dq, dk, dv, db, dg, *gate_grads = wy_intra_bwd(**wy_args, dAqk=dAqk, **extra)
+    else:
+        wy = wy or _fla("fla.ops.kda.chunk_bwd", "chunk_kda_bwd_wy_dqkg_fused")
+        dq, dk, dv, db, dg, dAkk = wy(**wy_args, chunk_offsets=chunk_offsets)
+        intra = intra or _fla("fla.ops.kda.chunk_intra", "chunk_kda_bwd_intra")
+        dq, dk, db, dg, *gate_grads = intra(
+            q=q, k=k, g=gc, beta=beta, dAqk=dAqk, dAkk=dAkk, dq=dq, dk=dk, db=db, dg=dg,
+            cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT, **extra)
     if HV > H:  # grouped values: dq, dk come out per value head
         dq = dq.view(*dq.shape[:2], H, HV // H, dq.shape[-1]).sum(dim=3)
         dk = dk.view(*dk.shape[:2], H, HV // H, dk.shape[-1]).sum(dim=3)
@@ -178,11 +182,12 @@ def beta_sigmoid_bwd(x, dy, scale):
 # fwd_h + fwd_o 1.86.
 from .._delta._kernels.state_scan_bwd import state_scan_bwd  # noqa: E402
 from .._delta._kernels.state_scan_fwd import state_scan_fwd  # noqa: E402
-from ._kernels.intra_bwd import can_fuse_l2norm as intra_can_fuse_l2norm  # noqa: E402
 from ._kernels.intra_fwd import chunk_fwd_intra, intra_fwd  # noqa: E402
 from ._kernels.intra_bwd import intra_bwd  # noqa: E402
 from ._kernels.intra_bwd import whole_k_block as intra_whole_k_block  # noqa: E402
 from ._kernels.wy_bwd import wy_dqkg_bwd  # noqa: E402
+from ._kernels.wy_intra_bwd import whole_k_block as wyi_whole_k_block  # noqa: E402
+from ._kernels.wy_intra_bwd import wy_intra_bwd  # noqa: E402
 
 STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bwd": wy_dqkg_bwd}
 
@@ -210,6 +215,13 @@ CANDIDATE_STAGES: dict = {"state_scan_bwd": state_scan_bwd, "fwd_intra": chunk_f
 # bench/records/raw/2026-11-30-h200-kda-ab-r2.json): fwd 8.46 ms against 7.65, fwd+bwd 33.59
 # against 32.72. Off.
 FUSE_WY_FWD = False
+
+# Backward: our WY and intra stages in one kernel (kda/_kernels/wy_intra_bwd.py), so the WY
+# stage's dq, dk, dg, db and dA (about 3.7 GB at B=16) are read back from L2 by the program
+# that wrote them instead of from HBM by the intra stage's. Interpreter-tested (bit for bit
+# the two stage kernels' outputs, tests/kda/test_wy_intra_bwd.py); off until timed on the H200
+# (scripts/kda_switch_ab.py, combination "l2+wyi").
+FUSE_WY_INTRA_BWD = False
 
 # The switches below are epilogues of our intra backward (they need a K block covering K).
 # Measured end to end at B=16, T=8192, H=HV=16, K=128, V=256 bf16 on the H200, 2026-11-30

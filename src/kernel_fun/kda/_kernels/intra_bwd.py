@@ -119,11 +119,29 @@ def _intra_bwd_kernel(
     L2NORM_BWD: tl.constexpr = False, DG_CUMSUM: tl.constexpr = False,
     GATE_BWD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False,
 ):
+    _, i_hv, i_h, i_tg, t0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
+    intra_bwd_program(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, dq_out, dk_out, db_out, dg_out, q_rstd, k_rstd,
+                      g_raw, A_log, dt_bias, dA_part, dbias_part, i_hv, i_h, i_tg, t0, n_valid,
+                      H, HV, K, BT, BK, HOIST_S, DOT_PRECISION, L2NORM_BWD, DG_CUMSUM, GATE_BWD, HAS_DT_BIAS)
+
+
+@triton.jit
+def intra_bwd_program(
+    q, k, g, beta, dAqk, dAkk,
+    dq, dk, db, dg,
+    dq_out, dk_out, db_out, dg_out,
+    q_rstd, k_rstd,
+    g_raw, A_log, dt_bias, dA_part, dbias_part,
+    i_hv, i_h, i_tg, t0, n_valid,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, HOIST_S: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    L2NORM_BWD: tl.constexpr, DG_CUMSUM: tl.constexpr, GATE_BWD: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+):
+    """One program's work (one chunk x one value head, from ``chunk_program``); also the
+    second half of ``wy_intra_bwd``'s fused kernel."""
     BC: tl.constexpr = 16
     NC: tl.constexpr = BT // BC
     NEG_INF: tl.constexpr = float("-inf")  # exp2(-inf) = 0: masked gate factors
-    _, i_hv, i_h, i_tg, t0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
-
     HK: tl.constexpr = H * K
     HVK: tl.constexpr = HV * K
     HVBT: tl.constexpr = HV * BT
@@ -377,6 +395,22 @@ def intra_bwd(
     """
     if use_graph:
         raise NotImplementedError("kernel_fun intra_bwd: use_graph (static buffers) is not supported")
+    ptrs, meta = prepare(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, cu_seqlens, chunk_indices, chunk_size,
+                         whole_k_block(k.shape[3], config), config, l2norm_rstd, out_dtype, dg_reverse_cumsum,
+                         gate_bwd)
+    if meta["NT"] > 0:
+        launch(_intra_bwd_kernel, meta["grid"], config, *ptrs, meta["cu_seqlens"], meta["chunk_indices"], meta["T"],
+               **meta["constexprs"], DOT_PRECISION=dot_precision)
+        record_launch("kda.intra_bwd")
+    return meta["finish"]()
+
+
+def prepare(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, cu_seqlens, chunk_indices, chunk_size, whole_k, config,
+            l2norm_rstd, out_dtype, dg_reverse_cumsum, gate_bwd):
+    """Check the arguments (``whole_k``: whether the launch's K block covers K), make them
+    contiguous and allocate the outputs: ``(ptrs, meta)``, ``ptrs`` the kernel's pointer
+    arguments in order, ``meta`` the grid, scalars, constexprs and ``finish()`` (the return
+    value, after the launch). Shared with ``wy_intra_bwd``."""
     B, T, H, K = k.shape
     HV = g.shape[2]
     BT = chunk_size
@@ -392,11 +426,11 @@ def intra_bwd(
     q, k, g, beta, dAqk, dAkk, dq, dk, db, dg = (
         x.contiguous() for x in (q, k, g, beta, dAqk, dAkk, dq, dk, db, dg))
 
-    if dg_reverse_cumsum and not whole_k_block(K, config):
+    if dg_reverse_cumsum and not whole_k:
         raise ValueError(f"intra_bwd: the dg cumsum fuses only with a K block covering K (K={K}, config={config})")
     fuse = l2norm_rstd is not None
     if fuse:
-        if not can_fuse_l2norm(H, HV, K, config):
+        if not (H == HV and whole_k):
             raise ValueError(f"intra_bwd: the l2norm backward fuses only with HV == H and a K block "
                              f"covering K (H={H}, HV={HV}, K={K}, config={config})")
         q_rstd, k_rstd = (r.contiguous() for r in l2norm_rstd)
@@ -422,23 +456,18 @@ def intra_bwd(
     dk_out = _alloc(dk.shape, (out_dtype or dk.dtype) if fuse else dk.dtype, dk.device)
     db_out = _alloc(db.shape, torch.float32, db.device)
     dg_out = _alloc(dg.shape, g_raw.dtype if gate_bwd is not None else torch.float32, dg.device)
-    if NT > 0:
-        launch(
-            _intra_bwd_kernel, (NT, B * HV), config,
-            q, k, g, beta, dAqk, dAkk,
-            dq, dk, db, dg,
-            dq_out, dk_out, db_out, dg_out,
-            q_rstd, k_rstd,
-            g_raw, A_log, dt_bias if dt_bias is not None else g, dA_part, dbias_part,
-            cu_seqlens, chunk_indices, T,
-            H=H, HV=HV, K=K, BT=BT,
-            IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision, L2NORM_BWD=fuse,
-            DG_CUMSUM=bool(dg_reverse_cumsum), GATE_BWD=gate_bwd is not None,
-            HAS_DT_BIAS=gate_bwd is not None and dt_bias is not None,
-        )
-        record_launch("kda.intra_bwd")
-    if gate_bwd is not None:
-        dA_log = dA_part.view(-1, HV).sum(0).to(A_log.dtype)
-        ddt_bias = dbias_part.view(-1, HV * K).sum(0).to(dt_bias.dtype) if dt_bias is not None else None
-        return dq_out, dk_out, db_out, dg_out, dA_log, ddt_bias
-    return dq_out, dk_out, db_out, dg_out
+    ptrs = (q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, dq_out, dk_out, db_out, dg_out, q_rstd, k_rstd,
+            g_raw, A_log, dt_bias if dt_bias is not None else g, dA_part, dbias_part)
+
+    def finish():
+        if gate_bwd is not None:
+            dA_log = dA_part.view(-1, HV).sum(0).to(A_log.dtype)
+            ddt_bias = dbias_part.view(-1, HV * K).sum(0).to(dt_bias.dtype) if dt_bias is not None else None
+            return dq_out, dk_out, db_out, dg_out, dA_log, ddt_bias
+        return dq_out, dk_out, db_out, dg_out
+
+    constexprs = dict(H=H, HV=HV, K=K, BT=BT, IS_VARLEN=cu_seqlens is not None, L2NORM_BWD=fuse,
+                      DG_CUMSUM=bool(dg_reverse_cumsum), GATE_BWD=gate_bwd is not None,
+                      HAS_DT_BIAS=gate_bwd is not None and dt_bias is not None)
+    return ptrs, dict(NT=NT, grid=(NT, B * HV), cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, T=T,
+                      constexprs=constexprs, finish=finish)

@@ -88,10 +88,23 @@ def _wy_bwd_kernel(
     BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
     EARLY_EPI: tl.constexpr = False,
 ):
-    NEG_INF: tl.constexpr = float("-inf")
     # h / dh are indexed by the global chunk number i_tg
     _, i_hv, i_h, i_tg, t0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
+    wy_bwd_program(q, k, v, v_new, g, beta, A, h, do, dh, dv, dq, dk, dv2, dg, db, dA, scale,
+                   i_hv, i_h, i_tg, t0, n_valid, H, HV, K, V, BT, BK, BV, DOT_PRECISION, EARLY_EPI)
 
+
+@triton.jit
+def wy_bwd_program(
+    q, k, v, v_new, g, beta, A, h, do, dh, dv,
+    dq, dk, dv2, dg, db, dA, scale,
+    i_hv, i_h, i_tg, t0, n_valid,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DOT_PRECISION: tl.constexpr, EARLY_EPI: tl.constexpr,
+):
+    """One program's work (one chunk x one value head, from ``chunk_program``); also the first
+    half of ``wy_intra_bwd``'s fused kernel."""
+    NEG_INF: tl.constexpr = float("-inf")
     HK: tl.constexpr = H * K
     HVK: tl.constexpr = HV * K
     HVV: tl.constexpr = HV * V
@@ -243,6 +256,20 @@ def wy_dqkg_bwd(
         raise NotImplementedError("kernel_fun wy_dqkg_bwd: state_v_first=True is not supported")
     if use_graph:
         raise NotImplementedError("kernel_fun wy_dqkg_bwd: use_graph (static buffers) is not supported")
+    ins, outs, meta = prepare(q, k, v, v_new, g, beta, A, h, do, dh, dv, scale, cu_seqlens, chunk_size,
+                              chunk_indices)
+    if meta["NT"] > 0:
+        launch(_wy_bwd_kernel, meta["grid"], config, *ins, *outs, meta["cu_seqlens"], meta["chunk_indices"],
+               meta["scale"], meta["T"], **meta["constexprs"], DOT_PRECISION=dot_precision)
+        record_launch("kda.wy_bwd")
+    dq, dk, dv2, dg, db, dA = outs
+    return dq, dk, dv2, db, dg, dA
+
+
+def prepare(q, k, v, v_new, g, beta, A, h, do, dh, dv, scale, cu_seqlens, chunk_size, chunk_indices):
+    """Check the arguments, make them contiguous and allocate the outputs: ``(ins, outs, meta)``
+    with ``ins``/``outs`` in the kernel's pointer order (outs: dq, dk, dv2, dg, db, dA) and
+    ``meta`` the launch's grid, scalars and shape constexprs (shared with ``wy_intra_bwd``)."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     BT = chunk_size
@@ -261,22 +288,9 @@ def wy_dqkg_bwd(
         x.contiguous() for x in (q, k, v, v_new, g, beta, A, h, do, dh, dv))
 
     dev = k.device
-    dq = _alloc((B, T, HV, K), torch.float32, dev)
-    dk = _alloc((B, T, HV, K), torch.float32, dev)
-    dv2 = _alloc(v.shape, v.dtype, dev)
-    dg = _alloc(g.shape, torch.float32, dev)
-    db = _alloc(beta.shape, torch.float32, dev)
-    dA = _alloc(A.shape, torch.float32, dev)
-    if NT == 0:
-        return dq, dk, dv2, db, dg, dA
-    grid = (NT, B * HV)
-    launch(
-        _wy_bwd_kernel, grid, config,
-        q, k, v, v_new, g, beta, A, h, do, dh, dv,
-        dq, dk, dv2, dg, db, dA,
-        cu_seqlens, chunk_indices, scale, T,
-        H=H, HV=HV, K=K, V=V, BT=BT,
-        IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision,
-    )
-    record_launch("kda.wy_bwd")
-    return dq, dk, dv2, db, dg, dA
+    outs = (_alloc((B, T, HV, K), torch.float32, dev), _alloc((B, T, HV, K), torch.float32, dev),
+            _alloc(v.shape, v.dtype, dev), _alloc(g.shape, torch.float32, dev),
+            _alloc(beta.shape, torch.float32, dev), _alloc(A.shape, torch.float32, dev))
+    meta = dict(NT=NT, grid=(NT, B * HV), cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, scale=scale, T=T,
+                constexprs=dict(H=H, HV=HV, K=K, V=V, BT=BT, IS_VARLEN=cu_seqlens is not None))
+    return (q, k, v, v_new, g, beta, A, h, do, dh, dv), outs, meta
