@@ -406,11 +406,13 @@ def intra_bwd(
 
 
 def prepare(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, cu_seqlens, chunk_indices, chunk_size, whole_k, config,
-            l2norm_rstd, out_dtype, dg_reverse_cumsum, gate_bwd):
+            l2norm_rstd, out_dtype, dg_reverse_cumsum, gate_bwd, in_place=False):
     """Check the arguments (``whole_k``: whether the launch's K block covers K), make them
     contiguous and allocate the outputs: ``(ptrs, meta)``, ``ptrs`` the kernel's pointer
     arguments in order, ``meta`` the grid, scalars, constexprs and ``finish()`` (the return
-    value, after the launch). Shared with ``wy_intra_bwd``."""
+    value, after the launch). Shared with ``wy_intra_bwd``, which passes ``in_place``: each
+    output that has its input's dtype is written over that input (the kernel reads every
+    element of dq, dk, db, dg just before it writes the same element)."""
     B, T, H, K = k.shape
     HV = g.shape[2]
     BT = chunk_size
@@ -451,11 +453,13 @@ def prepare(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, cu_seqlens, chunk_indices
         dbias_part = _alloc((n_part * K,), torch.float32, g.device)
     else:
         g_raw = A_log = dt_bias = dA_part = dbias_part = g  # unused
-    qk_dtype = (out_dtype or dq.dtype) if fuse else dq.dtype
-    dq_out = _alloc(dq.shape, qk_dtype, dq.device)
-    dk_out = _alloc(dk.shape, (out_dtype or dk.dtype) if fuse else dk.dtype, dk.device)
-    db_out = _alloc(db.shape, torch.float32, db.device)
-    dg_out = _alloc(dg.shape, g_raw.dtype if gate_bwd is not None else torch.float32, dg.device)
+    def out(x, dtype):
+        return x if in_place and x.dtype == dtype else _alloc(x.shape, dtype, x.device)
+
+    dq_out = out(dq, (out_dtype or dq.dtype) if fuse else dq.dtype)
+    dk_out = out(dk, (out_dtype or dk.dtype) if fuse else dk.dtype)
+    db_out = out(db, torch.float32)
+    dg_out = out(dg, g_raw.dtype if gate_bwd is not None else torch.float32)
     ptrs = (q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, dq_out, dk_out, db_out, dg_out, q_rstd, k_rstd,
             g_raw, A_log, dt_bias if dt_bias is not None else g, dA_part, dbias_part)
 

@@ -13,7 +13,10 @@ The two halves are the stage kernels' own bodies (``wy_bwd.wy_bwd_program``,
 backward, dg's reverse cumsum and the gate backward epilogues) are theirs; one configuration
 carries both halves' tile sizes (``WBK``/``WBV``/``EARLY_EPI`` for the WY half, ``IBK``/
 ``HOIST_S`` for the intra one). The WY half's outputs are still written to global memory (the
-intra half reads them as it reads its inputs); only dv leaves from the WY half.
+intra half reads them as it reads its inputs); only dv leaves from the WY half. The intra half
+writes its outputs over the WY half's where the dtype allows (db, dg without the gate
+epilogue, dq and dk without the l2norm one), so those lines are written back to HBM once; with
+the l2norm epilogue the fp32 dq, dk lines (2.1 GB at B=16) are dead but still written back.
 
 Not yet timed on a GPU: ``kda.chain.FUSE_WY_INTRA_BWD`` is off until
 ``scripts/kda_switch_ab.py`` (combination ``l2+wyi``) says it pays.
@@ -107,7 +110,7 @@ def wy_intra_bwd(q, k, v, v_new, g, beta, A, h, do, dh, dv, dAqk, scale=None, cu
     K = k.shape[3]
     intra_ptrs, imeta = _intra.prepare(q, k, g, beta, dAqk, dA, dq, dk, db, dg, cu_seqlens, meta["chunk_indices"],
                                        chunk_size, whole_k_block(K, config), config, l2norm_rstd, out_dtype,
-                                       dg_reverse_cumsum, gate_bwd)
+                                       dg_reverse_cumsum, gate_bwd, in_place=True)
     if meta["NT"] > 0:
         launch(_wy_intra_bwd_kernel, meta["grid"], config, *wy_ins, *wy_outs, *intra_ptrs, meta["cu_seqlens"],
                meta["chunk_indices"], meta["scale"], meta["T"], **meta["constexprs"],
