@@ -2,7 +2,7 @@
 """Driver for Nsight Compute: launch each of our KDA stage kernels once, with a forced
 configuration (no autotuning, so ncu's first matching launch is the kernel as it ships).
 
-    ncu --clock-control none -k regex:'_intra_fwd_kernel|_intra_bwd_kernel|_wy_bwd_kernel' \\
+    ncu --clock-control none -k regex:'_intra_fwd_kernel|_intra_bwd_kernel|_wy_bwd_kernel|_wy_intra_bwd_kernel' \\
         --launch-count 3 --section SpeedOfLight ... python3 scripts/kda_ncu.py [--B 2]
 
 (``scripts/gpu_run.sh ncu_kda`` runs exactly that.) The inputs are the stage benches' (fla's
@@ -56,6 +56,13 @@ def main() -> None:
                         dq=dq, dk=dk, db=db, dg=dg, chunk_size=64, config=intra_cfg)
     torch.cuda.synchronize()
     print("launched _intra_bwd_kernel", intra_cfg, flush=True)
+    # the two in one kernel (a candidate, kda.chain.FUSE_WY_INTRA_BWD)
+    from kernel_fun.kda._kernels import wy_intra_bwd as wyi_mod
+
+    wyi_cfg = wyi_mod.configs()[0]
+    wyi_mod.wy_intra_bwd(**{k: v for k, v in wy_in.items() if k != "chunk_offsets"}, dAqk=dAqk, config=wyi_cfg)
+    torch.cuda.synchronize()
+    print("launched _wy_intra_bwd_kernel", wyi_cfg, flush=True)
 
 
 if __name__ == "__main__":
