@@ -120,11 +120,14 @@ def _scores(q, k, g, n_valid, HK: tl.constexpr, HVK: tl.constexpr, K: tl.constex
 
 
 @triton.jit
-def _block(x, I: tl.constexpr, J: tl.constexpr):
-    """Block (I, J) [16, 16] of a [64, 64] register tile."""
-    o4 = tl.arange(0, 4)
-    rows = tl.sum(tl.where((o4 == I)[:, None, None], tl.reshape(x, [4, 16, 64]), 0.), axis=0)
-    return tl.sum(tl.where((o4 == J)[None, :, None], tl.reshape(rows, [16, 4, 16]), 0.), axis=1)
+def _quarters(x, R: tl.constexpr, C: tl.constexpr):
+    """The four quarters of an [R, C] register tile: (top left, top right, bottom left,
+    bottom right), by a reshape, a permute and splits (no reductions)."""
+    t = tl.permute(tl.reshape(x, [2, R // 2, 2, C // 2]), [1, 3, 2, 0])  # [R/2, C/2, col half, row half]
+    top, bottom = tl.split(t)
+    tl_, tr = tl.split(top)
+    bl, br = tl.split(bottom)
+    return tl_, tr, bl, br
 
 
 @triton.jit
@@ -213,9 +216,10 @@ def _intra_fwd_kernel(
              mask=(o_t < n_valid)[:, None])
     b_t = tl.load(beta + o_t * HV, mask=o_t < n_valid, other=0.).to(tl.float32)
     s_k *= b_t[:, None]
-    l00, l11, l22, l33 = _block(s_k, 0, 0), _block(s_k, 1, 1), _block(s_k, 2, 2), _block(s_k, 3, 3)
-    l10, l20, l21 = _block(s_k, 1, 0), _block(s_k, 2, 0), _block(s_k, 2, 1)
-    l30, l31, l32 = _block(s_k, 3, 0), _block(s_k, 3, 1), _block(s_k, 3, 2)
+    q_tl, _, q_bl, q_br = _quarters(s_k, 64, 64)
+    l00, _, l10, l11 = _quarters(q_tl, 32, 32)
+    l20, l21, l30, l31 = _quarters(q_bl, 32, 32)
+    l22, _, l32, l33 = _quarters(q_br, 32, 32)
     if WY:
         # The element-wise part of what fla's recompute_w_u_fwd makes: qg = q exp2(g),
         # kg = k exp2(g_last - g) (a pass over K of their own: the score loop stays small).
