@@ -47,17 +47,20 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("path", ["auto", "levels"])
 @pytest.mark.parametrize("solve", ["ieee", "tf32x3"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("name", list(CASES))
-def test_intra_fwd_matches_reference(name, dtype, solve):
+def test_intra_fwd_matches_reference(name, dtype, solve, path):
     """Every case, both input dtypes; the inverse's products on the FMA units (ieee, the
-    default) or on the tensor cores (tf32x3; fp32 inputs run ieee whatever is asked)."""
+    default) or on the tensor cores (tf32x3; fp32 inputs run ieee whatever is asked); the
+    scores by the path each chunk picks (one anchor where its gate spread allows) or by the
+    bit levels for every chunk."""
     c = dict(CASES[name])
     q, k, gk, beta, cu_t, want = _case(**c)
     before = launch_counts("kda.").get("kda.intra_fwd", 0)
     Aqk, Akk = mod.intra_fwd(q.to(dtype), k.to(dtype), gk, beta.to(dtype), SCALE, cu_seqlens=cu_t,
-                             solve_precision=solve)
+                             solve_precision=solve, fast_range=None if path == "auto" else -1.0)
     assert launch_counts("kda.").get("kda.intra_fwd", 0) == before + 1
     assert Aqk.dtype == dtype and Akk.dtype == dtype
     rows = slice(None) if cu_t is None else slice(0, int(cu_t[-1]))
@@ -67,6 +70,21 @@ def test_intra_fwd_matches_reference(name, dtype, solve):
         assert torch.isfinite(got).all(), f"{n}: unwritten (NaN) or non-finite"
         err = rel_rms(got, exp)
         assert err < tol, f"{n}: rel rms {err:.2e}"
+
+
+@pytest.mark.parametrize("name,fast", [("fixed_grouped", True), ("varlen_k64", True), ("strong_decay_beta2", False),
+                                       ("strong_decay_tail", False)])
+def test_the_one_anchor_path_is_taken_where_the_gate_spread_allows(name, fast):
+    """The normal-decay cases' chunks stay within FAST_RANGE of their first row (one anchor:
+    other arithmetic, so not bit-equal to the level path); the strong-decay ones do not (the
+    level path whatever the bound says)."""
+    q, k, gk, beta, cu_t, _ = _case(**CASES[name])
+    args = (q.float(), k.float(), gk, beta.float(), SCALE)
+    auto = mod.intra_fwd(*args, cu_seqlens=cu_t)
+    levels = mod.intra_fwd(*args, cu_seqlens=cu_t, fast_range=-1.0)
+    rows = slice(None) if cu_t is None else slice(0, int(cu_t[-1]))
+    same = all(torch.equal(a[:, rows], b[:, rows]) for a, b in zip(auto, levels))
+    assert same != fast
 
 
 @pytest.mark.parametrize("config", mod.configs(), ids=lambda c: f"w{c.num_warps}s{c.num_stages}")

@@ -53,6 +53,12 @@ def _alloc(size, dtype=None, device=None):
     return torch.empty(size, dtype=dtype, device=device)
 
 
+# A chunk whose gate stays within this many log2 units of its first row in every channel takes
+# the one-anchor path of ``_scores``: its factors are then within 2^-64..2^64 (fp32 and tf32
+# hold 2^-126..2^127). The backward's level design needs no such bound; this is a fast path.
+FAST_RANGE = 64.0
+
+
 def configs():
     """Every configuration the autotuner may pick (the interpreter runs only the first).
     BKC: the K slice the scores are built over (16 to 64)."""
@@ -72,19 +78,37 @@ def _wb_rows(k, g, I, b_b, m, o_r, o_k, m_k, HK: tl.constexpr, HVK: tl.constexpr
 
 @triton.jit
 def _scores(q, k, g, n_valid, HK: tl.constexpr, HVK: tl.constexpr, K: tl.constexpr, BKC: tl.constexpr,
-            NKC: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_PRECISION: tl.constexpr):
+            NKC: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_PRECISION: tl.constexpr, FAST_RANGE: tl.constexpr):
     """The chunk's two [64, 64] fp32 score matrices over all of K, slice by slice:
     (sum_c q_ic k_jc E_ijc for j <= i, sum_c k_ic k_jc E_ijc for j < i), zero elsewhere.
 
-    Every pair i > j is taken at the level of the highest bit where i and j differ (0..5);
-    at level lv a row's anchor ``a`` is its index with the bits below lv cleared and bit lv
-    set, so that j < a <= i and the gate factor splits as exp2(g_i - g_a) * exp2(g_a - g_j),
-    both at most 1. One [64, BKC] x [BKC, 64] product per level and matrix: DIAG_PRECISION
-    at the levels inside a 16-row sub-chunk (0..3), DOT_PRECISION across sub-chunks (4, 5)."""
+    One anchor (the fast path): when every |g_ic - g_0c| of the chunk is at most FAST_RANGE
+    (log2), E_ijc = exp2(g_ic - g_0c) * exp2(g_0c - g_jc) with both factors within
+    [2^-FAST_RANGE, 2^FAST_RANGE]: no overflow, no denormal, so one masked [64, BKC] x
+    [BKC, 64] product per matrix (DIAG_PRECISION: it holds the pairs inside the sub-chunks).
+
+    Bit levels (any gate): every pair i > j is taken at the level of the highest bit where i
+    and j differ (0..5); at level lv a row's anchor ``a`` is its index with the bits below lv
+    cleared and bit lv set, so that j < a <= i and the gate factor splits as
+    exp2(g_i - g_a) * exp2(g_a - g_j), both at most 1 for a decaying gate. One product per level
+    and matrix: DIAG_PRECISION at the levels inside a 16-row sub-chunk (0..3), DOT_PRECISION
+    across sub-chunks (4, 5).
+
+    The diagonal i == j of the q-k matrix is element-wise (exp2(0) = 1)."""
     NEG_INF: tl.constexpr = float("-inf")
     o_t = tl.arange(0, 64)
     m_t = o_t < n_valid
     x_rc = o_t[:, None] ^ o_t[None, :]
+    lower = o_t[:, None] > o_t[None, :]
+    # the chunk's gate spread from its first row (a first pass over K; L1/L2-resident after)
+    spread = tl.zeros([64, BKC], dtype=tl.float32)  # element-wise over the slices, reduced once
+    for kc in range(0, NKC):
+        o_k = kc * BKC + tl.arange(0, BKC)
+        m_k = o_k < K
+        b_g = tl.load(g + o_t[:, None] * HVK + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+        g_0 = tl.load(g + o_k, mask=m_k, other=0.)
+        spread = tl.maximum(spread, tl.abs(b_g.to(tl.float32) - g_0.to(tl.float32)[None, :]))
+    fast = tl.max(tl.max(spread, axis=1), axis=0) <= FAST_RANGE
     acc_q = tl.zeros([64, 64], dtype=tl.float32)
     acc_k = tl.zeros([64, 64], dtype=tl.float32)
     d_q = tl.zeros([64], dtype=tl.float32)
@@ -96,25 +120,32 @@ def _scores(q, k, g, n_valid, HK: tl.constexpr, HVK: tl.constexpr, K: tl.constex
         b_k = tl.load(k + o_t[:, None] * HK + o_k[None, :], mask=m2, other=0.).to(tl.float32)
         b_g = tl.load(g + o_t[:, None] * HVK + o_k[None, :], mask=m2, other=0.).to(tl.float32)
         d_q += tl.sum(b_q * b_k, axis=1)  # i == j: exp2(0) = 1
-        for lv in range(0, 6):
-            r_a = ((o_t >> lv) << lv) | (1 << lv)
-            m_a = r_a < n_valid
-            g_a = tl.load(g + r_a[:, None] * HVK + o_k[None, :], mask=m_a[:, None] & m_k[None, :],
-                          other=0.).to(tl.float32)
-            sgn = tl.where(((o_t >> lv) & 1) == 1, 1., -1.)  # row side: exp2(g - g_a); column side: exp2(g_a - g)
-            f = tl.exp2(tl.where((m_t & m_a)[:, None], (b_g - g_a) * sgn[:, None], NEG_INF))
-            b_kf = b_k * f
-            b_kft = tl.trans(b_kf)
-            # the pairs of this level, row side (bit lv set) below the column side
-            sel = ((x_rc >> lv) == 1) & (((o_t >> lv) & 1) == 1)[:, None]
-            if lv < 4:
-                p_q = tl.dot(b_q * f, b_kft, input_precision=DIAG_PRECISION)
-                p_k = tl.dot(b_kf, b_kft, input_precision=DIAG_PRECISION)
-            else:
-                p_q = tl.dot(b_q * f, b_kft, input_precision=DOT_PRECISION)
-                p_k = tl.dot(b_kf, b_kft, input_precision=DOT_PRECISION)
-            acc_q += tl.where(sel, p_q, 0.)
-            acc_k += tl.where(sel, p_k, 0.)
+        if fast:
+            g_0 = tl.load(g + o_k, mask=m_k, other=0.).to(tl.float32)[None, :]
+            e_row = tl.exp2(tl.where(m_t[:, None], b_g - g_0, NEG_INF))
+            b_kct = tl.trans(b_k * tl.exp2(tl.where(m_t[:, None], g_0 - b_g, NEG_INF)))
+            acc_q += tl.where(lower, tl.dot(b_q * e_row, b_kct, input_precision=DIAG_PRECISION), 0.)
+            acc_k += tl.where(lower, tl.dot(b_k * e_row, b_kct, input_precision=DIAG_PRECISION), 0.)
+        else:
+            for lv in range(0, 6):
+                r_a = ((o_t >> lv) << lv) | (1 << lv)
+                m_a = r_a < n_valid
+                g_a = tl.load(g + r_a[:, None] * HVK + o_k[None, :], mask=m_a[:, None] & m_k[None, :],
+                              other=0.).to(tl.float32)
+                sgn = tl.where(((o_t >> lv) & 1) == 1, 1., -1.)  # row side: exp2(g - g_a); column side: exp2(g_a - g)
+                f = tl.exp2(tl.where((m_t & m_a)[:, None], (b_g - g_a) * sgn[:, None], NEG_INF))
+                b_kf = b_k * f
+                b_kft = tl.trans(b_kf)
+                # the pairs of this level, row side (bit lv set) below the column side
+                sel = ((x_rc >> lv) == 1) & (((o_t >> lv) & 1) == 1)[:, None]
+                if lv < 4:
+                    p_q = tl.dot(b_q * f, b_kft, input_precision=DIAG_PRECISION)
+                    p_k = tl.dot(b_kf, b_kft, input_precision=DIAG_PRECISION)
+                else:
+                    p_q = tl.dot(b_q * f, b_kft, input_precision=DOT_PRECISION)
+                    p_k = tl.dot(b_kf, b_kft, input_precision=DOT_PRECISION)
+                acc_q += tl.where(sel, p_q, 0.)
+                acc_k += tl.where(sel, p_k, 0.)
     acc_q += tl.where(o_t[:, None] == o_t[None, :], d_q[:, None], 0.)
     return acc_q, acc_k
 
@@ -169,14 +200,14 @@ def _wy_rows(p, I, x0, x1, x2, x3, t0_, t1_, t2_, t3_, n_valid, o_r, o_c, m_c, R
 
 @triton.autotune(configs=autotune_configs(configs()), **autotune_cache(),
                  key=["H", "HV", "K", "V", "BT", "IS_VARLEN", "DOT_PRECISION", "DIAG_PRECISION", "SOLVE_PRECISION",
-                      "WY", "STORE_QG"])
+                      "WY", "STORE_QG", "FAST_RANGE"])
 @triton.jit(do_not_specialize=["T"])
 def _intra_fwd_kernel(
     q, k, g, beta, Aqk, Akk, v, w, u, qg, kg, cu_seqlens, chunk_indices, scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_PRECISION: tl.constexpr,
     SOLVE_PRECISION: tl.constexpr, WY: tl.constexpr = False, STORE_QG: tl.constexpr = False,
-    V: tl.constexpr = 64, BV: tl.constexpr = 64, BKC: tl.constexpr = 32,
+    V: tl.constexpr = 64, BV: tl.constexpr = 64, BKC: tl.constexpr = 32, FAST_RANGE: tl.constexpr = 64.0,
 ):
     # BK: K padded to a power of two; BKC: the K slice the scores and w are built over (a
     # slice's q, k, g tiles of the four sub-chunks are live at once: the whole K would spill).
@@ -210,7 +241,7 @@ def _intra_fwd_kernel(
     b3 = tl.load(beta + (48 + o_r) * HV, mask=m3, other=0.).to(tl.float32)
 
     # scores over all of K: Aqk (scaled at the store, zeros above the diagonal) and L = beta k-k
-    s_q, s_k = _scores(q, k, g, n_valid, HK, HVK, K, BKC, NKC, DOT_PRECISION, DIAG_PRECISION)
+    s_q, s_k = _scores(q, k, g, n_valid, HK, HVK, K, BKC, NKC, DOT_PRECISION, DIAG_PRECISION, FAST_RANGE)
     o_t = tl.arange(0, 64)
     tl.store(Aqk + o_t[:, None] * HVBT + o_t[None, :], (s_q * scale).to(Aqk.dtype.element_ty),
              mask=(o_t < n_valid)[:, None])
@@ -312,7 +343,7 @@ def _intra_fwd_kernel(
 
 
 def _run(q, k, gk, beta, scale, cu_seqlens, chunk_indices, chunk_size, precisions, config, v=None,
-         store_qg=False):
+         store_qg=False, fast_range=None):
     """Check, allocate and launch: ``(Aqk, Akk)``, and with ``v`` the WY pieces before them,
     ``(w, u, qg, kg, Aqk, Akk)`` (qg None unless ``store_qg``)."""
     B, T, H, K = k.shape
@@ -352,14 +383,15 @@ def _run(q, k, gk, beta, scale, cu_seqlens, chunk_indices, chunk_size, precision
     launch(_intra_fwd_kernel, (NT, B * HV), config,
            q, k, gk, beta, Aqk, Akk, *ptrs, cu_seqlens, chunk_indices, float(scale), T,
            H=H, HV=HV, K=K, BT=BT, BK=max(16, triton.next_power_of_2(K)), IS_VARLEN=cu_seqlens is not None,
-           DOT_PRECISION=dot_p, DIAG_PRECISION=diag_p, SOLVE_PRECISION=solve_p, **wy)
+           DOT_PRECISION=dot_p, DIAG_PRECISION=diag_p, SOLVE_PRECISION=solve_p,
+           FAST_RANGE=float(FAST_RANGE if fast_range is None else fast_range), **wy)
     record_launch("kda.intra_fwd")
     return outs
 
 
 def intra_fwd(q, k, gk, beta, scale, cu_seqlens=None, chunk_indices=None, chunk_size: int = 64,
               dot_precision: str = "tf32", diag_precision: str = "tf32x3", solve_precision: str = "ieee",
-              config=None):
+              config=None, fast_range=None):
     """The forward's intra-chunk scores: ``(Aqk, Akk)``, what fla's ``chunk_kda_fwd_intra``
     returns besides w, u, qg, kg (same layout and dtype).
 
@@ -370,16 +402,18 @@ def intra_fwd(q, k, gk, beta, scale, cu_seqlens=None, chunk_indices=None, chunk_
         dot_precision / diag_precision: ``tl.dot`` input precision of the gated products across
         / inside the 16-row sub-chunks; solve_precision: of the inverse's 16x16 products (ieee:
         fp32 on the FMA units; tf32x3 / tf32 on the tensor cores). fp32 inputs run all in ieee.
-        config: a ``triton.Config`` from ``configs()`` (tests).
+        config: a ``triton.Config`` from ``configs()`` (tests). fast_range: the gate spread
+        (log2) up to which a chunk takes the one-anchor path (default ``FAST_RANGE``; a negative
+        value never does: tests).
     """
     return _run(q, k, gk, beta, scale, cu_seqlens, chunk_indices, chunk_size,
-                (dot_precision, diag_precision, solve_precision), config)
+                (dot_precision, diag_precision, solve_precision), config, fast_range=fast_range)
 
 
 def chunk_fwd_intra(q, k, v, gk, beta, scale, cu_seqlens=None, chunk_size: int = 64, chunk_indices=None,
                     disable_recompute: bool = False, safe_gate: bool = False, lower_bound=None,
                     use_graph: bool = False, dot_precision: str = "tf32", diag_precision: str = "tf32x3",
-                    solve_precision: str = "ieee", config=None):
+                    solve_precision: str = "ieee", config=None, fast_range=None):
     """Drop-in for fla 0.6.0's ``chunk_kda_fwd_intra``, whole: the scores and, from the same
     registers, what its closing ``recompute_w_u_fwd`` makes. Returns
     ``(w, u, qg, kg, Aqk, Akk)``: w, kg (and qg when ``disable_recompute``, else None)
@@ -391,4 +425,5 @@ def chunk_fwd_intra(q, k, v, gk, beta, scale, cu_seqlens=None, chunk_size: int =
     if safe_gate or lower_bound is not None or use_graph:
         raise NotImplementedError("kernel_fun chunk_fwd_intra: safe_gate, lower_bound and use_graph are fla's")
     return _run(q, k, gk, beta, scale, cu_seqlens, chunk_indices, chunk_size,
-                (dot_precision, diag_precision, solve_precision), config, v=v, store_qg=disable_recompute)
+                (dot_precision, diag_precision, solve_precision), config, v=v, store_qg=disable_recompute,
+                fast_range=fast_range)
