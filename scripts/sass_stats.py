@@ -202,7 +202,7 @@ def intra_fwd(full):
     for cfg, varlen, K, wy in itertools.product(m.configs() if full else m.configs()[:2],
                                                  (False, True) if full else (False,), (128, 64) if full else (128,), wys):
         c = dict(H=16, HV=16, K=K, BT=64, BK=K, IS_VARLEN=varlen, DOT_PRECISION="tf32", DIAG_PRECISION="tf32x3",
-                 SOLVE_PRECISION="ieee", FAST_RANGE=64.0, **cfg.kwargs)
+                 SOLVE_PRECISION="ieee", FAST_RANGE=120.0, **cfg.kwargs)
         c.update(wy)
         yield f"intra_fwd K={K} varlen={varlen} {wy} {_cfg_label(cfg)}", m._intra_fwd_kernel.fn, ptr, c, cfg
 

@@ -53,10 +53,11 @@ def _alloc(size, dtype=None, device=None):
     return torch.empty(size, dtype=dtype, device=device)
 
 
-# A chunk whose gate stays within this many log2 units of its first row in every channel takes
-# the one-anchor path of ``_scores``: its factors are then within 2^-64..2^64 (fp32 and tf32
-# hold 2^-126..2^127). The backward's level design needs no such bound; this is a fast path.
-FAST_RANGE = 64.0
+# ``_scores`` anchors aligned row blocks (64, 32 or 16 rows) at their first row where the
+# chunk's gate stays within this many log2 units of the anchors in every channel: the factors
+# are then within 2^-FAST_RANGE..2^FAST_RANGE (fp32 and tf32 hold 2^-126..2^127). Past it, the
+# bit levels (no bound needed) take the pairs.
+FAST_RANGE = 120.0
 
 
 def configs():
@@ -82,17 +83,19 @@ def _scores(q, k, g, n_valid, HK: tl.constexpr, HVK: tl.constexpr, K: tl.constex
     """The chunk's two [64, 64] fp32 score matrices over all of K, slice by slice:
     (sum_c q_ic k_jc E_ijc for j <= i, sum_c k_ic k_jc E_ijc for j < i), zero elsewhere.
 
-    One anchor (the fast path): when every |g_ic - g_0c| of the chunk is at most FAST_RANGE
-    (log2), E_ijc = exp2(g_ic - g_0c) * exp2(g_0c - g_jc) with both factors within
-    [2^-FAST_RANGE, 2^FAST_RANGE]: no overflow, no denormal, so one masked [64, BKC] x
-    [BKC, 64] product per matrix (DIAG_PRECISION: it holds the pairs inside the sub-chunks).
+    Every pair i > j is taken at the level of the highest bit where i and j differ (0..5).
 
-    Bit levels (any gate): every pair i > j is taken at the level of the highest bit where i
-    and j differ (0..5); at level lv a row's anchor ``a`` is its index with the bits below lv
-    cleared and bit lv set, so that j < a <= i and the gate factor splits as
-    exp2(g_i - g_a) * exp2(g_a - g_j), both at most 1 for a decaying gate. One product per level
-    and matrix: DIAG_PRECISION at the levels inside a 16-row sub-chunk (0..3), DOT_PRECISION
-    across sub-chunks (4, 5).
+    * Blocks (levels below L): rows are grouped in aligned blocks of 2^L, each anchored at its
+      first row b: E_ijc = exp2(g_ic - g_bc) * exp2(g_bc - g_jc) for the pairs inside a block.
+      This is exact whatever the gate, and safe while every |g_ic - g_bc| is at most
+      FAST_RANGE (log2): both factors within [2^-FAST_RANGE, 2^FAST_RANGE], no overflow, no
+      denormal. One masked [64, BKC] x [BKC, 64] product per matrix (DIAG_PRECISION) for all
+      of them. L is the largest of 6, 5, 4 for which this chunk's gate allows it (measured in a
+      first pass), else 0.
+    * Levels L..5: at level lv a row's anchor ``a`` is its index with the bits below lv cleared
+      and bit lv set, so that j < a <= i and both factors exp2(g_i - g_a), exp2(g_a - g_j) are
+      at most 1 for a decaying gate: no bound needed. One product per level and matrix:
+      DIAG_PRECISION inside a 16-row sub-chunk (levels 0..3), DOT_PRECISION across (4, 5).
 
     The diagonal i == j of the q-k matrix is element-wise (exp2(0) = 1)."""
     NEG_INF: tl.constexpr = float("-inf")
@@ -100,15 +103,28 @@ def _scores(q, k, g, n_valid, HK: tl.constexpr, HVK: tl.constexpr, K: tl.constex
     m_t = o_t < n_valid
     x_rc = o_t[:, None] ^ o_t[None, :]
     lower = o_t[:, None] > o_t[None, :]
-    # the chunk's gate spread from its first row (a first pass over K; L1/L2-resident after)
-    spread = tl.zeros([64, BKC], dtype=tl.float32)  # element-wise over the slices, reduced once
+    # the gate's spread from the block anchors, for blocks of 64, 32 and 16 rows: element-wise
+    # maxima over the K slices, reduced once (a first pass over g; L1/L2-resident after)
+    s6 = tl.zeros([64, BKC], dtype=tl.float32)
+    s5 = tl.zeros([64, BKC], dtype=tl.float32)
+    s4 = tl.zeros([64, BKC], dtype=tl.float32)
     for kc in range(0, NKC):
         o_k = kc * BKC + tl.arange(0, BKC)
         m_k = o_k < K
-        b_g = tl.load(g + o_t[:, None] * HVK + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
-        g_0 = tl.load(g + o_k, mask=m_k, other=0.)
-        spread = tl.maximum(spread, tl.abs(b_g.to(tl.float32) - g_0.to(tl.float32)[None, :]))
-    fast = tl.max(tl.max(spread, axis=1), axis=0) <= FAST_RANGE
+        m2 = m_t[:, None] & m_k[None, :]
+        b_g = tl.load(g + o_t[:, None] * HVK + o_k[None, :], mask=m2, other=0.).to(tl.float32)
+        g_6 = tl.load(g + o_k, mask=m_k, other=0.).to(tl.float32)[None, :]
+        g_5 = tl.load(g + ((o_t >> 5) << 5)[:, None] * HVK + o_k[None, :], mask=m2, other=0.).to(tl.float32)
+        g_4 = tl.load(g + ((o_t >> 4) << 4)[:, None] * HVK + o_k[None, :], mask=m2, other=0.).to(tl.float32)
+        s6 = tl.maximum(s6, tl.where(m2, tl.abs(b_g - g_6), 0.))
+        s5 = tl.maximum(s5, tl.abs(b_g - g_5))
+        s4 = tl.maximum(s4, tl.abs(b_g - g_4))
+    fits6 = tl.max(tl.max(s6, axis=1), axis=0) <= FAST_RANGE
+    fits5 = tl.max(tl.max(s5, axis=1), axis=0) <= FAST_RANGE
+    fits4 = tl.max(tl.max(s4, axis=1), axis=0) <= FAST_RANGE
+    L = tl.where(fits6, 6, tl.where(fits5, 5, tl.where(fits4, 4, 0)))
+    r_b = (o_t >> L) << L  # each row's block anchor
+    in_block = ((x_rc >> L) == 0) & lower
     acc_q = tl.zeros([64, 64], dtype=tl.float32)
     acc_k = tl.zeros([64, 64], dtype=tl.float32)
     d_q = tl.zeros([64], dtype=tl.float32)
@@ -120,32 +136,31 @@ def _scores(q, k, g, n_valid, HK: tl.constexpr, HVK: tl.constexpr, K: tl.constex
         b_k = tl.load(k + o_t[:, None] * HK + o_k[None, :], mask=m2, other=0.).to(tl.float32)
         b_g = tl.load(g + o_t[:, None] * HVK + o_k[None, :], mask=m2, other=0.).to(tl.float32)
         d_q += tl.sum(b_q * b_k, axis=1)  # i == j: exp2(0) = 1
-        if fast:
-            g_0 = tl.load(g + o_k, mask=m_k, other=0.).to(tl.float32)[None, :]
-            e_row = tl.exp2(tl.where(m_t[:, None], b_g - g_0, NEG_INF))
-            b_kct = tl.trans(b_k * tl.exp2(tl.where(m_t[:, None], g_0 - b_g, NEG_INF)))
-            acc_q += tl.where(lower, tl.dot(b_q * e_row, b_kct, input_precision=DIAG_PRECISION), 0.)
-            acc_k += tl.where(lower, tl.dot(b_k * e_row, b_kct, input_precision=DIAG_PRECISION), 0.)
-        else:
-            for lv in range(0, 6):
-                r_a = ((o_t >> lv) << lv) | (1 << lv)
-                m_a = r_a < n_valid
-                g_a = tl.load(g + r_a[:, None] * HVK + o_k[None, :], mask=m_a[:, None] & m_k[None, :],
-                              other=0.).to(tl.float32)
-                sgn = tl.where(((o_t >> lv) & 1) == 1, 1., -1.)  # row side: exp2(g - g_a); column side: exp2(g_a - g)
-                f = tl.exp2(tl.where((m_t & m_a)[:, None], (b_g - g_a) * sgn[:, None], NEG_INF))
-                b_kf = b_k * f
-                b_kft = tl.trans(b_kf)
-                # the pairs of this level, row side (bit lv set) below the column side
-                sel = ((x_rc >> lv) == 1) & (((o_t >> lv) & 1) == 1)[:, None]
-                if lv < 4:
-                    p_q = tl.dot(b_q * f, b_kft, input_precision=DIAG_PRECISION)
-                    p_k = tl.dot(b_kf, b_kft, input_precision=DIAG_PRECISION)
-                else:
-                    p_q = tl.dot(b_q * f, b_kft, input_precision=DOT_PRECISION)
-                    p_k = tl.dot(b_kf, b_kft, input_precision=DOT_PRECISION)
-                acc_q += tl.where(sel, p_q, 0.)
-                acc_k += tl.where(sel, p_k, 0.)
+        if L > 0:
+            g_b = tl.load(g + r_b[:, None] * HVK + o_k[None, :], mask=m2, other=0.).to(tl.float32)
+            e_row = tl.exp2(tl.where(m_t[:, None], b_g - g_b, NEG_INF))
+            b_kct = tl.trans(b_k * tl.exp2(tl.where(m_t[:, None], g_b - b_g, NEG_INF)))
+            acc_q += tl.where(in_block, tl.dot(b_q * e_row, b_kct, input_precision=DIAG_PRECISION), 0.)
+            acc_k += tl.where(in_block, tl.dot(b_k * e_row, b_kct, input_precision=DIAG_PRECISION), 0.)
+        for lv in range(L, 6):
+            r_a = ((o_t >> lv) << lv) | (1 << lv)
+            m_a = r_a < n_valid
+            g_a = tl.load(g + r_a[:, None] * HVK + o_k[None, :], mask=m_a[:, None] & m_k[None, :],
+                          other=0.).to(tl.float32)
+            sgn = tl.where(((o_t >> lv) & 1) == 1, 1., -1.)  # row side: exp2(g - g_a); column side: exp2(g_a - g)
+            f = tl.exp2(tl.where((m_t & m_a)[:, None], (b_g - g_a) * sgn[:, None], NEG_INF))
+            b_kf = b_k * f
+            b_kft = tl.trans(b_kf)
+            # the pairs of this level, row side (bit lv set) below the column side
+            sel = ((x_rc >> lv) == 1) & (((o_t >> lv) & 1) == 1)[:, None]
+            if lv < 4:
+                p_q = tl.dot(b_q * f, b_kft, input_precision=DIAG_PRECISION)
+                p_k = tl.dot(b_kf, b_kft, input_precision=DIAG_PRECISION)
+            else:
+                p_q = tl.dot(b_q * f, b_kft, input_precision=DOT_PRECISION)
+                p_k = tl.dot(b_kf, b_kft, input_precision=DOT_PRECISION)
+            acc_q += tl.where(sel, p_q, 0.)
+            acc_k += tl.where(sel, p_k, 0.)
     acc_q += tl.where(o_t[:, None] == o_t[None, :], d_q[:, None], 0.)
     return acc_q, acc_k
 
@@ -207,7 +222,7 @@ def _intra_fwd_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_PRECISION: tl.constexpr,
     SOLVE_PRECISION: tl.constexpr, WY: tl.constexpr = False, STORE_QG: tl.constexpr = False,
-    V: tl.constexpr = 64, BV: tl.constexpr = 64, BKC: tl.constexpr = 32, FAST_RANGE: tl.constexpr = 64.0,
+    V: tl.constexpr = 64, BV: tl.constexpr = 64, BKC: tl.constexpr = 32, FAST_RANGE: tl.constexpr = 120.0,
 ):
     # BK: K padded to a power of two; BKC: the K slice the scores and w are built over (a
     # slice's q, k, g tiles of the four sub-chunks are live at once: the whole K would spill).
