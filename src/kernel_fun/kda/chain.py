@@ -205,8 +205,9 @@ STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bw
 # token-parallel stage and inter + solve kernel, and w, u, qg, kg in place of its
 # recompute_w_u_fwd pass); "intra_fwd" the scores alone (with FUSE_WY_FWD). Slower than fla's:
 # 8.7 ms (12.96 with tf32x3 inside the sub-chunks) against 4.55 at B=16 (scripts/kda_stage_bench.py
-# --only fwdi, bench/records/raw/2026-11-30-h200-kda-fwd-intra-stage.json). Its SASS counts
-# about 2.8 ms of instruction issue at B=16 for the scores alone: it cannot win by much.
+# --only fwdi, bench/records/raw/2026-11-30-h200-kda-fwd-intra-stage.json). Its SASS counted
+# about 2.8 ms of instruction issue at B=16 for the scores alone; block anchors (bf89d64, not
+# yet timed) take most pairs in one product where the gate allows, about half of that.
 CANDIDATE_STAGES: dict = {"state_scan_bwd": state_scan_bwd, "fwd_intra": chunk_fwd_intra, "intra_fwd": intra_fwd}
 
 # Forward: w, u and kg formed inside our forward scan (state_scan_fwd's wy_inputs) from Akk,
