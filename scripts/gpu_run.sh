@@ -29,7 +29,7 @@ for step in "$@"; do
     kda_stage_bench) timeout "$T" python3 scripts/kda_stage_bench.py "$OUT/kda_stage_bench.json" ${KDA_STAGE_ARGS:-} 2>&1 | tee "$OUT/kda_stage_bench.log" | tail -40 ;;
     kda_tests) timeout "$T" python3 -m pytest -m gpu tests/kda/test_chain_gpu.py -q -rs -s ${KDA_TEST_K:+-k "$KDA_TEST_K"} 2>&1 | tee "$OUT/kda_tests.log" | tail -40 ;;
     kda_bench) timeout "$T" python3 -m kernel_fun bench --family kda ${KDA_CASES:-} --json "$OUT/kda_bench.json" 2>&1 | tee "$OUT/kda_bench.log" ;;
-    candidates) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_stage_kernels_gpu.py tests/delta/test_state_scan_fwd_gpu.py -k "intra_fwd or fwd_intra or wy_formed or wy_intra" 2>&1 | tee "$OUT/candidates.log" | grep --line-buffered -E "^\[|passed|failed|Error" | tail -60 ;;
+    candidates) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_stage_kernels_gpu.py tests/delta/test_state_scan_fwd_gpu.py -k "intra_fwd or fwd_intra or wy_formed or wy_intra or one_anchor" 2>&1 | tee "$OUT/candidates.log" | grep --line-buffered -E "^\[|passed|failed|Error" | tail -60 ;;
     candidates_chain) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_chain_gpu.py -k "forward_variants or backward_state_scan" 2>&1 | tee "$OUT/candidates_chain.log" | grep --line-buffered -E "passed|failed|Error|vs fp64|dA_log|wyf|fwdi|ifwd" | tail -60 ;;
     kda_ab) timeout "$T" python3 scripts/kda_switch_ab.py "$OUT/kda_ab.json" ${KDA_AB_ARGS:-} 2>&1 | tee "$OUT/kda_ab.log" | tail -40 ;;
     ncu_kda) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

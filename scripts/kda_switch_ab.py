@@ -35,6 +35,9 @@ COMBOS = {
     "l2+fwdi+dhu": ("l2norm", "fwdi", "dhu"),
     "l2+ifwd+wyf": ("l2norm", "ifwd", "wyf"),
     "l2+wyi": ("l2norm", "wyi"),
+    "l2+ianc": ("l2norm", "ianc"),
+    "l2+ianc+wyi": ("l2norm", "ianc", "wyi"),
+    "l2+ianc+wyi+dhu": ("l2norm", "ianc", "wyi", "dhu"),
     "l2+wyi+dhu": ("l2norm", "wyi", "dhu"),
     "l2+cs+dhu": ("l2norm", "dg_cumsum", "dhu"),
     "l2+cs+gate+dhu": ("l2norm", "dg_cumsum", "gate", "dhu"),
@@ -54,6 +57,7 @@ def set_switches(chain, shipped: dict, parts) -> None:
     if parts is None:
         chain.FUSE_L2NORM_BWD, chain.FUSE_DG_CUMSUM, chain.FUSE_GATE_BWD = shipped["l2"], shipped["cs"], shipped["gate"]
         chain.FUSE_WY_FWD, chain.FUSE_WY_INTRA_BWD = shipped["wyf"], shipped["wyi"]
+        chain.INTRA_BWD_ONE_ANCHOR = shipped["ianc"]
         chain.STAGES = dict(shipped["stages"])
         return
     chain.FUSE_L2NORM_BWD = "l2norm" in parts
@@ -61,6 +65,7 @@ def set_switches(chain, shipped: dict, parts) -> None:
     chain.FUSE_GATE_BWD = "gate" in parts
     chain.FUSE_WY_FWD = "wyf" in parts
     chain.FUSE_WY_INTRA_BWD = "wyi" in parts
+    chain.INTRA_BWD_ONE_ANCHOR = "ianc" in parts
     ours = {**shipped["stages"], **chain.CANDIDATE_STAGES}
     off = {stage for short, stage in SWITCHABLE_STAGES.items() if short not in parts}
     chain.STAGES = {n: f for n, f in shipped["stages"].items() if n not in off}
@@ -83,7 +88,8 @@ def main() -> None:
     from kernel_fun.kda import chain
 
     shipped = dict(l2=chain.FUSE_L2NORM_BWD, cs=chain.FUSE_DG_CUMSUM, gate=chain.FUSE_GATE_BWD,
-                   wyf=chain.FUSE_WY_FWD, wyi=chain.FUSE_WY_INTRA_BWD, stages=dict(chain.STAGES))
+                   wyf=chain.FUSE_WY_FWD, wyi=chain.FUSE_WY_INTRA_BWD, ianc=chain.INTRA_BWD_ONE_ANCHOR,
+                   stages=dict(chain.STAGES))
     t = _inputs(a.B, a.T, a.H, a.HV, a.K, a.V)
     do = torch.randn(a.B, a.T, a.HV, a.V, device="cuda", dtype=torch.bfloat16)
     leaves = [t[n] for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias")]

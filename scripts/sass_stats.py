@@ -96,22 +96,27 @@ def intra_bwd(full):
     ptr = {n: "*bf16" for n in ("q", "k", "beta", "dq_out", "dk_out", "g_raw")}
     ptr.update(cu_seqlens="*i64", chunk_indices="*i64")
     fusions = [("plain", ()), ("+l2norm", ("L2NORM_BWD",)), ("+l2norm+cumsum", ("L2NORM_BWD", "DG_CUMSUM")),
-               ("+l2norm+cumsum+gate", ("L2NORM_BWD", "DG_CUMSUM", "GATE_BWD", "HAS_DT_BIAS"))]
+               ("+l2norm+cumsum+gate", ("L2NORM_BWD", "DG_CUMSUM", "GATE_BWD", "HAS_DT_BIAS")),
+               ("+l2norm+anchor", ("L2NORM_BWD", "ANCHOR"))]
     if not full:  # the measured best at K=128: BK=128 on 4 warps
         base = dict(H=16, HV=16, K=128, BT=64, BK=128, HOIST_S=False, IS_VARLEN=False, DOT_PRECISION="tf32")
         for name, flags in fusions:
-            c = dict(base, L2NORM_BWD=False, DG_CUMSUM=False, GATE_BWD=False, HAS_DT_BIAS=False)
-            c.update({f: True for f in flags})
+            c = dict(base, L2NORM_BWD=False, DG_CUMSUM=False, GATE_BWD=False, HAS_DT_BIAS=False, FAST_RANGE=-1.0)
+            c.update({f: True for f in flags if f != "ANCHOR"})
+            if "ANCHOR" in flags:
+                c["FAST_RANGE"] = m.FAST_RANGE
             yield f"intra_bwd {name}", m._intra_bwd_kernel.fn, ptr, c, triton.Config({}, num_warps=4)
         return
     fusions += [("+cumsum", ("DG_CUMSUM",)), ("+cumsum+gate", ("DG_CUMSUM", "GATE_BWD")),
-                ("+cumsum+gate+dt_bias", ("DG_CUMSUM", "GATE_BWD", "HAS_DT_BIAS"))]
+                ("+cumsum+gate+dt_bias", ("DG_CUMSUM", "GATE_BWD", "HAS_DT_BIAS")), ("+anchor", ("ANCHOR",))]
     for cfg, varlen, (name, flags) in itertools.product(m.configs(), (False, True), fusions):
-        if flags and cfg.kwargs["BK"] < 128:
+        if set(flags) - {"ANCHOR"} and cfg.kwargs["BK"] < 128:
             continue  # the fused epilogues take only whole-K blocks (the launcher prunes the rest)
         c = dict(H=16, HV=16, K=128, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", L2NORM_BWD=False,
-                 DG_CUMSUM=False, GATE_BWD=False, HAS_DT_BIAS=False, **cfg.kwargs)
-        c.update({f: True for f in flags})
+                 DG_CUMSUM=False, GATE_BWD=False, HAS_DT_BIAS=False, FAST_RANGE=-1.0, **cfg.kwargs)
+        c.update({f: True for f in flags if f != "ANCHOR"})
+        if "ANCHOR" in flags:
+            c["FAST_RANGE"] = m.FAST_RANGE
         yield f"intra_bwd {name} varlen={varlen} {_cfg_label(cfg)}", m._intra_bwd_kernel.fn, ptr, c, cfg
 
 
@@ -215,13 +220,14 @@ def wy_intra_bwd(full):
     ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
     flag_sets = [dict(L2NORM_BWD=True)]
     if full:
-        flag_sets += [dict(), dict(L2NORM_BWD=True, DG_CUMSUM=True, GATE_BWD=True, HAS_DT_BIAS=True)]
+        flag_sets += [dict(), dict(L2NORM_BWD=True, DG_CUMSUM=True, GATE_BWD=True, HAS_DT_BIAS=True),
+                      dict(L2NORM_BWD=True, FAST_RANGE=120.0)]
     for cfg, varlen, flags in itertools.product(m.configs() if full else m.configs()[:3:2],
                                                 (False, True) if full else (False,), flag_sets):
         if flags and cfg.kwargs["IBK"] < 128:
             continue  # the fused epilogues take only whole-K intra blocks (the launcher prunes the rest)
         c = dict(H=16, HV=16, K=128, V=256, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", L2NORM_BWD=False,
-                 DG_CUMSUM=False, GATE_BWD=False, HAS_DT_BIAS=False, **cfg.kwargs)
+                 DG_CUMSUM=False, GATE_BWD=False, HAS_DT_BIAS=False, FAST_RANGE=-1.0, **cfg.kwargs)
         c.update(flags)
         yield f"wy_intra_bwd {flags} varlen={varlen} {_cfg_label(cfg)}", m._wy_intra_bwd_kernel.fn, ptr, c, cfg
 

@@ -233,6 +233,29 @@ def test_intra_bwd_matches_reference(case, io_dtype):
     assert torch.equal(inp["dq"], stage_inputs(ch, io_dtype, cu_t)[1]["dq"])
 
 
+@pytest.mark.parametrize("case", CASES, ids=["fixed", "grouped-strong", "varlen-strong"])
+def test_intra_bwd_one_anchor_and_bit_levels_agree(case):
+    """The diagonal blocks by one anchor (fast_range=FAST_RANGE: where the gate's spread over
+    a 16-row block allows) and by the bit levels for every block (the default): both match
+    the fp64 reference; with normal decay the anchor is taken (other arithmetic: not
+    bit-equal), with strong decay (-20 per token at most) the levels are taken almost
+    everywhere."""
+    from kernel_fun.kda._kernels.intra_bwd import FAST_RANGE, intra_bwd
+
+    B, T, H, HV, K, V, cu, decay = case
+    cu_t = torch.tensor(cu) if cu is not None else None
+    ch = build_chain(B, T, H, HV, K, V, cu=cu_t, decay=decay, seed=3, beta_max=1.5)
+    _, inp = stage_inputs(ch, torch.float32, cu_t)
+    ref = refs.intra_bwd_reference(**inp)
+    auto = intra_bwd(**inp, fast_range=FAST_RANGE)
+    levels = intra_bwd(**inp)
+    for out in (auto, levels):
+        for name, o, r in zip(("dq", "dk", "db", "dg"), out, ref):
+            assert torch.isfinite(o).all() and rel_err(o, r) < 1e-5, (name, rel_err(o, r))
+    if decay == "normal":
+        assert not all(torch.equal(a, b) for a, b in zip(auto, levels))
+
+
 def _l2norm(x):
     """fla's l2norm_fwd in fp64: (y, rstd) with rstd = 1 / sqrt(sum x^2 + 1e-6)."""
     rstd = 1.0 / torch.sqrt((x * x).sum(-1) + 1e-6)

@@ -137,6 +137,20 @@ def test_intra_bwd_against_fla_and_reference(name):
     _check(name, ours, fla_out, ref, ("dq", "dk", "db", "dg"))
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_intra_bwd_one_anchor_against_fla_and_reference(name):
+    """The diagonal blocks by one anchor where the gate allows (kda.chain.INTRA_BWD_ONE_ANCHOR),
+    autotuned and at every configuration's block size, against fla and the fp64 reference."""
+    from kernel_fun.kda._kernels.intra_bwd import FAST_RANGE, configs, intra_bwd
+
+    _, _, intra_in = _inputs(name)
+    _, ref, fla_out = _refs(name)
+    _check(f"{name}/anchor", intra_bwd(**intra_in, fast_range=FAST_RANGE), fla_out, ref, ("dq", "dk", "db", "dg"))
+    for config in configs():
+        _check(f"{name}/anchor/{config}", intra_bwd(**intra_in, fast_range=FAST_RANGE, config=config), fla_out, ref,
+               ("dq", "dk", "db", "dg"))
+
+
 def _intra_configs():
     from kernel_fun.kda._kernels.intra_bwd import configs
 

@@ -132,6 +132,8 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
         extra["dg_reverse_cumsum"] = True
     if fused_gate:
         extra["gate_bwd"] = (g, A_log, dt_bias)
+    if intra is not None and INTRA_BWD_ONE_ANCHOR:
+        extra["fast_range"] = INTRA_BWD_FAST_RANGE
     wy_args = dict(q=q, k=k, v=v, v_new=v_new, g=gc, beta=beta, A=Akk, h=h, do=do, dh=dh, dv=dv, scale=scale,
                    cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices)
     if fused_wyi:  # both stages in one kernel: their dq, dk, dg, db, dA never leave L2
@@ -183,6 +185,7 @@ def beta_sigmoid_bwd(x, dy, scale):
 from .._delta._kernels.state_scan_bwd import state_scan_bwd  # noqa: E402
 from .._delta._kernels.state_scan_fwd import state_scan_fwd  # noqa: E402
 from ._kernels.intra_fwd import chunk_fwd_intra, intra_fwd  # noqa: E402
+from ._kernels.intra_bwd import FAST_RANGE as INTRA_BWD_FAST_RANGE  # noqa: E402
 from ._kernels.intra_bwd import intra_bwd  # noqa: E402
 from ._kernels.intra_bwd import whole_k_block as intra_whole_k_block  # noqa: E402
 from ._kernels.wy_bwd import wy_dqkg_bwd  # noqa: E402
@@ -224,6 +227,13 @@ FUSE_WY_FWD = False
 # the two stage kernels' outputs, tests/kda/test_wy_intra_bwd.py); off until timed on the H200
 # (scripts/kda_switch_ab.py, combination "l2+wyi").
 FUSE_WY_INTRA_BWD = False
+
+# Backward: our intra stage's diagonal blocks by one anchor (the block's first row) where the
+# gate's spread over the 16-row block stays within 120 log2 units (kda/_kernels/intra_bwd.py
+# FAST_RANGE): four dots and two exp2 per element instead of the bit levels' eight and four.
+# Interpreter-tested against the fp64 reference both ways; off until timed on the H200
+# (scripts/kda_switch_ab.py, combination "l2+ianc"). Off: the kernel compiles as measured.
+INTRA_BWD_ONE_ANCHOR = False
 
 # The switches below are epilogues of our intra backward (they need a K block covering K).
 # Measured end to end at B=16, T=8192, H=HV=16, K=128, V=256 bf16 on the H200, 2026-11-30

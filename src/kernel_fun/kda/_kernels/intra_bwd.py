@@ -56,6 +56,15 @@ install_interpreter_shims()  # runtime-bound loops under TRITON_INTERPRET=1 (see
 
 
 
+# With ``fast_range=FAST_RANGE`` (kda.chain.INTRA_BWD_ONE_ANCHOR) a 16-row sub-chunk's
+# diagonal block takes one anchor (its first row) for a K block where the gate stays within
+# this many log2 units of that row: both gate factors are then within
+# 2^-FAST_RANGE..2^FAST_RANGE (fp32 and tf32 hold 2^-126..2^127); four dots instead of the bit
+# levels' eight, two exp2 per element instead of four. Past it, the bit levels (no bound).
+# The default (fast_range None or negative) compiles the bit levels alone, as measured.
+FAST_RANGE = 120.0
+
+
 def _alloc(size, dtype=None, device=None):
     """Output allocation (tests swap in a NaN-filled one to catch unwritten elements)."""
     return torch.empty(size, dtype=dtype, device=device)
@@ -93,6 +102,51 @@ def _sym_block(pA, I, o_r, n_valid, HVBT: tl.constexpr, BC: tl.constexpr):
     return tl.load(pA + row * HVBT + col, mask=row < n_valid, other=0.).to(tl.float32)
 
 
+@triton.jit
+def _diag_levels(g, I, n_valid, b_q, b_k, b_bk, b_g, s_qk, s_kk, lvl, m_i, m_k, o_r, o_k, acc_q, acc_r, acc_t,
+                 HVK: tl.constexpr, BC: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Sub-chunk I's diagonal block, one K block: one masked dot per bit level, rows and
+    columns together (any gate)."""
+    NEG_INF: tl.constexpr = float("-inf")
+    for lv in range(0, 4):
+        r_a = I * BC + (((o_r >> lv) << lv) | (1 << lv))  # the row's anchor at this level
+        m_a = r_a < n_valid
+        g_a = tl.load(g + r_a[:, None] * HVK + o_k[None, :], mask=m_a[:, None] & m_k, other=0.).to(tl.float32)
+        is_row = (((o_r >> lv) & 1) == 1)[:, None]
+        sgn = tl.where(is_row, 1., -1.)  # row side: exp2(g - g_a); column side: exp2(g_a - g)
+        f = tl.exp2(tl.where((m_i & m_a)[:, None], (b_g - g_a) * sgn, NEG_INF))
+        f_row = tl.where(is_row, f, 0.)
+        f_col = f - f_row
+        rhs1 = b_q * f_row + b_k * f_col
+        rhs2 = b_bk * f_row + b_k * f_col
+        r1 = tl.dot(tl.where(lvl == lv, s_qk, 0.), rhs1, input_precision=DOT_PRECISION)
+        r2 = tl.dot(tl.where(lvl == lv, s_kk, 0.), rhs2, input_precision=DOT_PRECISION)
+        acc_q += r1 * f_row
+        acc_r += r2 * f_row
+        acc_t += (r1 + r2) * f_col
+    return acc_q, acc_r, acc_t
+
+
+@triton.jit
+def _diag_one_anchor(b_q, b_k, b_bk, b_g, g_b, s_qk, s_kk, m_i, o_r, acc_q, acc_r, acc_t,
+                     DOT_PRECISION: tl.constexpr):
+    """Sub-chunk I's diagonal block, one K block, anchored at its first row (g_b): row side
+    exp2(g_i - g_b) (dA_lower (k exp2(g_b - g))), column side exp2(g_b - g_j) (dA_lower^T
+    (q exp2(g - g_b)) and the same with beta k). Four dots; the caller checked the spread."""
+    NEG_INF: tl.constexpr = float("-inf")
+    e_row = tl.exp2(tl.where(m_i[:, None], b_g - g_b, NEG_INF))
+    e_col = tl.exp2(tl.where(m_i[:, None], g_b - b_g, NEG_INF))
+    lo = o_r[:, None] > o_r[None, :]
+    up = o_r[:, None] < o_r[None, :]
+    b_kc = b_k * e_col
+    acc_q += tl.dot(tl.where(lo, s_qk, 0.), b_kc, input_precision=DOT_PRECISION) * e_row  # dA[i, j], j < i
+    acc_r += tl.dot(tl.where(lo, s_kk, 0.), b_kc, input_precision=DOT_PRECISION) * e_row
+    t = tl.dot(tl.where(up, s_qk, 0.), b_q * e_row, input_precision=DOT_PRECISION)  # dA[i, j] at [j, i]
+    t = tl.dot(tl.where(up, s_kk, 0.), b_bk * e_row, t, input_precision=DOT_PRECISION)
+    acc_t += t * e_col
+    return acc_q, acc_r, acc_t
+
+
 def _one_k_block(configs, named_args, **kwargs):
     """With a fused epilogue (L2NORM_BWD, DG_CUMSUM), only configurations whose K block covers
     all of K: the l2norm backward needs whole rows of dq and dk, the cumsum one carry over K."""
@@ -104,7 +158,8 @@ def _one_k_block(configs, named_args, **kwargs):
 
 
 @triton.autotune(configs=autotune_configs(configs()), **autotune_cache(),
-                 key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION", "L2NORM_BWD", "DG_CUMSUM", "GATE_BWD"],
+                 key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION", "L2NORM_BWD", "DG_CUMSUM", "GATE_BWD",
+                      "FAST_RANGE"],
                  prune_configs_by={"early_config_prune": _one_k_block})
 @triton.jit(do_not_specialize=["T"])
 def _intra_bwd_kernel(
@@ -117,12 +172,13 @@ def _intra_bwd_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, HOIST_S: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
     L2NORM_BWD: tl.constexpr = False, DG_CUMSUM: tl.constexpr = False,
-    GATE_BWD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False,
+    GATE_BWD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, FAST_RANGE: tl.constexpr = -1.0,
 ):
     _, i_hv, i_h, i_tg, t0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     intra_bwd_program(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, dq_out, dk_out, db_out, dg_out, q_rstd, k_rstd,
                       g_raw, A_log, dt_bias, dA_part, dbias_part, i_hv, i_h, i_tg, t0, n_valid,
-                      H, HV, K, BT, BK, HOIST_S, DOT_PRECISION, L2NORM_BWD, DG_CUMSUM, GATE_BWD, HAS_DT_BIAS)
+                      H, HV, K, BT, BK, HOIST_S, DOT_PRECISION, L2NORM_BWD, DG_CUMSUM, GATE_BWD, HAS_DT_BIAS,
+                      FAST_RANGE)
 
 
 @triton.jit
@@ -136,6 +192,7 @@ def intra_bwd_program(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, HOIST_S: tl.constexpr, DOT_PRECISION: tl.constexpr,
     L2NORM_BWD: tl.constexpr, DG_CUMSUM: tl.constexpr, GATE_BWD: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    FAST_RANGE: tl.constexpr,
 ):
     """One program's work (one chunk x one value head, from ``chunk_program``); also the
     second half of ``wy_intra_bwd``'s fused kernel."""
@@ -210,22 +267,20 @@ def intra_bwd_program(
                 if not HOIST_S:
                     s_qk = _sym_block(dAqk, I, o_r, n_valid, HVBT, BC)
                     s_kk = _sym_block(dAkk, I, o_r, n_valid, HVBT, BC)
-                for lv in range(0, 4):
-                    r_a = I * BC + (((o_r >> lv) << lv) | (1 << lv))  # the row's anchor at this level
-                    m_a = r_a < n_valid
-                    g_a = tl.load(g + r_a[:, None] * HVK + o_k[None, :], mask=m_a[:, None] & m_k, other=0.).to(tl.float32)
-                    is_row = (((o_r >> lv) & 1) == 1)[:, None]
-                    sgn = tl.where(is_row, 1., -1.)  # row side: exp2(g - g_a); column side: exp2(g_a - g)
-                    f = tl.exp2(tl.where((m_i & m_a)[:, None], (b_g - g_a) * sgn, NEG_INF))
-                    f_row = tl.where(is_row, f, 0.)
-                    f_col = f - f_row
-                    rhs1 = b_q * f_row + b_k * f_col
-                    rhs2 = b_bk * f_row + b_k * f_col
-                    r1 = tl.dot(tl.where(lvl == lv, s_qk, 0.), rhs1, input_precision=DOT_PRECISION)
-                    r2 = tl.dot(tl.where(lvl == lv, s_kk, 0.), rhs2, input_precision=DOT_PRECISION)
-                    acc_q += r1 * f_row
-                    acc_r += r2 * f_row
-                    acc_t += (r1 + r2) * f_col
+                # one anchor, the block's first row, where the gate stays within FAST_RANGE (log2)
+                # of it over this tile; else (and with FAST_RANGE < 0, compiled alone) bit levels
+                if FAST_RANGE >= 0:
+                    g_b = tl.load(g + (I * BC) * HVK + o_k, mask=o_k < K, other=0.).to(tl.float32)[None, :]
+                    if tl.max(tl.max(tl.where(m_ik, tl.abs(b_g - g_b), 0.), axis=1), axis=0) <= FAST_RANGE:
+                        acc_q, acc_r, acc_t = _diag_one_anchor(b_q, b_k, b_bk, b_g, g_b, s_qk, s_kk, m_i, o_r,
+                                                               acc_q, acc_r, acc_t, DOT_PRECISION)
+                    else:
+                        acc_q, acc_r, acc_t = _diag_levels(g, I, n_valid, b_q, b_k, b_bk, b_g, s_qk, s_kk, lvl, m_i,
+                                                           m_k, o_r, o_k, acc_q, acc_r, acc_t, HVK, BC,
+                                                           DOT_PRECISION)
+                else:
+                    acc_q, acc_r, acc_t = _diag_levels(g, I, n_valid, b_q, b_k, b_bk, b_g, s_qk, s_kk, lvl, m_i, m_k,
+                                                       o_r, o_k, acc_q, acc_r, acc_t, HVK, BC, DOT_PRECISION)
 
                 # -- row side, earlier sub-chunks J < I, anchored at row I*BC
                 if I > 0:  # runtime
@@ -352,6 +407,7 @@ def intra_bwd(
     out_dtype: torch.dtype | None = None,
     dg_reverse_cumsum: bool = False,
     gate_bwd: tuple | None = None,
+    fast_range: float | None = None,
 ):
     """Intra-chunk backward of KDA; drop-in for fla's ``chunk_kda_bwd_intra``.
 
@@ -386,6 +442,8 @@ def intra_bwd(
             ``dg_reverse_cumsum``: the KDA gate's backward too (fla's ``kda_gate_bwd``, without a
             lower bound): dg comes out for the raw gate input in its dtype, and the return gains
             ``dA_log`` (A_log's dtype) and ``ddt_bias`` (dt_bias's dtype, or None).
+        fast_range: the gate spread (log2) up to which a diagonal block takes one anchor
+            (``FAST_RANGE``); None or negative: the bit levels always (the default).
 
     Returns:
         ``(dq, dk, db, dg)``: new tensors (inputs are not modified) holding the inputs plus the
@@ -397,7 +455,7 @@ def intra_bwd(
         raise NotImplementedError("kernel_fun intra_bwd: use_graph (static buffers) is not supported")
     ptrs, meta = prepare(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, cu_seqlens, chunk_indices, chunk_size,
                          whole_k_block(k.shape[3], config), config, l2norm_rstd, out_dtype, dg_reverse_cumsum,
-                         gate_bwd)
+                         gate_bwd, fast_range=fast_range)
     if meta["NT"] > 0:
         launch(_intra_bwd_kernel, meta["grid"], config, *ptrs, meta["cu_seqlens"], meta["chunk_indices"], meta["T"],
                **meta["constexprs"], DOT_PRECISION=dot_precision)
@@ -406,7 +464,7 @@ def intra_bwd(
 
 
 def prepare(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, cu_seqlens, chunk_indices, chunk_size, whole_k, config,
-            l2norm_rstd, out_dtype, dg_reverse_cumsum, gate_bwd, in_place=False):
+            l2norm_rstd, out_dtype, dg_reverse_cumsum, gate_bwd, in_place=False, fast_range=None):
     """Check the arguments (``whole_k``: whether the launch's K block covers K), make them
     contiguous and allocate the outputs: ``(ptrs, meta)``, ``ptrs`` the kernel's pointer
     arguments in order, ``meta`` the grid, scalars, constexprs and ``finish()`` (the return
@@ -472,6 +530,7 @@ def prepare(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, cu_seqlens, chunk_indices
 
     constexprs = dict(H=H, HV=HV, K=K, BT=BT, IS_VARLEN=cu_seqlens is not None, L2NORM_BWD=fuse,
                       DG_CUMSUM=bool(dg_reverse_cumsum), GATE_BWD=gate_bwd is not None,
-                      HAS_DT_BIAS=gate_bwd is not None and dt_bias is not None)
+                      HAS_DT_BIAS=gate_bwd is not None and dt_bias is not None,
+                      FAST_RANGE=-1.0 if fast_range is None else float(fast_range))
     return ptrs, dict(NT=NT, grid=(NT, B * HV), cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, T=T,
                       constexprs=constexprs, finish=finish)
