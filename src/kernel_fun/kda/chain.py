@@ -124,7 +124,7 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
     wy, intra = STAGES.get("wy_bwd"), STAGES.get("intra_bwd")
     fused_wyi = FUSE_WY_INTRA_BWD and wy is not None and intra is not None
     whole_k = (wyi_whole_k_block if fused_wyi else intra_whole_k_block)(K)
-    fused_l2 = q_rstd is not None and intra is not None and FUSE_L2NORM_BWD and H == HV and whole_k
+    fused_l2 = q_rstd is not None and intra is not None and FUSE_L2NORM_BWD and intra_l2norm_fusable(H, HV, whole_k)
     fused_cs = intra is not None and FUSE_DG_CUMSUM and whole_k
     fused_gate = fused_cs and use_gate_in_kernel and FUSE_GATE_BWD
     extra = dict(l2norm_rstd=(q_rstd, k_rstd), out_dtype=q.dtype) if fused_l2 else {}
@@ -187,6 +187,7 @@ from .._delta._kernels.state_scan_fwd import state_scan_fwd  # noqa: E402
 from ._kernels.intra_fwd import chunk_fwd_intra, intra_fwd  # noqa: E402
 from ._kernels.intra_bwd import FAST_RANGE as INTRA_BWD_FAST_RANGE  # noqa: E402
 from ._kernels.intra_bwd import intra_bwd  # noqa: E402
+from ._kernels.intra_bwd import l2norm_fusable as intra_l2norm_fusable  # noqa: E402
 from ._kernels.intra_bwd import whole_k_block as intra_whole_k_block  # noqa: E402
 from ._kernels.wy_bwd import wy_dqkg_bwd  # noqa: E402
 from ._kernels.wy_intra_bwd import whole_k_block as wyi_whole_k_block  # noqa: E402

@@ -377,10 +377,16 @@ def whole_k_block(K: int, config=None) -> bool:
     return (config.kwargs["BK"] if config is not None else _MAX_BK) >= K
 
 
-def can_fuse_l2norm(H: int, HV: int, K: int, config=None) -> bool:
-    """Whether ``intra_bwd(..., l2norm_rstd=...)`` can run: one q/k head per value head (grouped
+def l2norm_fusable(H: int, HV: int, whole_k: bool) -> bool:
+    """The l2norm backward fuses into the epilogue given one q/k head per value head (grouped
     heads are summed after this stage, before the l2norm backward) and a whole-K block."""
-    return H == HV and whole_k_block(K, config)
+    return H == HV and whole_k
+
+
+def can_fuse_l2norm(H: int, HV: int, K: int, config=None) -> bool:
+    """Whether ``intra_bwd(..., l2norm_rstd=...)`` can run (``l2norm_fusable`` with this
+    launch's K block)."""
+    return l2norm_fusable(H, HV, whole_k_block(K, config))
 
 
 def intra_bwd(
@@ -490,7 +496,7 @@ def prepare(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, cu_seqlens, chunk_indices
         raise ValueError(f"intra_bwd: the dg cumsum fuses only with a K block covering K (K={K}, config={config})")
     fuse = l2norm_rstd is not None
     if fuse:
-        if not (H == HV and whole_k):
+        if not l2norm_fusable(H, HV, whole_k):
             raise ValueError(f"intra_bwd: the l2norm backward fuses only with HV == H and a K block "
                              f"covering K (H={H}, HV={HV}, K={K}, config={config})")
         q_rstd, k_rstd = (r.contiguous() for r in l2norm_rstd)

@@ -1,10 +1,10 @@
 """KDA intra-chunk forward: the two score matrices of a chunk and the solve, in one kernel.
 
-Drop-in for the first two stages of fla 0.6.0's ``chunk_kda_fwd_intra``
+``intra_fwd`` replaces the first two stages of fla 0.6.0's ``chunk_kda_fwd_intra``
 (``chunk_kda_fwd_intra_token_parallel`` then ``chunk_kda_fwd_kernel_inter_solve_fused``, in
-``fla/ops/kda/``), i.e. that function without its closing ``recompute_w_u_fwd``. Per chunk of
-BT = 64 tokens and value head, with ``E_ijc = exp2(g_ic - g_jc)`` (``g`` the chunk-local log2
-gate cumsum)::
+``fla/ops/kda/``); ``chunk_fwd_intra`` the whole function, its closing ``recompute_w_u_fwd``
+included (w, u, qg, kg from the same program). Per chunk of BT = 64 tokens and value head,
+with ``E_ijc = exp2(g_ic - g_jc)`` (``g`` the chunk-local log2 gate cumsum)::
 
     Aqk_ij = scale * sum_c q_ic k_jc E_ijc                    j <= i   (zero above)
     L_ij   = beta_i * sum_c k_ic k_jc E_ijc                   j <  i
@@ -16,20 +16,19 @@ bytes take about 1 ms).
 
 Design (one program = one chunk x one value head; K in slices of BKC):
 
-* The gate factor is split at an anchor row ``a`` with ``j < a <= i``:
-  ``exp2(g_i - g_a) * exp2(g_a - g_j)``, both <= 1 for a decaying gate, so nothing overflows
-  and no lower bound on the gate is needed (the same construction as our intra backward).
-  The pairs are split by the highest bit where i and j differ (0..5); the pairs of one level
-  share their anchors, so each level is one masked [64, BKC] x [BKC, 64] product per matrix
-  (levels 0..3 lie inside the 16-row sub-chunks, 4 and 5 across them).
+* Scores (``_scores``): the gate factor of a pair is split at an anchor row. Pairs inside
+  aligned row blocks of 64, 32 or 16 rows share the block's first row as anchor where the
+  chunk's gate allows (``FAST_RANGE``): one masked [64, BKC] x [BKC, 64] product per matrix.
+  The pairs across blocks are split by the highest bit where i and j differ, anchored so that
+  both factors are <= 1 for a decaying gate (no bound needed, the construction of our intra
+  backward): one product per level.
 * The inverse: each diagonal 16x16 block by recursive doubling (``_inv_unit_lower``), then
   block forward substitution over the 4 sub-chunks, ``X_IJ = -X_II sum_{J <= M < I} L_IM X_MJ``.
 * Dots of gated fp32 operands use ``DOT_PRECISION`` across sub-chunks (tf32 by default, as
   fla's off-diagonal blocks) and ``DIAG_PRECISION`` inside them (fla's token-parallel diagonal
   blocks are exact fp32; tf32x3 by default); the solve's dots use ``SOLVE_PRECISION`` (ieee:
-  exact fp32).
-* A first version held the sub-chunks' tiles over all of K and ran 16 ms at B=16 (spills, and
-  16x16 products with a layout change each); the whole-chunk products run on wgmma.
+  exact fp32 by default).
+* Measured slower than fla's (README, kda): a candidate stage of ``kda.chain``.
 
 Outputs in k's dtype: Aqk and Akk ``[B, T, HV, BT]``, each row's 64 entries written (zeros
 above the diagonal), rows past a sequence's end not written (with packed documents, the
@@ -224,8 +223,8 @@ def _intra_fwd_kernel(
     SOLVE_PRECISION: tl.constexpr, WY: tl.constexpr = False, STORE_QG: tl.constexpr = False,
     V: tl.constexpr = 64, BV: tl.constexpr = 64, BKC: tl.constexpr = 32, FAST_RANGE: tl.constexpr = 120.0,
 ):
-    # BK: K padded to a power of two; BKC: the K slice the scores and w are built over (a
-    # slice's q, k, g tiles of the four sub-chunks are live at once: the whole K would spill).
+    # BK: K padded to a power of two; BKC: the K slice the scores and w are built over (the
+    # whole K in registers would spill).
     tl.static_assert(BT == 64, "chunk size 64: four 16-row sub-chunks")
     _, i_hv, i_h, _, t0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     HK: tl.constexpr = H * K
@@ -246,14 +245,6 @@ def _intra_fwd_kernel(
             qg += t0 * HVK + i_hv * K
     o_r = tl.arange(0, 16)
     zero = tl.zeros([16, 16], dtype=tl.float32)
-    m0 = o_r < n_valid
-    m1 = 16 + o_r < n_valid
-    m2 = 32 + o_r < n_valid
-    m3 = 48 + o_r < n_valid
-    b0 = tl.load(beta + o_r * HV, mask=m0, other=0.).to(tl.float32)
-    b1 = tl.load(beta + (16 + o_r) * HV, mask=m1, other=0.).to(tl.float32)
-    b2 = tl.load(beta + (32 + o_r) * HV, mask=m2, other=0.).to(tl.float32)
-    b3 = tl.load(beta + (48 + o_r) * HV, mask=m3, other=0.).to(tl.float32)
 
     # scores over all of K: Aqk (scaled at the store, zeros above the diagonal) and L = beta k-k
     s_q, s_k = _scores(q, k, g, n_valid, HK, HVK, K, BKC, NKC, DOT_PRECISION, DIAG_PRECISION, FAST_RANGE)
@@ -324,6 +315,14 @@ def _intra_fwd_kernel(
         # stored Akk, so the forward's agree with it. k and g are read a second time here, slice
         # by slice (L2-resident: this program read them a moment ago).
         w += t0 * HVK + i_hv * K
+        m0 = o_r < n_valid
+        m1 = 16 + o_r < n_valid
+        m2 = 32 + o_r < n_valid
+        m3 = 48 + o_r < n_valid
+        b0 = tl.load(beta + o_r * HV, mask=m0, other=0.).to(tl.float32)
+        b1 = tl.load(beta + (16 + o_r) * HV, mask=m1, other=0.).to(tl.float32)
+        b2 = tl.load(beta + (32 + o_r) * HV, mask=m2, other=0.).to(tl.float32)
+        b3 = tl.load(beta + (48 + o_r) * HV, mask=m3, other=0.).to(tl.float32)
         r00, r10, r11, r20, r21, r22 = x00.to(DT), x10.to(DT), x11.to(DT), x20.to(DT), x21.to(DT), x22.to(DT)
         r30, r31, r32, r33 = x30.to(DT), x31.to(DT), x32.to(DT), x33.to(DT)
         for kc in range(0, NKC):
