@@ -1,6 +1,8 @@
 """kda benchmark cases (the production call by default), peak memory, per-stage profile."""
 from __future__ import annotations
 
+import functools
+
 from .harness import Case, Direction
 
 PROD = dict(T=8192, H=16, HV=16, K=128, V=256)
@@ -166,7 +168,8 @@ def check(device: str = "cpu") -> list[str]:
     t = _check_inputs(device)
     failures = []
     runs = {
-        "intra_bwd": (chain.STAGES["intra_bwd"], intra_bwd_reference,
+        "intra_bwd": (functools.partial(chain.STAGES["intra_bwd"], fast_range=chain.INTRA_BWD_FAST_RANGE)
+                      if chain.INTRA_BWD_ONE_ANCHOR else chain.STAGES["intra_bwd"], intra_bwd_reference,
                       dict(q=t["q"], k=t["k"], g=t["g"], beta=t["beta"], dAqk=t["A"], dAkk=t["Aqk"],
                            dq=t["dq"], dk=t["dk"], db=t["db"], dg=t["dg"], chunk_size=64)),
         "wy_bwd": (chain.STAGES["wy_bwd"], wy_dqkg_bwd_reference,

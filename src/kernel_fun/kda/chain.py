@@ -193,26 +193,28 @@ from ._kernels.wy_bwd import wy_dqkg_bwd  # noqa: E402
 from ._kernels.wy_intra_bwd import whole_k_block as wyi_whole_k_block  # noqa: E402
 from ._kernels.wy_intra_bwd import wy_intra_bwd  # noqa: E402
 
-STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bwd": wy_dqkg_bwd}
+STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bwd": wy_dqkg_bwd,
+                "state_scan_bwd": state_scan_bwd}
+# The backward state scan (fla's chunk_gated_delta_rule_bwd_dhu) ships since 2026-11-30: end to
+# end at B=16 it saved 0.13-0.16 ms of 32.7 (bench/records/raw/2026-11-30-h200-kda-ab-r2.json)
+# and matched fla's dhu there (dA_log 4e-6 apart); every GPU chain case against the fp64
+# recurrence passed with it, and on the same seeded inputs at T=200 with grouped heads and a
+# final-state gradient its dA_log is 3.2e-3 against fla's dhu's 3.5e-3
+# (test_chain_gpu.py::test_backward_state_scan_against_fla_dhu, H200 2026-11-30).
 
 # Stages of ours built and tested but not shipped; scripts/kda_switch_ab.py times each against
-# the shipped chain. The backward state scan (fla's chunk_gated_delta_rule_bwd_dhu): end to end
-# at B=16 it saves 0.13-0.16 ms of 32.7 and matches fla's dhu there (dA_log 4e-6 apart); every
-# GPU chain case against the fp64 recurrence passed with it, and on the same seeded inputs at
-# T=200 with grouped heads and a final-state gradient its dA_log is 3.2e-3 against fla's
-# dhu's 3.5e-3 (test_chain_gpu.py::test_backward_state_scan_against_fla_dhu, H200 2026-11-30).
-# To ship once a kernel-fun bench record and the runtime tests are made with it in the chain.
+# the shipped chain.
 #
 # The forward's intra stage in one kernel (kda/_kernels/intra_fwd.py), interpreter-tested
 # against the fp64 intra reference and within 3.1e-3 of fla's outputs on the H200: "fwd_intra"
 # is fla's whole chunk_kda_fwd_intra (the scores Aqk, Akk = (I + L)^-1 in place of its
 # token-parallel stage and inter + solve kernel, and w, u, qg, kg in place of its
-# recompute_w_u_fwd pass); "intra_fwd" the scores alone (with FUSE_WY_FWD). Slower than fla's:
-# 8.7 ms (12.96 with tf32x3 inside the sub-chunks) against 4.55 at B=16 (scripts/kda_stage_bench.py
-# --only fwdi, bench/records/raw/2026-11-30-h200-kda-fwd-intra-stage.json). Its SASS counted
-# about 2.8 ms of instruction issue at B=16 for the scores alone; block anchors (bf89d64, not
-# yet timed) take most pairs in one product where the gate allows, about half of that.
-CANDIDATE_STAGES: dict = {"state_scan_bwd": state_scan_bwd, "fwd_intra": chunk_fwd_intra, "intra_fwd": intra_fwd}
+# recompute_w_u_fwd pass); "intra_fwd" the scores alone (with FUSE_WY_FWD). Slower than fla's
+# at B=16 on the H200 even with the block anchors (scripts/kda_stage_bench.py --only fwdi,
+# 2026-11-30, bench/records/raw/2026-11-30-h200-kda-stage-ianc-wyi-fwdi.json): the whole stage
+# 5.51 ms at its best (tf32 diagonal and solve) against fla's 4.55; the scores alone 4.15 ms
+# against the 3.14 of fla's two score stages.
+CANDIDATE_STAGES: dict = {"fwd_intra": chunk_fwd_intra, "intra_fwd": intra_fwd}
 
 # Forward: w, u and kg formed inside our forward scan (state_scan_fwd's wy_inputs) from Akk,
 # k, v, beta and the gate, instead of fla's recompute_w_u_fwd writing w, u, qg, kg (2.7 GB at
@@ -225,16 +227,20 @@ FUSE_WY_FWD = False
 # Backward: our WY and intra stages in one kernel (kda/_kernels/wy_intra_bwd.py), so the WY
 # stage's dq, dk, dg, db and dA (about 3.7 GB at B=16) are read back from L2 by the program
 # that wrote them instead of from HBM by the intra stage's. Interpreter-tested (bit for bit
-# the two stage kernels' outputs, tests/kda/test_wy_intra_bwd.py); off until timed on the H200
-# (scripts/kda_switch_ab.py, combination "l2+wyi").
+# the two stage kernels' outputs, tests/kda/test_wy_intra_bwd.py). Slower on the H200 at B=16
+# (scripts/kda_stage_bench.py --only wyi, 2026-11-30): 16.35 ms at its best configuration
+# against 15.72 for the two launches. Off.
 FUSE_WY_INTRA_BWD = False
 
 # Backward: our intra stage's diagonal blocks by one anchor (the block's first row) where the
 # gate's spread over the 16-row block stays within 120 log2 units (kda/_kernels/intra_bwd.py
-# FAST_RANGE): four dots and two exp2 per element instead of the bit levels' eight and four.
-# Interpreter-tested against the fp64 reference both ways; off until timed on the H200
-# (scripts/kda_switch_ab.py, combination "l2+ianc"). Off: the kernel compiles as measured.
-INTRA_BWD_ONE_ANCHOR = False
+# FAST_RANGE): four dots and two exp2 per element instead of the bit levels' eight and four;
+# blocks past the range take the bit levels, so any gate is exact to the same tolerance.
+# Interpreter-tested against the fp64 reference both ways. On the H200 at B=16, T=8192,
+# H=HV=16, K=128 (scripts/kda_stage_bench.py --only ianc, 2026-11-30,
+# bench/records/raw/2026-11-30-h200-kda-stage-ianc-wyi-fwdi.json): the stage 7.36 ms against
+# 8.48 by the levels alone (fla's 14.69), within 5.1e-4 of fla's outputs. On.
+INTRA_BWD_ONE_ANCHOR = True
 
 # The switches below are epilogues of our intra backward (they need a K block covering K).
 # Measured end to end at B=16, T=8192, H=HV=16, K=128, V=256 bf16 on the H200, 2026-11-30
