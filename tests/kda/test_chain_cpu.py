@@ -47,7 +47,7 @@ CASES = {  # the box's smallest heads (K=64, V=64: the interpreter's cost grows 
 # alone on top of the shipped chain: the WY pieces formed in our scan with fla's two score
 # stages ("wyf"), our whole intra stage in place of fla's chunk_kda_fwd_intra ("fwd_intra"); and
 # the backward's WY and intra stages in one kernel ("wyi"); the intra backward's diagonal
-# blocks by the bit levels alone, without the one anchor that ships ("levels").
+# blocks by one anchor where the gate allows ("ianc").
 # Each: switch values set over the shipped ones, stages dropped, candidate stages added.
 SWITCHES = ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD", "FUSE_WY_FWD", "FUSE_WY_INTRA_BWD",
             "INTRA_BWD_ONE_ANCHOR")
@@ -58,7 +58,7 @@ FUSIONS = {
     "wyf": dict(switches={"FUSE_WY_FWD": True}, drop=(), add=()),
     "fwd_intra": dict(switches={}, drop=(), add=("fwd_intra",)),
     "wyi": dict(switches={"FUSE_WY_INTRA_BWD": True}, drop=(), add=()),
-    "levels": dict(switches={"INTRA_BWD_ONE_ANCHOR": False}, drop=(), add=()),
+    "ianc": dict(switches={"INTRA_BWD_ONE_ANCHOR": True}, drop=(), add=()),
 }
 
 

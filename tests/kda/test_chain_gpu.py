@@ -82,16 +82,16 @@ def test_against_fp64_naive_recurrence(name):
 def test_fused_intra_epilogues(fuse, monkeypatch):
     """chain.FUSE_L2NORM_BWD / FUSE_DG_CUMSUM / FUSE_GATE_BWD (the l2norm backward of q, k, the
     reverse cumsum of dg and the gate's backward in our intra backward's epilogue) and "dhu"
-    (our backward state scan, which ships; without it, fla's dhu): against the fp64
+    (our backward state scan, a candidate stage; without it, fla's dhu): against the fp64
     recurrence, close to the chain with all of them off, and fla's kernels for them did not
-    run. "l2norm+dhu" is what ships."""
+    run. "l2norm" is what ships."""
     t = _make(2, 200, 2, 2, 128, 128)
     flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, output_final_state=True)
     do, dht = _cotangents(t["v"], 2, 128)
     monkeypatch.setattr(chain, "FUSE_L2NORM_BWD", False)
     monkeypatch.setattr(chain, "FUSE_DG_CUMSUM", False)
     monkeypatch.setattr(chain, "FUSE_GATE_BWD", False)
-    with_dhu = dict(chain.STAGES)
+    with_dhu = {**chain.STAGES, "state_scan_bwd": chain.CANDIDATE_STAGES["state_scan_bwd"]}
     monkeypatch.setattr(chain, "STAGES", {k: f for k, f in with_dhu.items() if k != "state_scan_bwd"})
     plain = _run(kda.chunk_kda, t, do, dht, **flags)
     parts = fuse.split("+")
@@ -122,7 +122,7 @@ def test_fused_intra_epilogues(fuse, monkeypatch):
 
 @pytest.mark.parametrize("name", ["tail_grouped", "beta_sigmoid_strong_decay_negeig"])
 def test_backward_state_scan_against_fla_dhu(name, monkeypatch):
-    """Our backward state scan (shipped) and fla's dhu in the same chain on the same
+    """Our backward state scan (a candidate stage) and fla's dhu in the same chain on the same
     inputs and cotangents, each against the fp64 recurrence: ours no worse than fla's (1.5x +
     1e-3). Where dA_log went to 2.6e-2 with ours (tail_grouped, 2026-11-30, unseeded
     cotangents; fla's had 3.8e-3 in another session with other ones), per head printed."""
@@ -138,7 +138,7 @@ def test_backward_state_scan_against_fla_dhu(name, monkeypatch):
                do.double(), dht.double(), **flags)
     out = {}
     for which, stages in (("fla", {k: f for k, f in chain.STAGES.items() if k != "state_scan_bwd"}),
-                          ("ours", dict(chain.STAGES))):
+                          ("ours", {**chain.STAGES, "state_scan_bwd": chain.CANDIDATE_STAGES["state_scan_bwd"]})):
         monkeypatch.setattr(chain, "STAGES", stages)
         out[which] = _run(kda.chunk_kda, t, do, dht, **flags)
     errs = {w: {k: _rel(o[k], ref[k]) for k in o if o[k] is not None and k in TOL} for w, o in out.items()}
@@ -153,10 +153,15 @@ def test_backward_state_scan_against_fla_dhu(name, monkeypatch):
 
 @pytest.mark.parametrize("name", ["cu_seqlens", "tail_grouped"])
 def test_backward_variants_against_fla_chunk_kda(name, monkeypatch):
-    """fla's own chunk_kda and our chain (as shipped; without the intra backward's one anchor;
-    with fla's dhu; with neither) on the same inputs and cotangents, each against the fp64
-    recurrence: the shipped chain within TOL or no worse than fla's own (1.5x + 1e-3). The
-    sums dA_log and ddt_bias are the ill-conditioned ones; every error is printed."""
+    """Our chain as shipped, with the intra backward's one anchor (chain.INTRA_BWD_ONE_ANCHOR),
+    with our backward state scan in place of fla's dhu, with both; and fla's own chunk_kda: on
+    the same inputs and cotangents, each against the fp64 recurrence, printed as each one is
+    done (fla's own autotunes last, minutes on a fresh machine). The shipped chain within TOL
+    or no worse than fla's own (1.5x + 1e-3); the variants are printed, not asserted: this is
+    the experiment that decides them (the sums dA_log and ddt_bias are the ill-conditioned ones:
+    on the H200, 2026-11-30, the chain with both had dA_log 3.0e-2 from fp64 at cu_seqlens)."""
+    from kernel_fun._delta._kernels.state_scan_bwd import state_scan_bwd
+
     c = dict(CASES[name])
     cu = c.pop("cu", None)
     t = _make(**c)
@@ -165,19 +170,23 @@ def test_backward_variants_against_fla_chunk_kda(name, monkeypatch):
     do, dht = _cotangents(t["v"], len(cu) - 1 if cu else c["B"], c["K"])
     ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},
                do.double(), dht.double(), **flags)
-    out = {"fla": _run(compat.fla_symbol("fla.ops.kda", "chunk_kda"), t, do, dht, **flags)}
-    shipped = dict(chain.STAGES)
-    no_dhu = {k: f for k, f in shipped.items() if k != "state_scan_bwd"}
-    for which, anchor, stages in (("levels", False, shipped), ("fla_dhu", True, no_dhu),
-                                  ("levels+fla_dhu", False, no_dhu), ("shipped", chain.INTRA_BWD_ONE_ANCHOR, shipped)):
+    print(name, "ref dA_log", [f"{x:.4f}" for x in ref["dA_log"].tolist()], flush=True)
+    errs = {}
+
+    def report(which, o):
+        errs[which] = {k: _rel(o[k], ref[k]) for k in o if o[k] is not None and k in TOL}
+        print(name, which, "vs fp64", {k: f"{v:.2e}" for k, v in errs[which].items()}, "dA_log",
+              [f"{x:.4f}" for x in o["dA_log"].tolist()], flush=True)
+
+    shipped_anchor, shipped_stages = chain.INTRA_BWD_ONE_ANCHOR, dict(chain.STAGES)
+    fla_dhu = {k: f for k, f in shipped_stages.items() if k != "state_scan_bwd"}
+    our_dhu = {**shipped_stages, "state_scan_bwd": state_scan_bwd}
+    for which, anchor, stages in (("shipped", shipped_anchor, shipped_stages), ("anchor", True, fla_dhu),
+                                  ("dhu", False, our_dhu), ("anchor+dhu", True, our_dhu)):
         monkeypatch.setattr(chain, "INTRA_BWD_ONE_ANCHOR", anchor)
         monkeypatch.setattr(chain, "STAGES", stages)
-        out[which] = _run(kda.chunk_kda, t, do, dht, **flags)
-    errs = {w: {k: _rel(o[k], ref[k]) for k in o if o[k] is not None and k in TOL} for w, o in out.items()}
-    for w, e in errs.items():
-        print(name, w, "vs fp64", {k: f"{v:.2e}" for k, v in e.items()}, "dA_log",
-              [f"{x:.4f}" for x in out[w]["dA_log"].tolist()])
-    print(name, "ref dA_log", [f"{x:.4f}" for x in ref["dA_log"].tolist()])
+        report(which, _run(kda.chunk_kda, t, do, dht, **flags))
+    report("fla", _run(compat.fla_symbol("fla.ops.kda", "chunk_kda"), t, do, dht, **flags))
     for k, e in errs["shipped"].items():
         assert e <= max(TOL[k], 1.5 * errs["fla"][k] + 1e-3), (k, e, errs["fla"][k])
 

@@ -41,10 +41,10 @@ CASES = {
     "k128_tail": dict(B=1, T=100, H=2, HV=2, K=128),
     "varlen_k64": dict(B=1, T=200, H=1, HV=2, K=64, cu=[0, 1, 64, 80, 150, 200]),
     "strong_decay_beta2": dict(B=1, T=128, H=1, HV=1, K=64, decay=12.0, beta_max=2.0),
-    # gate spreads (log2) past FAST_RANGE over 64 rows but within it over 32 (decay 3) or
-    # over 16 rows only (decay 6): block anchors of 32 / 16 rows, bit levels above them
-    "blocks32_decay3": dict(B=1, T=150, H=1, HV=2, K=64, decay=3.0, beta_max=1.5),
-    "blocks16_decay6": dict(B=1, T=150, H=1, HV=2, K=64, decay=6.0, beta_max=1.5),
+    # gate spreads (log2) past FAST_RANGE (60) over 64 rows but within it over 32 (decay 1.5)
+    # or over 16 rows only (decay 3): block anchors of 32 / 16 rows, bit levels above them
+    "blocks32_decay1p5": dict(B=1, T=150, H=1, HV=2, K=64, decay=1.5, beta_max=1.5),
+    "blocks16_decay3": dict(B=1, T=150, H=1, HV=2, K=64, decay=3.0, beta_max=1.5),
     # a tail chunk of 5 rows under strong decay: the sub-chunks past the end must not meet
     # the exponent of a gate difference across the chunk (inf * 0 -> NaN in the solve)
     "strong_decay_tail": dict(B=1, T=69, H=1, HV=1, K=64, decay=40.0),
@@ -76,12 +76,12 @@ def test_intra_fwd_matches_reference(name, dtype, solve, path):
         assert err < tol, f"{n}: rel rms {err:.2e}"
 
 
-@pytest.mark.parametrize("name,fast", [("fixed_grouped", True), ("varlen_k64", True), ("blocks32_decay3", True),
-                                       ("blocks16_decay6", True), ("strong_decay_beta2", False),
+@pytest.mark.parametrize("name,fast", [("fixed_grouped", True), ("varlen_k64", True), ("blocks32_decay1p5", True),
+                                       ("blocks16_decay3", True), ("strong_decay_beta2", False),
                                        ("strong_decay_tail", False)])
 def test_the_block_anchors_are_taken_where_the_gate_spread_allows(name, fast):
     """Where a chunk's gate stays within FAST_RANGE of its block anchors (normal decay: the
-    whole chunk; decay 3: 32-row blocks; decay 6: 16-row blocks) the blocks' pairs take one
+    whole chunk; decay 1.5: 32-row blocks; decay 3: 16-row blocks) the blocks' pairs take one
     anchored product (other arithmetic, so not bit-equal to the bit levels for every pair); at
     decay 12 and 40 not even a 16-row block does, and every pair takes the bit levels."""
     q, k, gk, beta, cu_t, _ = _case(**CASES[name])

@@ -256,6 +256,33 @@ def test_intra_bwd_one_anchor_and_bit_levels_agree(case):
         assert not all(torch.equal(a, b) for a, b in zip(auto, levels))
 
 
+def test_intra_bwd_one_anchor_stays_in_range_at_the_edge_of_its_spread():
+    """Every 16-row block's gate spread just under FAST_RANGE (-7.6 log2 per token, 114 over a
+    block) and score gradients scaled by 2^24: the one-anchor blocks are taken, and their exp2 factors
+    (the block's middle, not its first row: within 2^+-57 here, not 2^+-114) keep every product
+    finite and far from fp32's edges, where the GPU flushes denormals. A first-row anchor
+    overflows to inf here."""
+    from kernel_fun.kda._kernels.intra_bwd import FAST_RANGE, intra_bwd
+
+    B, T, H, HV, K, V = 1, 128, 1, 1, 32, 16
+    ch = build_chain(B, T, H, HV, K, V, decay="normal", seed=4, beta_max=1.5)
+    _, inp = stage_inputs(ch, torch.float32, None)
+    gen = torch.Generator().manual_seed(5)
+    step = -7.6 + 0.05 * torch.rand(B, T, HV, K, generator=gen)
+    inp["g"] = torch.cat([c.cumsum(1) for c in step.split(64, dim=1)], dim=1).float()
+    spread = max(float(b.max() - b.min(0).values.max()) for b in inp["g"].split(16, dim=1))
+    assert 100 < 15 * 7.6 <= FAST_RANGE and spread <= FAST_RANGE * 1.2
+    for name in ("dAqk", "dAkk"):
+        inp[name] = inp[name] * 2.0 ** 24
+    ref = refs.intra_bwd_reference(**inp)
+    auto = intra_bwd(**inp, fast_range=FAST_RANGE)
+    levels = intra_bwd(**inp)
+    for name, a, lv, r in zip(("dq", "dk", "db", "dg"), auto, levels, ref):
+        assert torch.isfinite(a).all(), name
+        assert rel_err(a, r) < 3e-5 and rel_err(lv, r) < 3e-5, (name, rel_err(a, r), rel_err(lv, r))
+    assert not all(torch.equal(a, b) for a, b in zip(auto, levels))  # the anchor was taken
+
+
 def _l2norm(x):
     """fla's l2norm_fwd in fp64: (y, rstd) with rstd = 1 / sqrt(sum x^2 + 1e-6)."""
     rstd = 1.0 / torch.sqrt((x * x).sum(-1) + 1e-6)

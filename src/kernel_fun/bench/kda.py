@@ -56,7 +56,7 @@ def chain_setup() -> dict:
     from ..kda import chain
 
     return {"stages_ours": sorted(chain.STAGES),
-            "switches": {n: bool(getattr(chain, n)) for n in dir(chain) if n.startswith("FUSE_")}}
+            "switches": {n: v for n, v in vars(chain).items() if n.isupper() and isinstance(v, bool)}}
 
 
 def _case(name, B, T, H, HV, K, V, cu_seqlens=None, profile=False):

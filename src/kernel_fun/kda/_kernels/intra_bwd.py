@@ -57,11 +57,17 @@ install_interpreter_shims()  # runtime-bound loops under TRITON_INTERPRET=1 (see
 
 
 # With ``fast_range=FAST_RANGE`` (kda.chain.INTRA_BWD_ONE_ANCHOR) a 16-row sub-chunk's
-# diagonal block takes one anchor (its first row) for a K block where the gate stays within
-# this many log2 units of that row: both gate factors are then within
-# 2^-FAST_RANGE..2^FAST_RANGE (fp32 and tf32 hold 2^-126..2^127); four dots instead of the bit
-# levels' eight, two exp2 per element instead of four. Past it, the bit levels (no bound).
-# The default (fast_range None or negative) compiles the bit levels alone, as measured.
+# diagonal block takes one anchor for a K block where, on every channel, the gate's range over
+# the block's valid rows is within this many log2 units: the anchor is the middle of that
+# range, so both gate factors stay within 2^-FAST_RANGE/2..2^FAST_RANGE/2. With 2^+-60 a
+# product the GPU flushes to zero (below 2^-126) stands for a term below 2^-66, and none
+# overflows unless its operands pass 2^67. The block's first row as anchor (factors out to
+# 2^+-120, as first built) could lose terms up to 2^-6 to that flush and overflows once a
+# score gradient times a key passes about 2^4
+# (tests/kda/test_stage_kernels.py::test_intra_bwd_one_anchor_stays_in_range_at_the_edge_of_its_spread).
+# Four dots instead of the bit levels' eight, two exp2 per element instead of four. Past the
+# range, the bit levels (no bound). The default (fast_range None or negative) compiles the
+# bit levels alone, as measured.
 FAST_RANGE = 120.0
 
 
@@ -130,7 +136,7 @@ def _diag_levels(g, I, n_valid, b_q, b_k, b_bk, b_g, s_qk, s_kk, lvl, m_i, m_k, 
 @triton.jit
 def _diag_one_anchor(b_q, b_k, b_bk, b_g, g_b, s_qk, s_kk, m_i, o_r, acc_q, acc_r, acc_t,
                      DOT_PRECISION: tl.constexpr):
-    """Sub-chunk I's diagonal block, one K block, anchored at its first row (g_b): row side
+    """Sub-chunk I's diagonal block, one K block, anchored at g_b (per channel): row side
     exp2(g_i - g_b) (dA_lower (k exp2(g_b - g))), column side exp2(g_b - g_j) (dA_lower^T
     (q exp2(g - g_b)) and the same with beta k). Four dots; the caller checked the spread."""
     NEG_INF: tl.constexpr = float("-inf")
@@ -267,11 +273,14 @@ def intra_bwd_program(
                 if not HOIST_S:
                     s_qk = _sym_block(dAqk, I, o_r, n_valid, HVBT, BC)
                     s_kk = _sym_block(dAkk, I, o_r, n_valid, HVBT, BC)
-                # one anchor, the block's first row, where the gate stays within FAST_RANGE (log2)
-                # of it over this tile; else (and with FAST_RANGE < 0, compiled alone) bit levels
+                # one anchor, per channel the middle of the gate's range over the block's valid
+                # rows, where that range is within FAST_RANGE (log2) on every channel of this
+                # tile; else (and with FAST_RANGE < 0, compiled alone) bit levels
                 if FAST_RANGE >= 0:
-                    g_b = tl.load(g + (I * BC) * HVK + o_k, mask=o_k < K, other=0.).to(tl.float32)[None, :]
-                    if tl.max(tl.max(tl.where(m_ik, tl.abs(b_g - g_b), 0.), axis=1), axis=0) <= FAST_RANGE:
+                    g_hi = tl.max(tl.where(m_i[:, None], b_g, float("-inf")), axis=0)
+                    g_lo = tl.min(tl.where(m_i[:, None], b_g, float("inf")), axis=0)
+                    if tl.max(g_hi - g_lo, axis=0) <= FAST_RANGE:
+                        g_b = ((g_hi + g_lo) * 0.5)[None, :]
                         acc_q, acc_r, acc_t = _diag_one_anchor(b_q, b_k, b_bk, b_g, g_b, s_qk, s_kk, m_i, o_r,
                                                                acc_q, acc_r, acc_t, DOT_PRECISION)
                     else:

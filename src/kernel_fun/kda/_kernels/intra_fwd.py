@@ -54,9 +54,11 @@ def _alloc(size, dtype=None, device=None):
 
 # ``_scores`` anchors aligned row blocks (64, 32 or 16 rows) at their first row where the
 # chunk's gate stays within this many log2 units of the anchors in every channel: the factors
-# are then within 2^-FAST_RANGE..2^FAST_RANGE (fp32 and tf32 hold 2^-126..2^127). Past it, the
-# bit levels (no bound needed) take the pairs.
-FAST_RANGE = 120.0
+# are then within 2^-FAST_RANGE..2^FAST_RANGE. Not more than 60: an operand q exp2(g - g_b)
+# under 2^-126 is flushed to zero on the GPU, and the term it stood for is then at most
+# 2^(FAST_RANGE - 126) |k| (2^-66 here; 2^-6 at the 120 first built, a real loss). Past it,
+# the bit levels (no bound needed) take the pairs.
+FAST_RANGE = 60.0
 
 
 def configs():
@@ -87,8 +89,8 @@ def _scores(q, k, g, n_valid, HK: tl.constexpr, HVK: tl.constexpr, K: tl.constex
     * Blocks (levels below L): rows are grouped in aligned blocks of 2^L, each anchored at its
       first row b: E_ijc = exp2(g_ic - g_bc) * exp2(g_bc - g_jc) for the pairs inside a block.
       This is exact whatever the gate, and safe while every |g_ic - g_bc| is at most
-      FAST_RANGE (log2): both factors within [2^-FAST_RANGE, 2^FAST_RANGE], no overflow, no
-      denormal. One masked [64, BKC] x [BKC, 64] product per matrix (DIAG_PRECISION) for all
+      FAST_RANGE (log2, 60): both factors within [2^-FAST_RANGE, 2^FAST_RANGE], no overflow,
+      and an operand flushed from the denormals stands for a term under 2^-66. One masked [64, BKC] x [BKC, 64] product per matrix (DIAG_PRECISION) for all
       of them. L is the largest of 6, 5, 4 for which this chunk's gate allows it (measured in a
       first pass), else 0.
     * Levels L..5: at level lv a row's anchor ``a`` is its index with the bits below lv cleared
@@ -221,7 +223,7 @@ def _intra_fwd_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, DIAG_PRECISION: tl.constexpr,
     SOLVE_PRECISION: tl.constexpr, WY: tl.constexpr = False, STORE_QG: tl.constexpr = False,
-    V: tl.constexpr = 64, BV: tl.constexpr = 64, BKC: tl.constexpr = 32, FAST_RANGE: tl.constexpr = 120.0,
+    V: tl.constexpr = 64, BV: tl.constexpr = 64, BKC: tl.constexpr = 32, FAST_RANGE: tl.constexpr = 60.0,
 ):
     # BK: K padded to a power of two; BKC: the K slice the scores and w are built over (the
     # whole K in registers would spill).
