@@ -236,16 +236,17 @@ FUSE_WY_FWD = False
 FUSE_WY_INTRA_BWD = False
 
 # Backward: our intra stage's diagonal blocks by one anchor where the gate's range over the
-# 16-row block stays within 120 log2 units on every channel (kda/_kernels/intra_bwd.py
-# FAST_RANGE): four dots and two exp2 per element instead of the bit levels' eight and four;
-# blocks past the range take the bit levels. Timed on the H200 at B=16, T=8192, H=HV=16, K=128
-# (2026-11-30) with the block's first row as anchor: the stage 7.36 ms against 8.48 by the
-# levels alone (fla's 14.69) on scripts/kda_stage_bench.py's gates
+# 16-row block stays within FAST_RANGE log2 units on every channel (kda/_kernels/intra_bwd.py):
+# four dots and two exp2 per element instead of the bit levels' eight and four; blocks past
+# the range take the bit levels. Timed on the H200 at B=16, T=8192, H=HV=16, K=128
+# (2026-11-30) with the block's first row as anchor and a range of 120: the stage 7.36 ms
+# against 8.48 by the levels alone (fla's 14.69) on scripts/kda_stage_bench.py's gates
 # (bench/records/raw/2026-11-30-h200-kda-stage-ianc-wyi-fwdi.json), within 5.1e-4 of fla's
 # outputs; in the chain on the kernel-fun bench's steeper gates 8.61 ms against 8.91. That
-# anchor put factors out to 2^+-120 (denormal flush, overflow: see intra_bwd.py); the anchor is
-# now the middle of the block's range (factors within 2^+-60), interpreter-tested, not yet run
-# on the GPU. Off until then and until the cu_seqlens dA_log above is traced.
+# anchor put factors out to 2^+-120 (denormal flush, overflow: see intra_bwd.py); the anchor
+# is now the middle of the block's range and the range 192 (factors within 2^+-96),
+# interpreter-tested, not yet run on the GPU. Off until then and until the cu_seqlens dA_log
+# above is traced.
 INTRA_BWD_ONE_ANCHOR = False
 
 # The switches below are epilogues of our intra backward (they need a K block covering K).
