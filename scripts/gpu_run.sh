@@ -4,7 +4,8 @@
 # Steps: doctor, cconv_tests, cconv_bench, delta_tests, delta_bench, kda_stage_tests,
 #        kda_stage_bench, kda_tests, kda_bench, kda_ab, candidates, candidates_chain, cconv_sweep,
 #        ncu_kda (Nsight Compute on our kda stage kernels, scripts/kda_ncu.py), kda_variants (the
-#        backward variants against fla's own chunk_kda and fp64, and the one-anchor stage tests)
+#        backward variants against fla's own chunk_kda and fp64; the one-anchor, score-gradient
+#        and dv-from-A stage tests; the chain with dv made in our dhu)
 # candidates / candidates_chain: the GPU tests (stage-level / whole chain against fp64) of the
 # kda stages and switches not yet on by default.
 # KDA_STAGE_ARGS="--only fwdi --B 16" is passed to scripts/kda_stage_bench.py.
@@ -32,7 +33,7 @@ for step in "$@"; do
     kda_bench) timeout "$T" python3 -m kernel_fun bench --family kda ${KDA_CASES:-} --json "$OUT/kda_bench.json" 2>&1 | tee "$OUT/kda_bench.log" ;;
     candidates) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_stage_kernels_gpu.py tests/delta/test_state_scan_fwd_gpu.py -k "intra_fwd or fwd_intra or wy_formed or wy_intra or one_anchor" 2>&1 | tee "$OUT/candidates.log" | grep --line-buffered -E "^\[|passed|failed|Error" | tail -60 ;;
     candidates_chain) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_chain_gpu.py -k "forward_variants or backward_state_scan" 2>&1 | tee "$OUT/candidates_chain.log" | grep --line-buffered -E "passed|failed|Error|vs fp64|dA_log|wyf|fwdi|ifwd" | tail -60 ;;
-    kda_variants) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_chain_gpu.py tests/kda/test_stage_kernels_gpu.py -k "backward_variants or one_anchor" 2>&1 | tee "$OUT/kda_variants.log" | grep --line-buffered -E "vs fp64|ref dA_log|anchor|passed|failed|Error" | tail -60 ;;
+    kda_variants) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_chain_gpu.py tests/kda/test_stage_kernels_gpu.py tests/delta/test_state_scan_bwd_gpu.py -k "backward_variants or one_anchor or dv_from_A or dhu+dvd" 2>&1 | tee "$OUT/kda_variants.log" | grep --line-buffered -E "vs fp64|ref dA_log|anchor|passed|failed|Error" | tail -60 ;;
     kda_ab) timeout "$T" python3 scripts/kda_switch_ab.py "$OUT/kda_ab.json" ${KDA_AB_ARGS:-} 2>&1 | tee "$OUT/kda_ab.log" | tail -40 ;;
     ncu_kda) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       timeout "$T" "$NCU" --clock-control none --target-processes all -k regex:'_intra_fwd_kernel|_intra_bwd_kernel|_wy_bwd_kernel|_wy_intra_bwd_kernel' --launch-count 4 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis python3 scripts/kda_ncu.py 2>&1 | tee "$OUT/ncu_kda.txt" | grep --line-buffered -E "launched|==PROF==|==ERR|Duration|Throughput|Stall|Warp Cycles|Registers|Achieved Occupancy|Theoretical Occupancy|Issued|Eligible" | tail -120 ;;

@@ -4,7 +4,8 @@ production call: l2norm and gate in the op) with each combination of the intra-b
 epilogue fusions (chain.FUSE_L2NORM_BWD, FUSE_DG_CUMSUM, FUSE_GATE_BWD), of the WY pieces made
 in the forward scan (chain.FUSE_WY_FWD, "wyf"), and of the switchable stages (our backward
 state scan "dhu", our forward intra scores "ifwd" (with "wyf"), our whole forward intra stage
-"fwdi", or fla's), against the chain as it ships.
+"fwdi", or fla's), the intra backward's one anchor ("ianc"), the WY + intra backward kernel
+("wyi") and dv made inside our dhu ("dvd", with "dhu"), against the chain as it ships.
 
     python scripts/kda_switch_ab.py out.json [--B 16] [--combos off,l2+dhu,...]
 
@@ -38,6 +39,9 @@ COMBOS = {
     "l2+ianc": ("l2norm", "ianc"),
     "l2+ianc+wyi": ("l2norm", "ianc", "wyi"),
     "l2+ianc+wyi+dhu": ("l2norm", "ianc", "wyi", "dhu"),
+    "l2+ianc+dhu": ("l2norm", "ianc", "dhu"),
+    "l2+dhu+dvd": ("l2norm", "dhu", "dvd"),
+    "l2+ianc+dhu+dvd": ("l2norm", "ianc", "dhu", "dvd"),
     "l2+wyi+dhu": ("l2norm", "wyi", "dhu"),
     "l2+cs+dhu": ("l2norm", "dg_cumsum", "dhu"),
     "l2+cs+gate+dhu": ("l2norm", "dg_cumsum", "gate", "dhu"),
@@ -58,6 +62,7 @@ def set_switches(chain, shipped: dict, parts) -> None:
         chain.FUSE_L2NORM_BWD, chain.FUSE_DG_CUMSUM, chain.FUSE_GATE_BWD = shipped["l2"], shipped["cs"], shipped["gate"]
         chain.FUSE_WY_FWD, chain.FUSE_WY_INTRA_BWD = shipped["wyf"], shipped["wyi"]
         chain.INTRA_BWD_ONE_ANCHOR = shipped["ianc"]
+        chain.FUSE_DV_DHU = shipped["dvd"]
         chain.STAGES = dict(shipped["stages"])
         return
     chain.FUSE_L2NORM_BWD = "l2norm" in parts
@@ -66,6 +71,7 @@ def set_switches(chain, shipped: dict, parts) -> None:
     chain.FUSE_WY_FWD = "wyf" in parts
     chain.FUSE_WY_INTRA_BWD = "wyi" in parts
     chain.INTRA_BWD_ONE_ANCHOR = "ianc" in parts
+    chain.FUSE_DV_DHU = "dvd" in parts
     ours = {**shipped["stages"], **chain.CANDIDATE_STAGES}
     off = {stage for short, stage in SWITCHABLE_STAGES.items() if short not in parts}
     chain.STAGES = {n: f for n, f in shipped["stages"].items() if n not in off}
@@ -89,7 +95,7 @@ def main() -> None:
 
     shipped = dict(l2=chain.FUSE_L2NORM_BWD, cs=chain.FUSE_DG_CUMSUM, gate=chain.FUSE_GATE_BWD,
                    wyf=chain.FUSE_WY_FWD, wyi=chain.FUSE_WY_INTRA_BWD, ianc=chain.INTRA_BWD_ONE_ANCHOR,
-                   stages=dict(chain.STAGES))
+                   dvd=chain.FUSE_DV_DHU, stages=dict(chain.STAGES))
     t = _inputs(a.B, a.T, a.H, a.HV, a.K, a.V)
     do = torch.randn(a.B, a.T, a.HV, a.V, device="cuda", dtype=torch.bfloat16)
     leaves = [t[n] for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias")]

@@ -2,7 +2,7 @@
 """Compile our Triton kernels ahead of time for sm_90a on a machine without a GPU.
 
     python scripts/sass_stats.py intra_bwd            # registers, spills, shared memory, static
-    python scripts/sass_stats.py wy_bwd | wy_intra_bwd | state_scan_fwd | state_scan_bwd | intra_fwd | cconv
+    python scripts/sass_stats.py wy_bwd | wy_intra_bwd | state_scan_fwd | state_scan_bwd | intra_fwd | score_grad | cconv
     python scripts/sass_stats.py all --frontend       # every config of every kernel, every flag
                                                       # combination, lowered to Triton IR only
 
@@ -160,14 +160,26 @@ def state_scan_fwd(full):
 def state_scan_bwd(full):
     from kernel_fun._delta._kernels import state_scan_bwd as m
 
-    ptr = {n: "*bf16" for n in ("q", "k", "w", "do", "dv", "dh", "dv2")}
+    ptr = {n: "*bf16" for n in ("q", "k", "w", "do", "dv", "A", "dh", "dv2")}
     ptr.update(cu_seqlens="*i64", chunk_offsets="*i64", scale="fp32")
     gates = (0, 1, 2) if full else (2,)
-    for cfg, gate, varlen in itertools.product(m.CONFIGS, gates, (False, True) if full else (False,)):
+    for cfg, gate, varlen, dva in itertools.product(m.CONFIGS, gates, (False, True) if full else (False,),
+                                                    (False, True)):
+        if dva and gate != 2:
+            continue  # dv from A: KDA's chain only
         c = dict(HQ=16, HK=16, HV=16, K=128, V=256, BT=64, KP=128, BV=cfg.kwargs["BV"], GATE=gate, USE_DHT=True,
-                 STORE_DH0=True, IS_VARLEN=varlen, DOT_PRECISION="tf32")
-        yield (f"state_scan_bwd GATE={gate} varlen={varlen} {m.config_name(cfg)}", m.state_scan_bwd_kernel,
-               ptr, c, cfg)
+                 STORE_DH0=True, IS_VARLEN=varlen, DOT_PRECISION="tf32", DV_FROM_A=dva)
+        yield (f"state_scan_bwd GATE={gate} varlen={varlen} dv_from_A={dva} {m.config_name(cfg)}",
+               m.state_scan_bwd_kernel, ptr, c, cfg)
+
+
+def score_grad(full):
+    from kernel_fun.kda._kernels import score_grad as m
+
+    ptr = {"v": "*bf16", "do": "*bf16", "cu_seqlens": "*i64", "chunk_indices": "*i64", "scale": "fp32"}
+    for cfg, varlen in itertools.product(m.configs(), (False, True) if full else (False,)):
+        c = dict(HV=16, V=256, BT=64, IS_VARLEN=varlen, **cfg.kwargs)
+        yield f"score_grad varlen={varlen} {_cfg_label(cfg)}", m._score_grad_kernel.fn, ptr, c, cfg
 
 
 def cconv(full):
@@ -233,7 +245,7 @@ def wy_intra_bwd(full):
 
 
 KERNELS = {"intra_fwd": intra_fwd, "wy_intra_bwd": wy_intra_bwd, "intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,
-           "state_scan_bwd": state_scan_bwd, "cconv": cconv}
+           "state_scan_bwd": state_scan_bwd, "score_grad": score_grad, "cconv": cconv}
 
 
 def main(argv) -> int:

@@ -115,6 +115,31 @@ def test_each_config(poisoned, config):
     _run("gk", torch.float32, cu_seqlens=CU, T=170, V=128, config=config)
 
 
+@pytest.mark.parametrize("case", ["fixed", "varlen"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_dv_made_from_A(poisoned, case, dtype):
+    """``A=`` (KDA's Aqk, random above the diagonal: not to be read) in place of dv: the scan
+    makes dv = tril(A)^T do per chunk itself; against the reference scan fed the reference
+    dv of fla's chunk_kda_bwd_dAv (kda.reference_stages.dAv_reference)."""
+    from kernel_fun.kda.reference_stages import dAv_reference
+
+    cu = CU if case == "varlen" else None
+    x = _inputs("gk", dtype, cu_seqlens=cu, **({"B": 1, "T": 170} if cu is not None else {}))
+    gen = torch.Generator().manual_seed(3)
+    B, T, HV, _ = x["w"].shape
+    A = (torch.randn(B, T, HV, BT, generator=gen) * 0.2).to(dtype)
+    _, dv_local = dAv_reference(x["do"], x["do"], A, SCALE, cu_seqlens=cu, chunk_size=BT)
+    dh_ref, dh0_ref, dv2_ref = ref.state_scan_bwd_ref(
+        x["q"], x["k"], x["w"], x["do"], dv_local, gk=x["gk"], dht=x["dht"], scale=SCALE, cu_seqlens=cu,
+        chunk_size=BT)
+    h0 = torch.zeros(dh0_ref.shape)
+    dh, dh0, dv2 = state_scan_bwd(x["q"], x["k"], x["w"], x["do"], None, gk=x["gk"], h0=h0, dht=x["dht"],
+                                  scale=SCALE, cu_seqlens=cu, chunk_size=BT, A=A)
+    assert dv2.dtype == x["do"].dtype
+    for name, got, want in (("dh", dh, dh_ref), ("dh0", dh0, dh0_ref), ("dv2", dv2, dv2_ref)):
+        _check(name, got, want, TOL[dtype])
+
+
 def test_argument_errors():
     x = _inputs("gk", torch.float32)
     with pytest.raises(TypeError, match="scale"):
@@ -123,6 +148,13 @@ def test_argument_errors():
         state_scan_bwd(x["q"], x["k"], x["w"], x["do"], x["dv"], gk=x["gk"], g=x["gk"][..., 0], scale=SCALE)
     with pytest.raises(NotImplementedError):
         state_scan_bwd(x["q"], x["k"], x["w"], x["do"], x["dv"], gk=x["gk"], scale=SCALE, state_v_first=True)
+    A = torch.zeros(*x["w"].shape[:3], BT)
+    with pytest.raises(ValueError, match="one of them"):
+        state_scan_bwd(x["q"], x["k"], x["w"], x["do"], x["dv"], gk=x["gk"], scale=SCALE, A=A)
+    with pytest.raises(ValueError, match="one of them"):
+        state_scan_bwd(x["q"], x["k"], x["w"], x["do"], None, gk=x["gk"], scale=SCALE)
+    with pytest.raises(ValueError, match="must be"):
+        state_scan_bwd(x["q"], x["k"], x["w"], x["do"], None, gk=x["gk"], scale=SCALE, A=A[..., :32])
 
 
 def test_reference_is_autograd_of_the_forward():

@@ -93,3 +93,45 @@ def test_against_fla_and_reference(name):
 def test_every_config(name, config):
     c = _case(cu_seqlens=CU if name.endswith("varlen") else None)
     _check(c, state_scan_bwd(**_args(c), config=config))
+
+
+@pytest.mark.parametrize("config", [None] + CONFIGS, ids=lambda c: "autotuned" if c is None else config_name(c))
+@pytest.mark.parametrize("name", ["kda", "kda_varlen"])
+def test_dv_from_A_against_fla_dAv_and_dhu(name, config):
+    """kda.chain.FUSE_DV_DHU: our score gradient (kda/_kernels/score_grad.py) against the dA of
+    fla's chunk_kda_bwd_dAv, and our scan with ``A=Aqk`` (dv = Aqk^T do made inside) against
+    fla's dhu fed that stage's dv, and against the fp64 reference (dv not rounded to bf16 in
+    ours: 5e-3 from fla)."""
+    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu
+    from fla.ops.kda.chunk_bwd import chunk_kda_bwd_dAv
+    from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra
+
+    from kernel_fun.kda._kernels.score_grad import score_grad_bwd
+    from kernel_fun.kda.reference_stages import dAv_reference
+
+    c = _case(cu_seqlens=CU if name.endswith("varlen") else None, seed=2)
+    B, T, HV, V = c["do"].shape
+    torch.manual_seed(3)
+    q = F.normalize(torch.randn(B, T, HV, 128, device="cuda"), dim=-1).to(torch.bfloat16)
+    k = F.normalize(torch.randn(B, T, HV, 128, device="cuda"), dim=-1).to(torch.bfloat16)
+    v_new = torch.randn(B, T, HV, V, device="cuda", dtype=torch.bfloat16)
+    beta = torch.rand(B, T, HV, device="cuda").to(torch.bfloat16)
+    *_, Aqk, _ = chunk_kda_fwd_intra(q=q, k=k, v=v_new, gk=c["gk"], beta=beta, scale=c["scale"],
+                                     cu_seqlens=c["cu_seqlens"], chunk_size=BT, chunk_indices=c["chunk_indices"])
+    dA_fla, dv_fla = chunk_kda_bwd_dAv(q=q, k=k, v=v_new, do=c["do"], A=Aqk, scale=c["scale"],
+                                       cu_seqlens=c["cu_seqlens"], chunk_size=BT, chunk_indices=c["chunk_indices"])
+    from kernel_fun.kda._kernels.score_grad import configs as sg_configs
+
+    for sg in [None] + sg_configs():
+        dA = score_grad_bwd(v_new, c["do"], c["scale"], cu_seqlens=c["cu_seqlens"], chunk_size=BT,
+                            chunk_indices=c["chunk_indices"], config=sg)
+        assert torch.isfinite(dA).all() and rel_rms(dA, dA_fla) < 1e-3, (sg, rel_rms(dA, dA_fla))
+    args = {**_args(c), "dv": dv_fla}
+    fla = chunk_gated_delta_rule_bwd_dhu(**args)
+    _, dv_ref = dAv_reference(v_new, c["do"], Aqk, c["scale"], cu_seqlens=c["cu_seqlens"], chunk_size=BT)
+    r = ref.state_scan_bwd_ref(c["q"], c["k"], c["w"], c["do"], dv_ref, gk=c["gk"], dht=c["dht"], scale=c["scale"],
+                               cu_seqlens=c["cu_seqlens"], chunk_size=BT)
+    ours = state_scan_bwd(**{**args, "dv": None}, A=Aqk, config=config)
+    for n, o, f, e in zip(("dh", "dh0", "dv2"), ours, fla, r):
+        assert torch.isfinite(o).all(), n
+        assert rel_rms(o, f) < 5e-3 and rel_rms(o, e) < TOL_REF, (n, rel_rms(o, f), rel_rms(o, e))

@@ -47,10 +47,11 @@ CASES = {  # the box's smallest heads (K=64, V=64: the interpreter's cost grows 
 # alone on top of the shipped chain: the WY pieces formed in our scan with fla's two score
 # stages ("wyf"), our whole intra stage in place of fla's chunk_kda_fwd_intra ("fwd_intra"); and
 # the backward's WY and intra stages in one kernel ("wyi"); the intra backward's diagonal
-# blocks by one anchor where the gate allows ("ianc").
+# blocks by one anchor where the gate allows ("ianc"); our dhu making dv from Aqk and do with our
+# score gradient in place of fla's dAv ("dvd").
 # Each: switch values set over the shipped ones, stages dropped, candidate stages added.
 SWITCHES = ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD", "FUSE_WY_FWD", "FUSE_WY_INTRA_BWD",
-            "INTRA_BWD_ONE_ANCHOR")
+            "INTRA_BWD_ONE_ANCHOR", "FUSE_DV_DHU")
 FUSIONS = {
     "off": dict(switches=dict.fromkeys(SWITCHES, False), drop=("state_scan_bwd",), add=()),
     "shipped": dict(switches={}, drop=(), add=()),
@@ -59,6 +60,7 @@ FUSIONS = {
     "fwd_intra": dict(switches={}, drop=(), add=("fwd_intra",)),
     "wyi": dict(switches={"FUSE_WY_INTRA_BWD": True}, drop=(), add=()),
     "ianc": dict(switches={"INTRA_BWD_ONE_ANCHOR": True}, drop=(), add=()),
+    "dvd": dict(switches={"FUSE_DV_DHU": True}, drop=(), add=("state_scan_bwd",)),
 }
 
 
@@ -97,10 +99,14 @@ def test_chain_against_fp64_recurrence(name, fusions, monkeypatch, _standins):
     want.update({"kda.wy_intra_bwd": 1} if on["FUSE_WY_INTRA_BWD"] else {"kda.wy_bwd": 1, "kda.intra_bwd": 1})
     if our_dhu:
         want["delta.state_scan_bwd"] = 1
+    dvd = our_dhu and on["FUSE_DV_DHU"]
+    if dvd:
+        want["kda.score_grad"] = 1
     if our_scores or our_whole:
         want["kda.intra_fwd"] = 1
     assert ran == want, ran
     assert (("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_bwd_dhu") in _standins) != our_dhu
+    assert (("fla.ops.kda.chunk_bwd", "chunk_kda_bwd_dAv") in _standins) != dvd
     ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},
                do.double(), dht.double(), **flags)
     errs = {k: _rel(ours[k], ref[k]) for k in ours if ours[k] is not None and k in TOL}

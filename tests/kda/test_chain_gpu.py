@@ -53,6 +53,18 @@ CASES = {
 }
 
 
+def _gated_case(name):
+    """A CASES entry with the gate in the op, a final state and seeded cotangents:
+    (inputs, flags, do, dht)."""
+    c = dict(CASES[name])
+    cu = c.pop("cu", None)
+    t = _make(**c)
+    cu_t = None if cu is None else torch.tensor(cu, device="cuda")
+    flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, output_final_state=True, cu_seqlens=cu_t)
+    do, dht = _cotangents(t["v"], len(cu) - 1 if cu else c["B"], c["K"])
+    return t, flags, do, dht
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_against_fp64_naive_recurrence(name):
     c = dict(CASES[name])
@@ -78,11 +90,12 @@ def test_against_fp64_naive_recurrence(name):
 
 
 @pytest.mark.parametrize("fuse", ["l2norm", "dg_cumsum", "dg_cumsum+gate", "l2norm+dg_cumsum+gate", "l2norm+dhu",
-                                  "l2norm+dg_cumsum+gate+dhu"])
+                                  "l2norm+dg_cumsum+gate+dhu", "l2norm+dhu+dvd"])
 def test_fused_intra_epilogues(fuse, monkeypatch):
     """chain.FUSE_L2NORM_BWD / FUSE_DG_CUMSUM / FUSE_GATE_BWD (the l2norm backward of q, k, the
     reverse cumsum of dg and the gate's backward in our intra backward's epilogue) and "dhu"
-    (our backward state scan, a candidate stage; without it, fla's dhu): against the fp64
+    (our backward state scan, a candidate stage; without it, fla's dhu) and "dvd" (with it,
+    chain.FUSE_DV_DHU: our score gradient and dv made in our dhu, no fla dAv): against the fp64
     recurrence, close to the chain with all of them off, and fla's kernels for them did not
     run. "l2norm" is what ships."""
     t = _make(2, 200, 2, 2, 128, 128)
@@ -98,6 +111,7 @@ def test_fused_intra_epilogues(fuse, monkeypatch):
     monkeypatch.setattr(chain, "FUSE_L2NORM_BWD", "l2norm" in parts)
     monkeypatch.setattr(chain, "FUSE_DG_CUMSUM", "dg_cumsum" in parts)
     monkeypatch.setattr(chain, "FUSE_GATE_BWD", "gate" in parts)
+    monkeypatch.setattr(chain, "FUSE_DV_DHU", "dvd" in parts)
     if "dhu" in parts:
         monkeypatch.setattr(chain, "STAGES", with_dhu)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -106,7 +120,7 @@ def test_fused_intra_epilogues(fuse, monkeypatch):
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     ran = [(p, k, any(n.startswith(k) for n in names)) for p, k in
            (("l2norm", "l2norm_bwd"), ("dg_cumsum", "chunk_local_cumsum"), ("gate", "kda_gate_bwd"),
-            ("dhu", "chunk_gated_delta_rule_bwd_kernel_dhu"))]
+            ("dhu", "chunk_gated_delta_rule_bwd_kernel_dhu"), ("dvd", "chunk_kda_bwd_kernel_dAv"))]
     assert all(r == (p not in parts) for p, _, r in ran), (fuse, ran)
     ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},
                do.double(), dht.double(), **flags)
@@ -154,7 +168,8 @@ def test_backward_state_scan_against_fla_dhu(name, monkeypatch):
 @pytest.mark.parametrize("name", ["cu_seqlens", "tail_grouped"])
 def test_backward_variants_against_fla_chunk_kda(name, monkeypatch):
     """Our chain as shipped, with the intra backward's one anchor (chain.INTRA_BWD_ONE_ANCHOR),
-    with our backward state scan in place of fla's dhu, with both; and fla's own chunk_kda: on
+    with our backward state scan in place of fla's dhu, with both, with our dhu making dv
+    (chain.FUSE_DV_DHU); and fla's own chunk_kda: on
     the same inputs and cotangents, each against the fp64 recurrence, printed as each one is
     done (fla's own autotunes last, minutes on a fresh machine). The shipped chain within TOL
     or no worse than fla's own (1.5x + 1e-3); the variants are printed, not asserted: this is
@@ -162,12 +177,7 @@ def test_backward_variants_against_fla_chunk_kda(name, monkeypatch):
     on the H200, 2026-11-30, the chain with both had dA_log 3.0e-2 from fp64 at cu_seqlens)."""
     from kernel_fun._delta._kernels.state_scan_bwd import state_scan_bwd
 
-    c = dict(CASES[name])
-    cu = c.pop("cu", None)
-    t = _make(**c)
-    cu_t = None if cu is None else torch.tensor(cu, device="cuda")
-    flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, output_final_state=True, cu_seqlens=cu_t)
-    do, dht = _cotangents(t["v"], len(cu) - 1 if cu else c["B"], c["K"])
+    t, flags, do, dht = _gated_case(name)
     ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},
                do.double(), dht.double(), **flags)
     print(name, "ref dA_log", [f"{x:.4f}" for x in ref["dA_log"].tolist()], flush=True)
@@ -181,9 +191,11 @@ def test_backward_variants_against_fla_chunk_kda(name, monkeypatch):
     shipped_anchor, shipped_stages = chain.INTRA_BWD_ONE_ANCHOR, dict(chain.STAGES)
     fla_dhu = {k: f for k, f in shipped_stages.items() if k != "state_scan_bwd"}
     our_dhu = {**shipped_stages, "state_scan_bwd": state_scan_bwd}
-    for which, anchor, stages in (("shipped", shipped_anchor, shipped_stages), ("anchor", True, fla_dhu),
-                                  ("dhu", False, our_dhu), ("anchor+dhu", True, our_dhu)):
+    for which, anchor, stages, dvd in (("shipped", shipped_anchor, shipped_stages, chain.FUSE_DV_DHU),
+                                       ("anchor", True, fla_dhu, False), ("dhu", False, our_dhu, False),
+                                       ("anchor+dhu", True, our_dhu, False), ("dhu+dvd", False, our_dhu, True)):
         monkeypatch.setattr(chain, "INTRA_BWD_ONE_ANCHOR", anchor)
+        monkeypatch.setattr(chain, "FUSE_DV_DHU", dvd)
         monkeypatch.setattr(chain, "STAGES", stages)
         report(which, _run(kda.chunk_kda, t, do, dht, **flags))
     report("fla", _run(compat.fla_symbol("fla.ops.kda", "chunk_kda"), t, do, dht, **flags))
@@ -199,12 +211,7 @@ def test_forward_variants(name, variant, monkeypatch):
     fla's token-parallel + inter/solve pair) and "fwdi" (our whole intra stage in place of fla's
     chunk_kda_fwd_intra): against the fp64 recurrence, close to the chain without them, and the
     fla kernels they replace absent from the step."""
-    c = dict(CASES[name])
-    cu = c.pop("cu", None)
-    t = _make(**c)
-    cu_t = None if cu is None else torch.tensor(cu, device="cuda")
-    flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, output_final_state=True, cu_seqlens=cu_t)
-    do, dht = _cotangents(t["v"], len(cu) - 1 if cu else c["B"], c["K"])
+    t, flags, do, dht = _gated_case(name)
     monkeypatch.setattr(chain, "FUSE_WY_FWD", False)
     plain = _run(kda.chunk_kda, t, do, dht, **flags)
     parts = variant.split("+")

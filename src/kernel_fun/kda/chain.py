@@ -114,13 +114,18 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
     h, v_new, _ = _fla("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_fwd_h")(
         k=kg, w=w, u=u, gk=gc, initial_state=initial_state, output_final_state=False,
         cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT)
-    dAqk, dv = _fla("fla.ops.kda.chunk_bwd", "chunk_kda_bwd_dAv")(
-        q=q, k=k, v=v_new, do=do, A=Aqk, scale=scale, cu_seqlens=cu_seqlens, chunk_size=BT,
-        chunk_indices=chunk_indices)
-    dhu = STAGES.get("state_scan_bwd") or _fla("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_bwd_dhu")
-    dh, dh0, dv = dhu(
-        q=qg, k=kg, w=w, gk=gc, h0=initial_state, dht=dht, do=do, dv=dv, scale=scale,
-        cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
+    dhu_args = dict(q=qg, k=kg, w=w, gk=gc, h0=initial_state, dht=dht, do=do, scale=scale, cu_seqlens=cu_seqlens,
+                    chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
+    our_dhu = STAGES.get("state_scan_bwd")
+    if our_dhu is not None and FUSE_DV_DHU:  # dAqk alone here; dv = Aqk^T do made inside our dhu
+        dAqk = score_grad_bwd(v_new, do, scale, cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices)
+        dh, dh0, dv = our_dhu(**dhu_args, dv=None, A=Aqk)
+    else:
+        dAqk, dv = _fla("fla.ops.kda.chunk_bwd", "chunk_kda_bwd_dAv")(
+            q=q, k=k, v=v_new, do=do, A=Aqk, scale=scale, cu_seqlens=cu_seqlens, chunk_size=BT,
+            chunk_indices=chunk_indices)
+        dhu = our_dhu or _fla("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_bwd_dhu")
+        dh, dh0, dv = dhu(**dhu_args, dv=dv)
     wy, intra = STAGES.get("wy_bwd"), STAGES.get("intra_bwd")
     fused_wyi = FUSE_WY_INTRA_BWD and wy is not None and intra is not None
     whole_k = (wyi_whole_k_block if fused_wyi else intra_whole_k_block)(K)
@@ -189,6 +194,7 @@ from ._kernels.intra_bwd import FAST_RANGE as INTRA_BWD_FAST_RANGE  # noqa: E402
 from ._kernels.intra_bwd import intra_bwd  # noqa: E402
 from ._kernels.intra_bwd import l2norm_fusable as intra_l2norm_fusable  # noqa: E402
 from ._kernels.intra_bwd import whole_k_block as intra_whole_k_block  # noqa: E402
+from ._kernels.score_grad import score_grad_bwd  # noqa: E402
 from ._kernels.wy_bwd import wy_dqkg_bwd  # noqa: E402
 from ._kernels.wy_intra_bwd import whole_k_block as wyi_whole_k_block  # noqa: E402
 from ._kernels.wy_intra_bwd import wy_intra_bwd  # noqa: E402
@@ -248,6 +254,16 @@ FUSE_WY_INTRA_BWD = False
 # interpreter-tested, not yet run on the GPU. Off until then and until the cu_seqlens dA_log
 # above is traced.
 INTRA_BWD_ONE_ANCHOR = False
+
+# Backward, with our backward state scan in the chain: fla's chunk_kda_bwd_dAv (1.00 ms at
+# B=16, at its bytes' floor: it reads do, v_new, Aqk and writes dAqk and the intra-chunk dv,
+# 4.0 GB) replaced by our score gradient alone (kda/_kernels/score_grad.py: reads do and v_new,
+# writes dAqk, 2.7 GB) and dv = Aqk^T do made inside our dhu, which loads do anyway, so the
+# 1.07 GB dv is neither written nor read back (the project notes on KDA: "dAv can disappear";
+# estimated 0.3-0.5 ms at B=16). Interpreter-tested (tests/delta/test_state_scan_bwd.py,
+# tests/kda/test_score_grad.py, the CPU chain test "dvd"); off until timed on the H200
+# (scripts/kda_switch_ab.py "l2+dhu+dvd" against "l2+dhu").
+FUSE_DV_DHU = False
 
 # The switches below are epilogues of our intra backward (they need a K block covering K).
 # Measured end to end at B=16, T=8192, H=HV=16, K=128, V=256 bf16 on the H200, 2026-11-30

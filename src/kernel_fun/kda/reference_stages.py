@@ -1,8 +1,8 @@
-"""Plain-torch references of two KDA backward stages, written from the math.
+"""Plain-torch references of KDA's backward stages, written from the math.
 
-They are the oracles for ``kda/_kernels/intra_bwd.py`` and ``kda/_kernels/wy_bwd.py`` and
-take exactly the arguments of fla 0.6.0's ``chunk_kda_bwd_intra`` and
-``chunk_kda_bwd_wy_dqkg_fused``. Everything is computed in ``dtype`` (fp64 by default) and
+They are the oracles for ``kda/_kernels/intra_bwd.py``, ``kda/_kernels/wy_bwd.py`` and
+``kda/_kernels/score_grad.py`` and take the arguments of fla 0.6.0's ``chunk_kda_bwd_intra``,
+``chunk_kda_bwd_wy_dqkg_fused`` and ``chunk_kda_bwd_dAv``. Everything is computed in ``dtype`` (fp64 by default) and
 returned in that dtype; nothing here is fast.
 
 Conventions (fla's): one chunk = ``BT`` tokens counted from the start of each sequence; the
@@ -217,3 +217,25 @@ def recompute_w_u_reference(k, v, beta, A, gk, q=None, cu_seqlens=None, chunk_si
                 qg[b, s:e] = qq[b, s:e] * E
             kg[b, s:e] = kk[b, s:e] * torch.exp2(gg[b, e - 1] - gg[b, s:e])
     return w, u, qg, kg
+
+
+def dAv_reference(v, do, A, scale, cu_seqlens=None, chunk_size: int = 64, dtype=torch.float64):
+    """Reference of fla's ``chunk_kda_bwd_dAv`` (v is v_new, A is Aqk): per chunk
+    ``dAqk = scale * tril(do v^T)`` (diagonal included, zero above it) and
+    ``dv = tril(A)^T do`` (A's entries above the diagonal are not read).
+
+    Returns ``(dA [B, T, HV, BT], dv [B, T, HV, V])`` in ``dtype``."""
+    B, T, HV, V = do.shape
+    BT = chunk_size
+    dA = torch.zeros(B, T, HV, BT, dtype=dtype, device=do.device)
+    dv = torch.zeros(B, T, HV, V, dtype=dtype, device=do.device)
+    for b, bos, eos in _segments(B, T, cu_seqlens):
+        for s in range(bos, eos, BT):
+            e = min(s + BT, eos)
+            n = e - s
+            tri = torch.tril(torch.ones(n, n, dtype=torch.bool, device=do.device))
+            dob, vb = do[b, s:e].to(dtype), v[b, s:e].to(dtype)                 # [n, HV, V]
+            Ab = A[b, s:e, :, :n].to(dtype).permute(1, 0, 2) * tri            # [HV, n, n]
+            dA[b, s:e, :, :n] = (scale * torch.einsum("ihv,jhv->hij", dob, vb) * tri).permute(1, 0, 2)
+            dv[b, s:e] = torch.einsum("hij,ihv->jhv", Ab, dob)
+    return dA, dv

@@ -12,7 +12,10 @@ to first:
     dS    = diag(exp2(G_last)) dS + scale qg^T do - w^T dv2          (KDA: q is qg)
     dS    = exp2(G_last) dS + scale (q * exp2(G))^T do - w^T dv2     (GDN)
 
-and ``dh0`` is the final ``dS``. Rounding follows fla's kernel: the state enters ``k dS`` in
+and ``dh0`` is the final ``dS``. With ``A=`` (KDA's Aqk) in place of dv, the intra-chunk
+``dv = tril(A)^T do`` is made per chunk inside the scan (one more [BV, BT] x [BT, BT] product
+on the do tile it loads anyway) instead of being read: fla's ``chunk_kda_bwd_dAv`` writes that
+dv only for this stage to read it (``kda.chain.FUSE_DV_DHU``). Rounding follows fla's kernel: the state enters ``k dS`` in
 k's dtype, dv2 enters ``w^T dv2`` in w's dtype; with the scalar gate the gated q and do enter
 their product in fp32 (as fla's do).
 
@@ -39,11 +42,11 @@ from .state_scan_fwd import (GATE_CHANNEL, GATE_NONE, GATE_SCALAR, _chunk_offset
 
 install_interpreter_shims()
 
-# Candidates, none timed yet: (BV, num_warps, num_stages). The first (BV=32) is the one the
-# interpreter runs, so the CPU tests (V = 32/64) exercise the V split. sm_90a compile at K=128,
-# V=256 (scripts/sass_stats.py): 255 registers and no spills each; 41 KB shared memory at
-# BV 32/64, 48 KB at 128 (num_stages 1 and 2 compile to the same code: the reverse loop is not
-# pipelined).
+# Candidates: (BV, num_warps, num_stages). The first (BV=32) is the one the interpreter runs,
+# so the CPU tests (V = 32/64) exercise the V split. sm_90a compile at K=128, V=256
+# (scripts/sass_stats.py, stack = spills): 255 registers each; stack 0 / 496 / 496 bytes at BV
+# 32 / 64 / 128 (72 / 488 / 424 with dv made from A); 37-48 KB shared memory (num_stages 1 and
+# 2 compile to the same code: the reverse loop is not pipelined).
 CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
            for bv, nw, ns in [(32, 4, 2), (64, 4, 2), (128, 8, 2)]]
 
@@ -60,7 +63,8 @@ def state_scan_bwd_kernel(
     g,  # [B, T, HV] (GATE == 1) | gk [B, T, HV, K] (GATE == 2) | unused
     dht,  # [N, HV, K, V] | unused
     do,  # [B, T, HV, V]
-    dv,  # [B, T, HV, V]
+    dv,  # [B, T, HV, V] | unused (DV_FROM_A)
+    A,  # [B, T, HV, BT] (DV_FROM_A: dv = tril(A)^T do made here) | unused
     dh,  # [B, NT, HV, K, V]
     dh0,  # [N, HV, K, V] fp32 | unused
     dv2,  # [B, T, HV, V]
@@ -71,7 +75,7 @@ def state_scan_bwd_kernel(
     HQ: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     GATE: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DV_FROM_A: tl.constexpr = False,
 ):
     i_v, i_nh, i_n, i_hv, i_hq, i_hk, bos, _, T, boh = scan_program(
         cu_seqlens, chunk_offsets, T, V, HQ, HK, HV, BT, BV, IS_VARLEN, True)
@@ -90,6 +94,7 @@ def state_scan_bwd_kernel(
     w += (bos * HV + i_hv) * K
     do += (bos * HV + i_hv) * V
     dv += (bos * HV + i_hv) * V
+    A += (bos * HV + i_hv) * BT
     dv2 += (bos * HV + i_hv) * V
     if GATE == 1:
         g += bos * HV + i_hv
@@ -120,11 +125,16 @@ def state_scan_bwd_kernel(
             b_g = tl.load(g + (t0 + o_i) * HV, mask=m_t, other=0.0).to(tl.float32)
             b_gl = tl.load(g + (t0 + last) * HV).to(tl.float32)
             b_dv2 *= tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)[None, :]
-        b_dv2 += tl.load(dv + (t0 + o_i)[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0).to(tl.float32)
+        b_dot = tl.load(do + (t0 + o_i)[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0)
+        if DV_FROM_A:  # the intra-chunk dv^T = do^T tril(A), A's rows (tokens) valid, i >= j
+            m_a = m_t[:, None] & (o_i[:, None] >= o_i[None, :])
+            b_a = tl.load(A + (t0 + o_i)[:, None] * (HV * BT) + o_i[None, :], mask=m_a, other=0.0)
+            b_dv2 += tl.dot(b_dot, b_a.to(b_dot.dtype), input_precision=DOT_PRECISION)
+        else:
+            b_dv2 += tl.load(dv + (t0 + o_i)[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0).to(tl.float32)
         tl.store(dv2 + (t0 + o_i)[None, :] * (HV * V) + o_v[:, None], b_dv2.to(dv2.dtype.element_ty), mask=m_vt)
 
         # dS^T = dS^T decay + scale do^T q - dv2^T w
-        b_dot = tl.load(do + (t0 + o_i)[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0)
         b_q = tl.load(q + (t0 + o_i)[:, None] * (HQ * K) + o_k[None, :], mask=m_tk, other=0.0)
         b_w = tl.load(w + (t0 + o_i)[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.0)
         if GATE == 1:
@@ -144,7 +154,7 @@ def state_scan_bwd_kernel(
 
 state_scan_bwd_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(),
-    key=["HQ", "HK", "HV", "K", "V", "BT", "GATE", "USE_DHT", "STORE_DH0", "IS_VARLEN"],
+    key=["HQ", "HK", "HV", "K", "V", "BT", "GATE", "USE_DHT", "STORE_DH0", "IS_VARLEN", "DV_FROM_A"],
     prune_configs_by={"early_config_prune": _prune},
 )(state_scan_bwd_kernel)
 
@@ -171,6 +181,7 @@ def state_scan_bwd(
     use_graph: bool = False,
     *,
     config: triton.Config | None = None,
+    A: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """The backward state scan; drop-in for fla's ``chunk_gated_delta_rule_bwd_dhu``.
 
@@ -179,6 +190,8 @@ def state_scan_bwd(
     ``[B, T, HV]``): q, k the raw ``[B, T, H, K]``. w ``[B, T, HV, K]``; do ``[B, T, HV, V]``;
     dv ``[B, T, HV, V]`` (the intra-chunk part of dv, from dAv); dht ``[N, HV, K, V]`` or None;
     h0: only whether dh0 is wanted (its values are not read). scale: required.
+    A ``[B, T, HV, BT]`` (KDA's Aqk; with ``dv=None``): the intra-chunk dv = tril(A)^T do is
+    made here per chunk instead of read (fla's chunk_kda_bwd_dAv writes it for dhu to read).
     Returns ``(dh [B, NT, HV, K, V]`` in q's dtype, ``dh0 [N, HV, K, V]`` fp32 or None,
     ``dv2`` like dv).
     """
@@ -192,9 +205,14 @@ def state_scan_bwd(
     HK = k.shape[2]
     HV, V = do.shape[2], do.shape[3]
     BT = chunk_size
-    if tuple(w.shape) != (B, T, HV, K) or tuple(dv.shape) != tuple(do.shape) or k.shape[:2] != (B, T):
+    if (A is None) == (dv is None):
+        raise ValueError("state_scan_bwd: pass dv (the intra-chunk dv) or A (to make it here), one of them")
+    if A is not None and tuple(A.shape) != (B, T, HV, BT):
+        raise ValueError(f"state_scan_bwd: A {tuple(A.shape)} must be {(B, T, HV, BT)}")
+    dv_like = do if dv is None else dv
+    if tuple(w.shape) != (B, T, HV, K) or tuple(dv_like.shape) != tuple(do.shape) or k.shape[:2] != (B, T):
         raise ValueError(f"state_scan_bwd: shapes q {tuple(q.shape)} k {tuple(k.shape)} w {tuple(w.shape)} "
-                         f"do {tuple(do.shape)} dv {tuple(dv.shape)} do not agree")
+                         f"do {tuple(do.shape)} dv {tuple(dv_like.shape)} do not agree")
     if HV % HQ or HV % HK or K > 128 or BT < 16 or BT & (BT - 1):
         raise ValueError(f"state_scan_bwd: needs HV a multiple of HQ and HK, K <= 128, a power-of-two "
                          f"chunk_size >= 16 (HQ={HQ}, HK={HK}, HV={HV}, K={K}, BT={BT})")
@@ -214,22 +232,23 @@ def state_scan_bwd(
         NT = len(chunk_indices) if chunk_indices is not None else int(chunk_offsets[-1])
     else:
         NT = triton.cdiv(T, BT)
-    q, k, w, do, dv = (x.contiguous() for x in (q, k, w, do, dv))
+    q, k, w, do, dv_like = (x.contiguous() for x in (q, k, w, do, dv_like))
     gate = gk if gk is not None else g
     gate_kind = GATE_CHANNEL if gk is not None else (GATE_SCALAR if g is not None else GATE_NONE)
     dh = _alloc((B, NT, HV, K, V), dtype=q.dtype, device=q.device)
     dh0 = _alloc((N, HV, K, V), dtype=torch.float32, device=q.device) if h0 is not None else None
-    dv2 = _alloc(tuple(dv.shape), dtype=dv.dtype, device=dv.device)
+    dv2 = _alloc(tuple(dv_like.shape), dtype=dv_like.dtype, device=dv_like.device)
     dummy = dv2
     args = dict(
         q=q, k=k, w=w, g=gate.contiguous() if gate is not None else dummy,
-        dht=dht.contiguous() if dht is not None else dummy, do=do, dv=dv, dh=dh,
+        dht=dht.contiguous() if dht is not None else dummy, do=do, dv=dv_like,
+        A=A.contiguous() if A is not None else dummy, dh=dh,
         dh0=dh0 if dh0 is not None else dummy, dv2=dv2,
         cu_seqlens=cu_seqlens if is_varlen else dummy, chunk_offsets=chunk_offsets if is_varlen else dummy,
         scale=float(scale), T=T, HQ=HQ, HK=HK, HV=HV, K=K, V=V, BT=BT,
         KP=max(16, triton.next_power_of_2(K)), GATE=gate_kind, USE_DHT=dht is not None,
         STORE_DH0=dh0 is not None, IS_VARLEN=is_varlen,
-        DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32", DV_FROM_A=A is not None,
     )
     launch_scan(state_scan_bwd_kernel, state_scan_bwd_kernel_tuned, args, N * HV, config)
     record_launch("delta.state_scan_bwd")

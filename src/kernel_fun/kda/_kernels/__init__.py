@@ -2,6 +2,10 @@
 
 - ``intra_bwd``: the intra-chunk backward (drop-in for fla's ``chunk_kda_bwd_intra``).
 - ``wy_bwd``: the WY / state-gradient backward (drop-in for fla's ``chunk_kda_bwd_wy_dqkg_fused``).
+- ``wy_intra_bwd``: those two in one kernel (``kda.chain.FUSE_WY_INTRA_BWD``, measured slower).
+- ``score_grad``: the score gradient dAqk alone, the dA half of fla's ``chunk_kda_bwd_dAv``
+  (``kda.chain.FUSE_DV_DHU``: its dv half is made inside our backward state scan).
+- ``intra_fwd``: the forward intra stage (candidate, measured slower than fla's).
 
 Conventions shared with fla 0.6.0: token-major tensors ``[B, T, heads, D]`` (``B = 1`` with
 ``cu_seqlens`` for variable-length batches), gates cumsummed inside each 64-token chunk in
@@ -20,6 +24,18 @@ def chunk_indices_for(cu_seqlens, chunk_size: int):
     from ..._common.compat import fla_symbol
 
     return fla_symbol("fla.ops.utils.index", "prepare_chunk_indices")(cu_seqlens, chunk_size)
+
+
+def chunk_grid(who: str, B: int, T: int, BT: int, cu_seqlens, chunk_indices):
+    """``(chunk_indices, NT)`` for a (chunk, batch x head) grid: fla's chunk indices of a varlen
+    batch (made when not given) and the number of chunks; varlen needs ``B == 1``."""
+    if cu_seqlens is None:
+        return chunk_indices, triton.cdiv(T, BT)
+    if B != 1:
+        raise ValueError(f"{who}: varlen (cu_seqlens) needs B == 1")
+    if chunk_indices is None:
+        chunk_indices = chunk_indices_for(cu_seqlens, BT)
+    return chunk_indices, len(chunk_indices)
 
 
 def launch(kernel, grid, config, *args, **kwargs):

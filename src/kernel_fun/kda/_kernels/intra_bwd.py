@@ -50,7 +50,7 @@ import triton.language as tl
 
 from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
-from kernel_fun.kda._kernels import bit_level, chunk_indices_for, chunk_program, launch
+from kernel_fun.kda._kernels import bit_level, chunk_grid, chunk_program, launch
 
 install_interpreter_shims()  # runtime-bound loops under TRITON_INTERPRET=1 (see tuning.py)
 
@@ -496,11 +496,7 @@ def prepare(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, cu_seqlens, chunk_indices
         raise ValueError(f"intra_bwd supports chunk_size 32 or 64, got {BT}")
     if HV % H != 0:
         raise ValueError(f"HV={HV} must be a multiple of H={H}")
-    if cu_seqlens is not None and B != 1:
-        raise ValueError("varlen (cu_seqlens) needs B == 1")
-    if chunk_indices is None and cu_seqlens is not None:
-        chunk_indices = chunk_indices_for(cu_seqlens, BT)
-    NT = triton.cdiv(T, BT) if cu_seqlens is None else len(chunk_indices)
+    chunk_indices, NT = chunk_grid("intra_bwd", B, T, BT, cu_seqlens, chunk_indices)
     q, k, g, beta, dAqk, dAkk, dq, dk, db, dg = (
         x.contiguous() for x in (q, k, g, beta, dAqk, dAkk, dq, dk, db, dg))
 

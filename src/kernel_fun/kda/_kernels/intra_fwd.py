@@ -42,7 +42,7 @@ import triton.language as tl
 
 from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
-from kernel_fun.kda._kernels import bit_level, chunk_indices_for, chunk_program, launch
+from kernel_fun.kda._kernels import bit_level, chunk_grid, chunk_program, launch
 
 install_interpreter_shims()
 
@@ -371,11 +371,7 @@ def _run(q, k, gk, beta, scale, cu_seqlens, chunk_indices, chunk_size, precision
             or tuple(beta.shape) != (B, T, HV) or (v is not None and (v.shape[:3] != (B, T, HV)))):
         raise ValueError(f"intra_fwd: shapes q {tuple(q.shape)} k {tuple(k.shape)} gk {tuple(gk.shape)} "
                          f"beta {tuple(beta.shape)} v {None if v is None else tuple(v.shape)} disagree")
-    if cu_seqlens is not None and B != 1:
-        raise ValueError("intra_fwd: varlen (cu_seqlens) needs B == 1")
-    if chunk_indices is None and cu_seqlens is not None:
-        chunk_indices = chunk_indices_for(cu_seqlens, BT)
-    NT = triton.cdiv(T, BT) if cu_seqlens is None else len(chunk_indices)
+    chunk_indices, NT = chunk_grid("intra_fwd", B, T, BT, cu_seqlens, chunk_indices)
     q, k, gk, beta = (x.contiguous() for x in (q, k, gk, beta))
     dev = k.device
     Aqk = _alloc((B, T, HV, BT), k.dtype, dev)

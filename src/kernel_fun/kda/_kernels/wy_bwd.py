@@ -31,7 +31,7 @@ import triton.language as tl
 
 from kernel_fun._common.tuning import autotune_cache, autotune_configs
 from kernel_fun._common.witness import record_launch
-from kernel_fun.kda._kernels import chunk_indices_for, chunk_program, launch
+from kernel_fun.kda._kernels import chunk_grid, chunk_program, launch
 
 
 def _alloc(size, dtype=None, device=None):
@@ -277,13 +277,9 @@ def prepare(q, k, v, v_new, g, beta, A, h, do, dh, dv, scale, cu_seqlens, chunk_
         raise ValueError(f"wy_dqkg_bwd supports chunk_size 32 or 64, got {BT}")
     if HV % H != 0:
         raise ValueError(f"HV={HV} must be a multiple of H={H}")
-    if cu_seqlens is not None and B != 1:
-        raise ValueError("varlen (cu_seqlens) needs B == 1")
     if scale is None:
         scale = K ** -0.5
-    if chunk_indices is None and cu_seqlens is not None:
-        chunk_indices = chunk_indices_for(cu_seqlens, BT)
-    NT = triton.cdiv(T, BT) if cu_seqlens is None else len(chunk_indices)
+    chunk_indices, NT = chunk_grid("wy_dqkg_bwd", B, T, BT, cu_seqlens, chunk_indices)
     q, k, v, v_new, g, beta, A, h, do, dh, dv = (
         x.contiguous() for x in (q, k, v, v_new, g, beta, A, h, do, dh, dv))
 
