@@ -5,7 +5,8 @@ epilogue fusions (chain.FUSE_L2NORM_BWD, FUSE_DG_CUMSUM, FUSE_GATE_BWD), of the 
 in the forward scan (chain.FUSE_WY_FWD, "wyf"), and of the switchable stages (our backward
 state scan "dhu", our forward intra scores "ifwd" (with "wyf"), our whole forward intra stage
 "fwdi", or fla's), the intra backward's one anchor ("ianc"), the WY + intra backward kernel
-("wyi") and dv made inside our dhu ("dvd", with "dhu"), against the chain as it ships.
+("wyi"), dv made inside our dhu ("dvd", with "dhu") and the score gradient made in our WY
+stage ("daqk", with "dvd"), against the chain as it ships.
 
     python scripts/kda_switch_ab.py out.json [--B 16] [--combos off,l2+dhu,...]
 
@@ -42,6 +43,8 @@ COMBOS = {
     "l2+ianc+dhu": ("l2norm", "ianc", "dhu"),
     "l2+dhu+dvd": ("l2norm", "dhu", "dvd"),
     "l2+ianc+dhu+dvd": ("l2norm", "ianc", "dhu", "dvd"),
+    "l2+dhu+dvd+daqk": ("l2norm", "dhu", "dvd", "daqk"),
+    "l2+ianc+dhu+dvd+daqk": ("l2norm", "ianc", "dhu", "dvd", "daqk"),
     "l2+wyi+dhu": ("l2norm", "wyi", "dhu"),
     "l2+cs+dhu": ("l2norm", "dg_cumsum", "dhu"),
     "l2+cs+gate+dhu": ("l2norm", "dg_cumsum", "gate", "dhu"),
@@ -63,6 +66,7 @@ def set_switches(chain, shipped: dict, parts) -> None:
         chain.FUSE_WY_FWD, chain.FUSE_WY_INTRA_BWD = shipped["wyf"], shipped["wyi"]
         chain.INTRA_BWD_ONE_ANCHOR = shipped["ianc"]
         chain.FUSE_DV_DHU = shipped["dvd"]
+        chain.FUSE_DAQK_WY = shipped["daqk"]
         chain.STAGES = dict(shipped["stages"])
         return
     chain.FUSE_L2NORM_BWD = "l2norm" in parts
@@ -72,6 +76,7 @@ def set_switches(chain, shipped: dict, parts) -> None:
     chain.FUSE_WY_INTRA_BWD = "wyi" in parts
     chain.INTRA_BWD_ONE_ANCHOR = "ianc" in parts
     chain.FUSE_DV_DHU = "dvd" in parts
+    chain.FUSE_DAQK_WY = "daqk" in parts
     ours = {**shipped["stages"], **chain.CANDIDATE_STAGES}
     off = {stage for short, stage in SWITCHABLE_STAGES.items() if short not in parts}
     chain.STAGES = {n: f for n, f in shipped["stages"].items() if n not in off}
@@ -95,7 +100,7 @@ def main() -> None:
 
     shipped = dict(l2=chain.FUSE_L2NORM_BWD, cs=chain.FUSE_DG_CUMSUM, gate=chain.FUSE_GATE_BWD,
                    wyf=chain.FUSE_WY_FWD, wyi=chain.FUSE_WY_INTRA_BWD, ianc=chain.INTRA_BWD_ONE_ANCHOR,
-                   dvd=chain.FUSE_DV_DHU, stages=dict(chain.STAGES))
+                   dvd=chain.FUSE_DV_DHU, daqk=chain.FUSE_DAQK_WY, stages=dict(chain.STAGES))
     t = _inputs(a.B, a.T, a.H, a.HV, a.K, a.V)
     do = torch.randn(a.B, a.T, a.HV, a.V, device="cuda", dtype=torch.bfloat16)
     leaves = [t[n] for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias")]

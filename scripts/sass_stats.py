@@ -125,9 +125,11 @@ def wy_bwd(full):
 
     ptr = {n: "*bf16" for n in ("q", "k", "v", "v_new", "beta", "A", "h", "do", "dh", "dv", "dv2")}
     ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
-    for cfg, varlen in itertools.product(m.bench_configs() if full else m.configs(), (False, True) if full else (False,)):
-        c = dict(H=16, HV=16, K=128, V=256, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", **cfg.kwargs)
-        yield f"wy_bwd varlen={varlen} {_cfg_label(cfg)}", m._wy_bwd_kernel.fn, ptr, c, cfg
+    for cfg, varlen, sg in itertools.product(m.bench_configs() if full else m.configs(),
+                                             (False, True) if full else (False,), (False, True)):
+        c = dict(H=16, HV=16, K=128, V=256, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", SCORE_GRAD=sg,
+                 **cfg.kwargs)
+        yield f"wy_bwd varlen={varlen} score_grad={sg} {_cfg_label(cfg)}", m._wy_bwd_kernel.fn, ptr, c, cfg
 
 
 def state_scan_fwd(full):

@@ -48,10 +48,11 @@ CASES = {  # the box's smallest heads (K=64, V=64: the interpreter's cost grows 
 # stages ("wyf"), our whole intra stage in place of fla's chunk_kda_fwd_intra ("fwd_intra"); and
 # the backward's WY and intra stages in one kernel ("wyi"); the intra backward's diagonal
 # blocks by one anchor where the gate allows ("ianc"); our dhu making dv from Aqk and do with our
-# score gradient in place of fla's dAv ("dvd").
+# score gradient in place of fla's dAv ("dvd"), and that score gradient made in our WY stage
+# ("dvd+daqk").
 # Each: switch values set over the shipped ones, stages dropped, candidate stages added.
 SWITCHES = ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD", "FUSE_WY_FWD", "FUSE_WY_INTRA_BWD",
-            "INTRA_BWD_ONE_ANCHOR", "FUSE_DV_DHU")
+            "INTRA_BWD_ONE_ANCHOR", "FUSE_DV_DHU", "FUSE_DAQK_WY")
 FUSIONS = {
     "off": dict(switches=dict.fromkeys(SWITCHES, False), drop=("state_scan_bwd",), add=()),
     "shipped": dict(switches={}, drop=(), add=()),
@@ -61,6 +62,7 @@ FUSIONS = {
     "wyi": dict(switches={"FUSE_WY_INTRA_BWD": True}, drop=(), add=()),
     "ianc": dict(switches={"INTRA_BWD_ONE_ANCHOR": True}, drop=(), add=()),
     "dvd": dict(switches={"FUSE_DV_DHU": True}, drop=(), add=("state_scan_bwd",)),
+    "dvd+daqk": dict(switches={"FUSE_DV_DHU": True, "FUSE_DAQK_WY": True}, drop=(), add=("state_scan_bwd",)),
 }
 
 
@@ -100,7 +102,7 @@ def test_chain_against_fp64_recurrence(name, fusions, monkeypatch, _standins):
     if our_dhu:
         want["delta.state_scan_bwd"] = 1
     dvd = our_dhu and on["FUSE_DV_DHU"]
-    if dvd:
+    if dvd and not (on["FUSE_DAQK_WY"] and not on["FUSE_WY_INTRA_BWD"]):
         want["kda.score_grad"] = 1
     if our_scores or our_whole:
         want["kda.intra_fwd"] = 1

@@ -90,7 +90,8 @@ def test_against_fp64_naive_recurrence(name):
 
 
 @pytest.mark.parametrize("fuse", ["l2norm", "dg_cumsum", "dg_cumsum+gate", "l2norm+dg_cumsum+gate", "l2norm+dhu",
-                                  "l2norm+dg_cumsum+gate+dhu", "l2norm+dhu+dvd"])
+                                  "l2norm+dg_cumsum+gate+dhu", "l2norm+dhu+dvd",
+                                  "l2norm+dhu+dvd+daqk"])
 def test_fused_intra_epilogues(fuse, monkeypatch):
     """chain.FUSE_L2NORM_BWD / FUSE_DG_CUMSUM / FUSE_GATE_BWD (the l2norm backward of q, k, the
     reverse cumsum of dg and the gate's backward in our intra backward's epilogue) and "dhu"
@@ -112,8 +113,10 @@ def test_fused_intra_epilogues(fuse, monkeypatch):
     monkeypatch.setattr(chain, "FUSE_DG_CUMSUM", "dg_cumsum" in parts)
     monkeypatch.setattr(chain, "FUSE_GATE_BWD", "gate" in parts)
     monkeypatch.setattr(chain, "FUSE_DV_DHU", "dvd" in parts)
+    monkeypatch.setattr(chain, "FUSE_DAQK_WY", "daqk" in parts)
     if "dhu" in parts:
         monkeypatch.setattr(chain, "STAGES", with_dhu)
+    before_sg = launches("kda.score_grad")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fused = _run(kda.chunk_kda, t, do, dht, **flags)
         torch.cuda.synchronize()
@@ -122,6 +125,7 @@ def test_fused_intra_epilogues(fuse, monkeypatch):
            (("l2norm", "l2norm_bwd"), ("dg_cumsum", "chunk_local_cumsum"), ("gate", "kda_gate_bwd"),
             ("dhu", "chunk_gated_delta_rule_bwd_kernel_dhu"), ("dvd", "chunk_kda_bwd_kernel_dAv"))]
     assert all(r == (p not in parts) for p, _, r in ran), (fuse, ran)
+    assert launches("kda.score_grad") == before_sg + ("dvd" in parts and "daqk" not in parts)
     ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},
                do.double(), dht.double(), **flags)
     errs = {k: _rel(fused[k], ref[k]) for k in fused if fused[k] is not None and k in TOL}
@@ -193,9 +197,11 @@ def test_backward_variants_against_fla_chunk_kda(name, monkeypatch):
     our_dhu = {**shipped_stages, "state_scan_bwd": state_scan_bwd}
     for which, anchor, stages, dvd in (("shipped", shipped_anchor, shipped_stages, chain.FUSE_DV_DHU),
                                        ("anchor", True, fla_dhu, False), ("dhu", False, our_dhu, False),
-                                       ("anchor+dhu", True, our_dhu, False), ("dhu+dvd", False, our_dhu, True)):
+                                       ("anchor+dhu", True, our_dhu, False), ("dhu+dvd", False, our_dhu, True),
+                                       ("dhu+dvd+daqk", False, our_dhu, "daqk")):
         monkeypatch.setattr(chain, "INTRA_BWD_ONE_ANCHOR", anchor)
-        monkeypatch.setattr(chain, "FUSE_DV_DHU", dvd)
+        monkeypatch.setattr(chain, "FUSE_DV_DHU", bool(dvd))
+        monkeypatch.setattr(chain, "FUSE_DAQK_WY", dvd == "daqk")
         monkeypatch.setattr(chain, "STAGES", stages)
         report(which, _run(kda.chunk_kda, t, do, dht, **flags))
     report("fla", _run(compat.fla_symbol("fla.ops.kda", "chunk_kda"), t, do, dht, **flags))

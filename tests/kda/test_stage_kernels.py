@@ -560,6 +560,30 @@ def test_wy_bwd_every_config(config):
         assert rel_err(o, r) < 1e-5, name
 
 
+@pytest.mark.parametrize("case", CASES, ids=["fixed", "grouped-strong", "varlen-strong"])
+@pytest.mark.parametrize("io_dtype", [torch.float32, torch.float16])
+def test_wy_bwd_with_score_grad(case, io_dtype):
+    """with_score_grad (kda.chain.FUSE_DAQK_WY): dAqk = scale tril(do v_new^T) from the WY
+    stage's prologue, against the chain's own dAqk (autograd through the fp64 chunked
+    forward) and fla's dAv reference; the six usual outputs bit-equal to a call without it."""
+    from kernel_fun.kda._kernels.wy_bwd import wy_dqkg_bwd
+    from kernel_fun.kda.reference_stages import dAv_reference
+
+    B, T, H, HV, K, V, cu, decay = case
+    cu_t = torch.tensor(cu) if cu is not None else None
+    ch = build_chain(B, T, H, HV, K, V, cu=cu_t, decay=decay, seed=6, beta_max=1.5, h0=True)
+    inp, _ = stage_inputs(ch, io_dtype, cu_t)
+    before = launch_counts("kda.")
+    *out, dAqk = wy_dqkg_bwd(**inp, with_score_grad=True)
+    assert launch_counts("kda.").get("kda.wy_bwd", 0) == before.get("kda.wy_bwd", 0) + 1
+    plain = wy_dqkg_bwd(**inp)
+    assert all(torch.equal(a, b) for a, b in zip(out, plain))
+    want, _ = dAv_reference(inp["v_new"], inp["do"], inp["A"], inp["scale"], cu_seqlens=cu_t, chunk_size=BT)
+    assert dAqk.dtype == torch.float32 and dAqk.shape == (B, T, HV, BT) and torch.isfinite(dAqk).all()
+    tol = 1e-6 if io_dtype == torch.float32 else 2e-3
+    assert rel_err(dAqk, want) < tol and rel_err(dAqk, ch["dAqk"]) < (1e-5 if io_dtype == torch.float32 else 3e-3)
+
+
 # --------------------------------------------------------------------------------------------
 # the reference of fla's recompute_w_u_fwd (the CPU chain's stand-in for it) is right
 # --------------------------------------------------------------------------------------------

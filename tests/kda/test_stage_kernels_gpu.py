@@ -125,6 +125,25 @@ def test_wy_bwd_against_fla_and_reference(name):
 
 
 @pytest.mark.parametrize("name", list(CASES))
+def test_wy_bwd_score_grad_against_fla_dAv(name):
+    """with_score_grad (kda.chain.FUSE_DAQK_WY), autotuned and at every configuration: dAqk
+    against the dA of fla's chunk_kda_bwd_dAv (the intra stage's input, built from the same
+    v_new and do) and the fp64 reference; the six usual outputs equal to a call without it."""
+    from kernel_fun.kda._kernels.wy_bwd import configs, wy_dqkg_bwd
+
+    wy_in, _, intra_in = _inputs(name)
+    want, _ = refs.dAv_reference(wy_in["v_new"], wy_in["do"], intra_in["dAqk"], wy_in["scale"],
+                                 cu_seqlens=wy_in["cu_seqlens"], chunk_size=BT)
+    for config in [None] + configs():
+        *out, dAqk = wy_dqkg_bwd(**wy_in, config=config, with_score_grad=True)
+        plain = wy_dqkg_bwd(**wy_in, config=config)
+        assert all(torch.equal(a, b) for a, b in zip(out, plain)), config
+        e_fla, e_ref = rel_err(dAqk, intra_in["dAqk"]), rel_err(dAqk, want)
+        print(f"[{name}/{config}] dAqk ours-fla {e_fla:.2e} ours-ref {e_ref:.2e}")
+        assert torch.isfinite(dAqk).all() and e_fla < 1e-3 and e_ref < 1e-3, (config, e_fla, e_ref)
+
+
+@pytest.mark.parametrize("name", list(CASES))
 def test_intra_bwd_against_fla_and_reference(name):
     from kernel_fun.kda._kernels.intra_bwd import intra_bwd
 

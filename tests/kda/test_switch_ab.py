@@ -19,6 +19,7 @@ def _script():
 def _chain():
     return SimpleNamespace(FUSE_L2NORM_BWD=True, FUSE_DG_CUMSUM=False, FUSE_GATE_BWD=False, FUSE_WY_FWD=False,
                            FUSE_WY_INTRA_BWD=False, INTRA_BWD_ONE_ANCHOR=False, FUSE_DV_DHU=False,
+                           FUSE_DAQK_WY=False,
                            STAGES={"state_scan_fwd": "scan", "intra_bwd": "ib", "wy_bwd": "wy"},
                            CANDIDATE_STAGES={"state_scan_bwd": "dhu", "intra_fwd": "if", "fwd_intra": "fi"})
 
@@ -26,7 +27,7 @@ def _chain():
 def _shipped(chain):
     return dict(l2=chain.FUSE_L2NORM_BWD, cs=chain.FUSE_DG_CUMSUM, gate=chain.FUSE_GATE_BWD,
                 wyf=chain.FUSE_WY_FWD, wyi=chain.FUSE_WY_INTRA_BWD, ianc=chain.INTRA_BWD_ONE_ANCHOR,
-                dvd=chain.FUSE_DV_DHU, stages=dict(chain.STAGES))
+                dvd=chain.FUSE_DV_DHU, daqk=chain.FUSE_DAQK_WY, stages=dict(chain.STAGES))
 
 
 @pytest.mark.parametrize("combo", list(_script().COMBOS))
@@ -42,14 +43,16 @@ def test_each_combination_sets_exactly_its_parts(combo):
     assert chain.FUSE_WY_INTRA_BWD == ("wyi" in parts)
     assert chain.INTRA_BWD_ONE_ANCHOR == ("ianc" in parts)
     assert chain.FUSE_DV_DHU == ("dvd" in parts)
+    assert chain.FUSE_DAQK_WY == ("daqk" in parts)
     assert "dvd" not in parts or "dhu" in parts  # dv in our dhu needs our dhu
+    assert "daqk" not in parts or "dvd" in parts
     switchable = set(ab.SWITCHABLE_STAGES.values())
     want = {k: v for k, v in shipped["stages"].items() if k not in switchable}
     want.update({"state_scan_bwd": "dhu"} if "dhu" in parts else {})
     want.update({"intra_fwd": "if"} if "ifwd" in parts else {})
     want.update({"fwd_intra": "fi"} if "fwdi" in parts else {})
     assert chain.STAGES == want
-    assert set(parts) <= {"l2norm", "dg_cumsum", "gate", "wyf", "wyi", "ianc", "dvd"} | set(ab.SWITCHABLE_STAGES), parts
+    assert set(parts) <= {"l2norm", "dg_cumsum", "gate", "wyf", "wyi", "ianc", "dvd", "daqk"} | set(ab.SWITCHABLE_STAGES), parts
     ab.set_switches(chain, shipped, None)  # back to the chain as it ships
     assert _shipped(chain) == shipped
 
@@ -59,7 +62,7 @@ def test_the_real_chain_has_every_switch_and_stage_the_script_names():
 
     ab = _script()
     for n in ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD", "FUSE_WY_FWD", "FUSE_WY_INTRA_BWD",
-              "INTRA_BWD_ONE_ANCHOR", "FUSE_DV_DHU"):
+              "INTRA_BWD_ONE_ANCHOR", "FUSE_DV_DHU", "FUSE_DAQK_WY"):
         assert isinstance(getattr(chain, n), bool), n
     for stage in ab.SWITCHABLE_STAGES.values():
         assert stage in chain.STAGES or stage in chain.CANDIDATE_STAGES, stage

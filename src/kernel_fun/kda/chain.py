@@ -117,8 +117,13 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
     dhu_args = dict(q=qg, k=kg, w=w, gk=gc, h0=initial_state, dht=dht, do=do, scale=scale, cu_seqlens=cu_seqlens,
                     chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
     our_dhu = STAGES.get("state_scan_bwd")
-    if our_dhu is not None and FUSE_DV_DHU:  # dAqk alone here; dv = Aqk^T do made inside our dhu
-        dAqk = score_grad_bwd(v_new, do, scale, cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices)
+    wy, intra = STAGES.get("wy_bwd"), STAGES.get("intra_bwd")
+    fused_wyi = FUSE_WY_INTRA_BWD and wy is not None and intra is not None
+    dvd = our_dhu is not None and FUSE_DV_DHU
+    daqk_in_wy = dvd and FUSE_DAQK_WY and wy is not None and not fused_wyi
+    if dvd:  # dv = Aqk^T do made inside our dhu; dAqk alone here, or in our WY stage
+        dAqk = None if daqk_in_wy else score_grad_bwd(
+            v_new, do, scale, cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices)
         dh, dh0, dv = our_dhu(**dhu_args, dv=None, A=Aqk)
     else:
         dAqk, dv = _fla("fla.ops.kda.chunk_bwd", "chunk_kda_bwd_dAv")(
@@ -126,8 +131,6 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
             chunk_indices=chunk_indices)
         dhu = our_dhu or _fla("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_bwd_dhu")
         dh, dh0, dv = dhu(**dhu_args, dv=dv)
-    wy, intra = STAGES.get("wy_bwd"), STAGES.get("intra_bwd")
-    fused_wyi = FUSE_WY_INTRA_BWD and wy is not None and intra is not None
     whole_k = (wyi_whole_k_block if fused_wyi else intra_whole_k_block)(K)
     fused_l2 = q_rstd is not None and intra is not None and FUSE_L2NORM_BWD and intra_l2norm_fusable(H, HV, whole_k)
     fused_cs = intra is not None and FUSE_DG_CUMSUM and whole_k
@@ -145,7 +148,10 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
         dq, dk, dv, db, dg, *gate_grads = wy_intra_bwd(**wy_args, dAqk=dAqk, **extra)
     else:
         wy = wy or _fla("fla.ops.kda.chunk_bwd", "chunk_kda_bwd_wy_dqkg_fused")
-        dq, dk, dv, db, dg, dAkk = wy(**wy_args, chunk_offsets=chunk_offsets)
+        if daqk_in_wy:
+            dq, dk, dv, db, dg, dAkk, dAqk = wy(**wy_args, chunk_offsets=chunk_offsets, with_score_grad=True)
+        else:
+            dq, dk, dv, db, dg, dAkk = wy(**wy_args, chunk_offsets=chunk_offsets)
         intra = intra or _fla("fla.ops.kda.chunk_intra", "chunk_kda_bwd_intra")
         dq, dk, db, dg, *gate_grads = intra(
             q=q, k=k, g=gc, beta=beta, dAqk=dAqk, dAkk=dAkk, dq=dq, dk=dk, db=db, dg=dg,
@@ -264,6 +270,11 @@ INTRA_BWD_ONE_ANCHOR = False
 # tests/kda/test_score_grad.py, the CPU chain test "dvd"); off until timed on the H200
 # (scripts/kda_switch_ab.py "l2+dhu+dvd" against "l2+dhu").
 FUSE_DV_DHU = False
+# With it, the score gradient made in a prologue of our WY backward (wy_bwd with_score_grad),
+# which reads do and v_new anyway, instead of by score_grad.py's own pass over them (2.1 GB at
+# B=16). Interpreter-tested (tests/kda/test_stage_kernels.py, the CPU chain variant "dvd+daqk");
+# off until timed (scripts/kda_switch_ab.py "l2+dhu+dvd+daqk" against "l2+dhu+dvd").
+FUSE_DAQK_WY = False
 
 # The switches below are epilogues of our intra backward (they need a K block covering K).
 # Measured end to end at B=16, T=8192, H=HV=16, K=128, V=256 bf16 on the H200, 2026-11-30

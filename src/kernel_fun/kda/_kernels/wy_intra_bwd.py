@@ -82,8 +82,8 @@ def _wy_intra_bwd_kernel(
     # q_i .. dg_i: the intra half's inputs, the same tensors as the WY half's (q, k, g, beta)
     # and outputs (dq, dk, db, dg, dA); passed again so each half keeps its own pointer offsets
     _, i_hv, i_h, i_tg, t0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
-    wy_bwd_program(q, k, v, v_new, g, beta, A, h, do, dh, dv, dq, dk, dv2, dg, db, dA, scale,
-                   i_hv, i_h, i_tg, t0, n_valid, H, HV, K, V, BT, WBK, WBV, DOT_PRECISION, EARLY_EPI)
+    wy_bwd_program(q, k, v, v_new, g, beta, A, h, do, dh, dv, dq, dk, dv2, dg, db, dA, dA, scale,
+                   i_hv, i_h, i_tg, t0, n_valid, H, HV, K, V, BT, WBK, WBV, DOT_PRECISION, EARLY_EPI, False)
     # the WY half's rows of dq, dk, dg, db and dA, written by other threads of this program,
     # are read by the intra half: every write before the barrier is visible after it
     tl.debug_barrier()
