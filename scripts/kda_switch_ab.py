@@ -12,7 +12,8 @@ stage ("daqk", with "dvd"), against the chain as it ships.
 
 Each combination is checked against the shipped chain's o and gradients (relative RMS) before
 it is timed (``triton.testing.do_bench`` medians of the whole autograd fwd+bwd, and of the
-forward alone with inputs that require grad). fla's own
+forward alone with inputs that require grad); the peak memory of one fwd+bwd is recorded as
+``kernel-fun bench`` measures it. fla's own
 chunk_kda is not run here: this picks the defaults; ``kernel-fun bench`` measures them against
 fla afterwards. Prints as it goes; the JSON at argv[1] is rewritten after each combination.
 """
@@ -95,7 +96,7 @@ def main() -> None:
 
     from kernel_fun import kda
     from kernel_fun._common.numerics import rel_rms as rel
-    from kernel_fun.bench.kda import _inputs
+    from kernel_fun.bench.kda import _inputs, _peak_mb
     from kernel_fun.kda import chain
 
     shipped = dict(l2=chain.FUSE_L2NORM_BWD, cs=chain.FUSE_DG_CUMSUM, gate=chain.FUSE_GATE_BWD,
@@ -130,8 +131,10 @@ def main() -> None:
         del got
         ms = triton.testing.do_bench(fwdbwd, warmup=5, rep=400, return_mode="median")
         fms = triton.testing.do_bench(fwd, warmup=5, rep=200, return_mode="median")
-        rec["rows"][name] = {"fwdbwd_ms": round(ms, 4), "fwd_ms": round(fms, 4), "rel_err_vs_shipped": errs}
-        log(f"{name:16s} fwd+bwd {ms:8.3f} ms  fwd {fms:7.3f} ms  vs shipped {errs}")
+        peak = _peak_mb(fwdbwd)  # as kernel-fun bench measures it (its record's peak_MB)
+        rec["rows"][name] = {"fwdbwd_ms": round(ms, 4), "fwd_ms": round(fms, 4), "peak_MB": peak,
+                             "rel_err_vs_shipped": errs}
+        log(f"{name:16s} fwd+bwd {ms:8.3f} ms  fwd {fms:7.3f} ms  peak {peak:9.1f} MB  vs shipped {errs}")
         with open(a.out_json, "w") as f:
             json.dump(rec, f, indent=1)
     base = rec["rows"].get("off", {}).get("fwdbwd_ms")

@@ -114,8 +114,13 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
     h, v_new, _ = _fla("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_fwd_h")(
         k=kg, w=w, u=u, gk=gc, initial_state=initial_state, output_final_state=False,
         cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT)
+    # Each intermediate is released as soon as its last reader has run (peak memory): u here;
+    # qg, kg, w after the state scan (dhu_args holds them until then); h, dh, v_new and the
+    # scan's dv after the WY stage (wy_args); tests/kda/test_chain_cpu.py checks the lifetimes.
+    del u
     dhu_args = dict(q=qg, k=kg, w=w, gk=gc, h0=initial_state, dht=dht, do=do, scale=scale, cu_seqlens=cu_seqlens,
                     chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
+    del qg, kg, w
     our_dhu = STAGES.get("state_scan_bwd")
     wy, intra = STAGES.get("wy_bwd"), STAGES.get("intra_bwd")
     fused_wyi = FUSE_WY_INTRA_BWD and wy is not None and intra is not None
@@ -131,6 +136,7 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
             chunk_indices=chunk_indices)
         dhu = our_dhu or _fla("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_bwd_dhu")
         dh, dh0, dv = dhu(**dhu_args, dv=dv)
+    del dhu_args
     whole_k = (wyi_whole_k_block if fused_wyi else intra_whole_k_block)(K)
     fused_l2 = q_rstd is not None and intra is not None and FUSE_L2NORM_BWD and intra_l2norm_fusable(H, HV, whole_k)
     fused_cs = intra is not None and FUSE_DG_CUMSUM and whole_k
@@ -144,14 +150,17 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
         extra["fast_range"] = INTRA_BWD_FAST_RANGE
     wy_args = dict(q=q, k=k, v=v, v_new=v_new, g=gc, beta=beta, A=Akk, h=h, do=do, dh=dh, dv=dv, scale=scale,
                    cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices)
+    del h, dh, v_new, dv
     if fused_wyi:  # both stages in one kernel: their dq, dk, dg, db, dA never leave L2
         dq, dk, dv, db, dg, *gate_grads = wy_intra_bwd(**wy_args, dAqk=dAqk, **extra)
+        del wy_args
     else:
         wy = wy or _fla("fla.ops.kda.chunk_bwd", "chunk_kda_bwd_wy_dqkg_fused")
         if daqk_in_wy:
             dq, dk, dv, db, dg, dAkk, dAqk = wy(**wy_args, chunk_offsets=chunk_offsets, with_score_grad=True)
         else:
             dq, dk, dv, db, dg, dAkk = wy(**wy_args, chunk_offsets=chunk_offsets)
+        del wy_args
         intra = intra or _fla("fla.ops.kda.chunk_intra", "chunk_kda_bwd_intra")
         dq, dk, db, dg, *gate_grads = intra(
             q=q, k=k, g=gc, beta=beta, dAqk=dAqk, dAkk=dAkk, dq=dq, dk=dk, db=db, dg=dg,
@@ -215,9 +224,10 @@ STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bw
 # H200 2026-11-30). Shipped with the one anchor below for one H200 run (c819731, 2026-11-30):
 # the chain's cu_seqlens case then had dA_log 3.0e-2 from the fp64 recurrence (over the
 # test's 2e-2; every other output and case in tolerance), and the bench's peak memory at
-# B=16 rose 1,024 MB (19,488 against 18,464; fla's 19,520), neither yet traced to one of the
-# two: test_chain_gpu.py::test_backward_variants_against_fla_chunk_kda is the experiment that
-# splits them (bench/records/raw/2026-11-30-h200-kda-prod_b16-anchor-dhu.json: fwd+bwd 32.38
+# B=16 rose 1,024 MB (19,488 against 18,464; fla's 19,520): most likely a reference the
+# backward kept to the state scan's dv (exactly that size; now released), not either of them. The dA_log is
+# not yet traced: test_chain_gpu.py::test_backward_variants_against_fla_chunk_kda is the
+# experiment that splits them (bench/records/raw/2026-11-30-h200-kda-prod_b16-anchor-dhu.json: fwd+bwd 32.38
 # ms against 32.87 without them).
 #
 # The forward's intra stage in one kernel (kda/_kernels/intra_fwd.py), interpreter-tested
