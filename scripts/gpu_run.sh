@@ -18,6 +18,23 @@ export PYTHONPATH=/tmp/site:src
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 T=${STEP_TIMEOUT:-300}
+# Autotune results carried between device calls: Triton's on-disk autotune cache (fla's
+# kernels and ours both use it; each entry is keyed by the Triton build, the GPU target, the
+# kernel's source, the tuning key and the configs, so an edited kernel re-tunes). Every run
+# returns its entries under $OUT/triton_autotune after each step; copy that to
+# .triton_autotune/ (git-ignored) and pass it in `carry`. Only AUTOTUNE_CACHE=restore puts
+# them back: for test calls. The tuning keys leave out B and T, so an entry made at a test's
+# small shape would pick the configs of a production-shape bench, for fla's kernels and ours:
+# bench records are made without it (tuned at their own first case, as a user's first step).
+TC=$(python3 -c "from triton import knobs; print(knobs.cache.dir)" 2>/dev/null || echo "$HOME/.triton/cache")
+if [ -d .triton_autotune ] && [ "${AUTOTUNE_CACHE:-}" = restore ]; then
+  mkdir -p "$TC" && cp -rn .triton_autotune/. "$TC"/
+  echo "autotune cache: $(find .triton_autotune -name '*.autotune.json' | wc -l) entries restored into $TC"
+fi
+save_autotune() {
+  mkdir -p "$OUT/triton_autotune"
+  (cd "$TC" 2>/dev/null && find . -name '*.autotune.json' -print0 | xargs -0 -r cp --parents -t "$OUT/triton_autotune")
+}
 for step in "$@"; do
   echo "=== $step ($(date -u +%H:%M:%S))"
   case $step in
@@ -40,5 +57,6 @@ for step in "$@"; do
     cconv_sweep) timeout "$T" python3 scripts/cconv_sweep.py "$OUT/cconv_sweep.json" 2>&1 | tee "$OUT/cconv_sweep.log" | tail -60 ;;
     *) echo "unknown step $step" ;;
   esac
+  save_autotune
 done
 echo "=== done ($(date -u +%H:%M:%S))"
