@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Bench: KDA's two costliest backward stages, ours vs fla's stage functions, on one GPU.
 
-    python scripts/kda_stage_bench.py out.json [--only wy,intra,l2norm,wyi,ianc,fwdi]
+    python scripts/kda_stage_bench.py out.json [--only wy,intra,l2norm,wyi,ianc,fwdi] [--gates model|bench]
                                                [--B 8 --T 8192 ...]
 
 At B=8, T=8192, H=HV=16, K=128, V=256 bf16 (the baseline shape) the stage inputs come from
@@ -92,13 +92,13 @@ def best_of(rows: dict):
     return min(ok.items(), key=lambda kv: kv[1]) if ok else (None, float("nan"))
 
 
-def build_inputs(B, T, H, HV, K, V):
+def build_inputs(B, T, H, HV, K, V, gates="model"):
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu, chunk_gated_delta_rule_fwd_h
     from fla.ops.kda.chunk_bwd import chunk_kda_bwd_dAv
     from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra
     from fla.ops.kda.wy_fast import recompute_w_u_fwd
 
-    q, k, v, beta, gk, scale = production_inputs(B, T, H, HV, K, V)
+    q, k, v, beta, gk, scale = production_inputs(B, T, H, HV, K, V, gates)
     do = torch.randn(B, T, HV, V, device="cuda", dtype=torch.bfloat16)
     _, _, _, _, Aqk, Akk = chunk_kda_fwd_intra(q=q, k=k, v=v, gk=gk, beta=beta, scale=scale, chunk_size=64)
     w, u, qg, kg = recompute_w_u_fwd(q=q, k=k, v=v, beta=beta, A=Akk, gk=gk)
@@ -123,7 +123,7 @@ def bench_fwd_intra(a) -> dict:
 
     from kernel_fun.kda._kernels import intra_fwd as m
 
-    q, k, v, beta, gk, scale = production_inputs(a.B, a.T, a.H, a.HV, a.K, a.V)
+    q, k, v, beta, gk, scale = production_inputs(a.B, a.T, a.H, a.HV, a.K, a.V, a.gates)
     args = dict(q=q, k=k, v=v, gk=gk, beta=beta, scale=scale, chunk_size=64)
 
     def fla_all():
@@ -205,6 +205,8 @@ def main() -> None:
     ap.add_argument("--only", default="wy,intra,l2norm", help="comma list: wy, intra, l2norm, fwdi, wyi, ianc")
     for n, d in dict(B=8, T=8192, H=16, HV=16, K=128, V=256).items():
         ap.add_argument(f"--{n}", type=int, default=d)
+    ap.add_argument("--gates", default="model", choices=["model", "bench"],
+                    help="gate parameters: model-like (gentle) or kernel-fun bench's (steeper)")
     a = ap.parse_args()
     a.only = a.only.split(",")
 
@@ -224,7 +226,7 @@ def main() -> None:
         "git_sha": os.environ.get("KERNEL_FUN_GIT_SHA") or subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True,
             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown",
-        "shape": dict(B=a.B, T=a.T, H=a.H, HV=a.HV, K=a.K, V=a.V, dtype="bfloat16"),
+        "shape": dict(B=a.B, T=a.T, H=a.H, HV=a.HV, K=a.K, V=a.V, dtype="bfloat16", gates=a.gates),
         "baseline_ms": {"fla_intra_h200_2026_11_30": 7.39, "fla_wy_h200_2026_11_30": 6.31},
     }
     if "fwdi" in a.only:
@@ -232,7 +234,7 @@ def main() -> None:
         dump(rec, a.out)
         if a.only == ["fwdi"]:
             return
-    wy_in, dAqk = build_inputs(a.B, a.T, a.H, a.HV, a.K, a.V)
+    wy_in, dAqk = build_inputs(a.B, a.T, a.H, a.HV, a.K, a.V, a.gates)
 
     # ---------------- wy ----------------
     def fla_wy():
