@@ -47,17 +47,25 @@ def _score_grad_kernel(v, do, dA, cu_seqlens, chunk_indices, scale, T,
     do += t0 * HVV + i_hv * V
     dA += t0 * HVBT + i_hv * BT
     o_t = tl.arange(0, BT)
-    m_t = o_t < n_valid
+    score_grad_program(v, do, dA, scale, o_t, o_t < n_valid, HV, V, BT, BV)
+
+
+@triton.jit
+def score_grad_program(v, do, dA, scale, o_t, m_t, HV: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                       BV: tl.constexpr):
+    """One chunk x value head (pointers at its first row; ``m_t`` its valid rows): dA = scale
+    tril(do v^T), stored. Also the prologue of ``wy_bwd``'s SCORE_GRAD."""
+    HVV: tl.constexpr = HV * V
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
         b_do = tl.load(do + o_t[:, None] * HVV + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)
-        # v_new^T [BV, BT] loaded transposed from memory
+        # v^T [BV, BT] loaded transposed from memory (not a transposed dot result)
         b_vt = tl.load(v + o_t[None, :] * HVV + o_v[:, None], mask=m_v[:, None] & m_t[None, :], other=0.)
         b_dA = tl.dot(b_do, b_vt, b_dA)
     b_dA = tl.where(o_t[:, None] >= o_t[None, :], b_dA * scale, 0.)
-    tl.store(dA + o_t[:, None] * HVBT + o_t[None, :], b_dA.to(dA.dtype.element_ty), mask=m_t[:, None])
+    tl.store(dA + o_t[:, None] * (HV * BT) + o_t[None, :], b_dA.to(dA.dtype.element_ty), mask=m_t[:, None])
 
 
 def score_grad_bwd(

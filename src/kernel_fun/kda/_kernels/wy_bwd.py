@@ -34,6 +34,7 @@ import triton.language as tl
 from kernel_fun._common.tuning import autotune_cache, autotune_configs
 from kernel_fun._common.witness import record_launch
 from kernel_fun.kda._kernels import chunk_grid, chunk_program, launch
+from kernel_fun.kda._kernels.score_grad import score_grad_program
 
 
 def _alloc(size, dtype=None, device=None):
@@ -138,17 +139,8 @@ def wy_bwd_program(
     # A^T: b_At[a, t] = Akk[t, a], loaded transposed (never a transposed dot result)
     b_At = tl.load(A + o_t[None, :] * HVBT + o_t[:, None], mask=m_t[None, :], other=0.)
 
-    if SCORE_GRAD:
-        dAqk += t0 * HVBT + i_hv * BT
-        b_dAq = tl.zeros([BT, BT], dtype=tl.float32)
-        for i_v in range(0, tl.cdiv(V, BV)):
-            o_v = i_v * BV + tl.arange(0, BV)
-            m_v = o_v < V
-            b_do = tl.load(do + o_t[:, None] * HVV + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)
-            b_vnt = tl.load(v_new + o_t[None, :] * HVV + o_v[:, None], mask=m_v[:, None] & m_t[None, :], other=0.)
-            b_dAq = tl.dot(b_do, b_vnt, b_dAq)
-        b_dAq = tl.where(o_t[:, None] >= o_t[None, :], b_dAq * scale, 0.)
-        tl.store(dAqk + o_t[:, None] * HVBT + o_t[None, :], b_dAq.to(dAqk.dtype.element_ty), mask=m_t[:, None])
+    if SCORE_GRAD:  # stored here, so its [BT, BT] accumulator is gone before the K loop
+        score_grad_program(v_new, do, dAqk + t0 * HVBT + i_hv * BT, scale, o_t, m_t, HV, V, BT, BV)
 
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
     b_db = tl.zeros([BT], dtype=tl.float32)
