@@ -50,9 +50,18 @@ COMBOS = {
     "l2+cs+dhu": ("l2norm", "dg_cumsum", "dhu"),
     "l2+cs+gate+dhu": ("l2norm", "dg_cumsum", "gate", "dhu"),
 }
+# the chain's boolean switches a combination turns on, by a short name
+SWITCHES = {"l2norm": "FUSE_L2NORM_BWD", "dg_cumsum": "FUSE_DG_CUMSUM", "gate": "FUSE_GATE_BWD",
+            "wyf": "FUSE_WY_FWD", "wyi": "FUSE_WY_INTRA_BWD", "ianc": "INTRA_BWD_ONE_ANCHOR",
+            "dvd": "FUSE_DV_DHU", "daqk": "FUSE_DAQK_WY"}
 # stages of ours a combination can take out (back to fla's) or put in, by a short name:
 # chain.STAGES and chain.CANDIDATE_STAGES
 SWITCHABLE_STAGES = {"dhu": "state_scan_bwd", "ifwd": "intra_fwd", "fwdi": "fwd_intra"}
+
+
+def shipped_setup(chain) -> dict:
+    """The chain as it ships: every switch's value by its chain name, and ``stages``."""
+    return {**{n: getattr(chain, n) for n in SWITCHES.values()}, "stages": dict(chain.STAGES)}
 
 
 def log(msg: str) -> None:
@@ -62,22 +71,11 @@ def log(msg: str) -> None:
 def set_switches(chain, shipped: dict, parts) -> None:
     """Exactly ``parts`` on (every other switch and switchable stage off); ``parts=None``: the
     chain as it ships."""
+    for short, name in SWITCHES.items():
+        setattr(chain, name, shipped[name] if parts is None else short in parts)
     if parts is None:
-        chain.FUSE_L2NORM_BWD, chain.FUSE_DG_CUMSUM, chain.FUSE_GATE_BWD = shipped["l2"], shipped["cs"], shipped["gate"]
-        chain.FUSE_WY_FWD, chain.FUSE_WY_INTRA_BWD = shipped["wyf"], shipped["wyi"]
-        chain.INTRA_BWD_ONE_ANCHOR = shipped["ianc"]
-        chain.FUSE_DV_DHU = shipped["dvd"]
-        chain.FUSE_DAQK_WY = shipped["daqk"]
         chain.STAGES = dict(shipped["stages"])
         return
-    chain.FUSE_L2NORM_BWD = "l2norm" in parts
-    chain.FUSE_DG_CUMSUM = "dg_cumsum" in parts
-    chain.FUSE_GATE_BWD = "gate" in parts
-    chain.FUSE_WY_FWD = "wyf" in parts
-    chain.FUSE_WY_INTRA_BWD = "wyi" in parts
-    chain.INTRA_BWD_ONE_ANCHOR = "ianc" in parts
-    chain.FUSE_DV_DHU = "dvd" in parts
-    chain.FUSE_DAQK_WY = "daqk" in parts
     ours = {**shipped["stages"], **chain.CANDIDATE_STAGES}
     off = {stage for short, stage in SWITCHABLE_STAGES.items() if short not in parts}
     chain.STAGES = {n: f for n, f in shipped["stages"].items() if n not in off}
@@ -99,9 +97,7 @@ def main() -> None:
     from kernel_fun.bench.kda import _inputs, _peak_mb
     from kernel_fun.kda import chain
 
-    shipped = dict(l2=chain.FUSE_L2NORM_BWD, cs=chain.FUSE_DG_CUMSUM, gate=chain.FUSE_GATE_BWD,
-                   wyf=chain.FUSE_WY_FWD, wyi=chain.FUSE_WY_INTRA_BWD, ianc=chain.INTRA_BWD_ONE_ANCHOR,
-                   dvd=chain.FUSE_DV_DHU, daqk=chain.FUSE_DAQK_WY, stages=dict(chain.STAGES))
+    shipped = shipped_setup(chain)
     t = _inputs(a.B, a.T, a.H, a.HV, a.K, a.V)
     do = torch.randn(a.B, a.T, a.HV, a.V, device="cuda", dtype=torch.bfloat16)
     leaves = [t[n] for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias")]

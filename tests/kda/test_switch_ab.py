@@ -25,15 +25,17 @@ def _chain():
 
 
 def _shipped(chain):
-    return dict(l2=chain.FUSE_L2NORM_BWD, cs=chain.FUSE_DG_CUMSUM, gate=chain.FUSE_GATE_BWD,
-                wyf=chain.FUSE_WY_FWD, wyi=chain.FUSE_WY_INTRA_BWD, ianc=chain.INTRA_BWD_ONE_ANCHOR,
-                dvd=chain.FUSE_DV_DHU, daqk=chain.FUSE_DAQK_WY, stages=dict(chain.STAGES))
+    return dict(FUSE_L2NORM_BWD=chain.FUSE_L2NORM_BWD, FUSE_DG_CUMSUM=chain.FUSE_DG_CUMSUM,
+                FUSE_GATE_BWD=chain.FUSE_GATE_BWD, FUSE_WY_FWD=chain.FUSE_WY_FWD,
+                FUSE_WY_INTRA_BWD=chain.FUSE_WY_INTRA_BWD, INTRA_BWD_ONE_ANCHOR=chain.INTRA_BWD_ONE_ANCHOR,
+                FUSE_DV_DHU=chain.FUSE_DV_DHU, FUSE_DAQK_WY=chain.FUSE_DAQK_WY, stages=dict(chain.STAGES))
 
 
 @pytest.mark.parametrize("combo", list(_script().COMBOS))
 def test_each_combination_sets_exactly_its_parts(combo):
     ab, chain = _script(), _chain()
     shipped = _shipped(chain)
+    assert ab.shipped_setup(chain) == shipped
     parts = ab.COMBOS[combo]
     ab.set_switches(chain, shipped, parts)
     assert chain.FUSE_L2NORM_BWD == ("l2norm" in parts)
@@ -66,3 +68,5 @@ def test_the_real_chain_has_every_switch_and_stage_the_script_names():
         assert isinstance(getattr(chain, n), bool), n
     for stage in ab.SWITCHABLE_STAGES.values():
         assert stage in chain.STAGES or stage in chain.CANDIDATE_STAGES, stage
+    for n in ab.SWITCHES.values():
+        assert isinstance(getattr(chain, n), bool), n

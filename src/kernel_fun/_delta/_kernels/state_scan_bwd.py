@@ -15,9 +15,11 @@ to first:
 and ``dh0`` is the final ``dS``. With ``A=`` (KDA's Aqk) in place of dv, the intra-chunk
 ``dv = tril(A)^T do`` is made per chunk inside the scan (one more [BV, BT] x [BT, BT] product
 on the do tile it loads anyway) instead of being read: fla's ``chunk_kda_bwd_dAv`` writes that
-dv only for this stage to read it (``kda.chain.FUSE_DV_DHU``). Rounding follows fla's kernel: the state enters ``k dS`` in
-k's dtype, dv2 enters ``w^T dv2`` in w's dtype; with the scalar gate the gated q and do enter
-their product in fp32 (as fla's do).
+dv only for this stage to read it (``kda.chain.FUSE_DV_DHU``).
+
+Rounding follows fla's kernel: the state enters ``k dS`` in k's dtype, dv2 enters ``w^T dv2``
+in w's dtype; with the scalar gate the gated q and do enter their product in fp32 (as fla's
+do).
 
 Layout: value-major, as the forward scan's VK configurations (``state_scan_fwd``): one
 program per (V-block, value head, sequence) holds ``dS^T [BV, K]`` in fp32 registers, and

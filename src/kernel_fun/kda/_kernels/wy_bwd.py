@@ -139,7 +139,7 @@ def wy_bwd_program(
     # A^T: b_At[a, t] = Akk[t, a], loaded transposed (never a transposed dot result)
     b_At = tl.load(A + o_t[None, :] * HVBT + o_t[:, None], mask=m_t[None, :], other=0.)
 
-    if SCORE_GRAD:  # stored here, so its [BT, BT] accumulator is gone before the K loop
+    if SCORE_GRAD:
         score_grad_program(v_new, do, dAqk + t0 * HVBT + i_hv * BT, scale, o_t, m_t, HV, V, BT, BV)
 
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
