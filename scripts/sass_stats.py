@@ -221,13 +221,14 @@ def intra_fwd(full):
     for cfg, varlen, K, wy in itertools.product(m.configs() if full else m.configs()[:2],
                                                  (False, True) if full else (False,), (128, 64) if full else (128,), wys):
         c = dict(H=16, HV=16, K=K, BT=64, BK=K, IS_VARLEN=varlen, DOT_PRECISION="tf32", DIAG_PRECISION="tf32x3",
-                 SOLVE_PRECISION="ieee", FAST_RANGE=120.0, **cfg.kwargs)
+                 SOLVE_PRECISION="ieee", FAST_RANGE=m.FAST_RANGE, **cfg.kwargs)
         c.update(wy)
         yield f"intra_fwd K={K} varlen={varlen} {wy} {_cfg_label(cfg)}", m._intra_fwd_kernel.fn, ptr, c, cfg
 
 
 def wy_intra_bwd(full):
     from kernel_fun.kda._kernels import wy_intra_bwd as m
+    from kernel_fun.kda._kernels.intra_bwd import FAST_RANGE
 
     ptr = {n: "*bf16" for n in ("q", "k", "v", "v_new", "beta", "A", "h", "do", "dh", "dv", "dv2",
                                 "q_i", "k_i", "beta_i", "dq_out", "dk_out", "g_raw")}
@@ -235,7 +236,7 @@ def wy_intra_bwd(full):
     flag_sets = [dict(L2NORM_BWD=True)]
     if full:
         flag_sets += [dict(), dict(L2NORM_BWD=True, DG_CUMSUM=True, GATE_BWD=True, HAS_DT_BIAS=True),
-                      dict(L2NORM_BWD=True, FAST_RANGE=120.0)]
+                      dict(L2NORM_BWD=True, FAST_RANGE=FAST_RANGE)]
     for cfg, varlen, flags in itertools.product(m.configs() if full else m.configs()[:3:2],
                                                 (False, True) if full else (False,), flag_sets):
         if flags and cfg.kwargs["IBK"] < 128:
