@@ -47,9 +47,9 @@ CASES = {  # the box's smallest heads (K=64, V=64: the interpreter's cost grows 
 # alone on top of the shipped chain: the WY pieces formed in our scan with fla's two score
 # stages ("wyf"), our whole intra stage in place of fla's chunk_kda_fwd_intra ("fwd_intra"); and
 # the backward's WY and intra stages in one kernel ("wyi"); the intra backward's diagonal
-# blocks by one anchor where the gate allows ("ianc"); our dhu making dv from Aqk and do with our
-# score gradient in place of fla's dAv ("dvd"), and that score gradient made in our WY stage
-# ("dvd+daqk").
+# blocks by one anchor where the gate allows ("ianc"); fla's dAv in place of our score gradient
+# and our dhu making dv from Aqk and do ("fla_dav"), and fla's dhu as well ("fla_dhu_dav"); the
+# score gradient made in our WY stage ("dvd+daqk").
 # Each: switch values set over the shipped ones, stages dropped, candidate stages added.
 SWITCHES = ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD", "FUSE_WY_FWD", "FUSE_WY_INTRA_BWD",
             "INTRA_BWD_ONE_ANCHOR", "FUSE_DV_DHU", "FUSE_DAQK_WY")
@@ -61,8 +61,9 @@ FUSIONS = {
     "fwd_intra": dict(switches={}, drop=(), add=("fwd_intra",)),
     "wyi": dict(switches={"FUSE_WY_INTRA_BWD": True}, drop=(), add=()),
     "ianc": dict(switches={"INTRA_BWD_ONE_ANCHOR": True}, drop=(), add=()),
-    "dvd": dict(switches={"FUSE_DV_DHU": True}, drop=(), add=("state_scan_bwd",)),
-    "dvd+daqk": dict(switches={"FUSE_DV_DHU": True, "FUSE_DAQK_WY": True}, drop=(), add=("state_scan_bwd",)),
+    "fla_dav": dict(switches={"FUSE_DV_DHU": False}, drop=(), add=()),
+    "fla_dhu_dav": dict(switches={"FUSE_DV_DHU": False}, drop=("state_scan_bwd",), add=()),
+    "dvd+daqk": dict(switches={"FUSE_DV_DHU": True, "FUSE_DAQK_WY": True}, drop=(), add=()),
 }
 
 

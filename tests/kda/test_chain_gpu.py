@@ -7,6 +7,7 @@ import torch
 from kernel_fun import kda
 from kernel_fun._common import compat
 from kernel_fun._common.witness import launches
+from kernel_fun._delta._kernels.state_scan_bwd import state_scan_bwd
 from kernel_fun.kda import chain
 from kernel_fun.kda.reference import chunk_kda_ref
 
@@ -14,6 +15,7 @@ pytestmark = pytest.mark.gpu
 
 TOL = dict(o=5e-3, ht=5e-3, dq=8e-3, dk=8e-3, dv=8e-3, dh0=8e-3, dg=2e-2, dbeta=2e-2,
            dA_log=2e-2, ddt_bias=2e-2)
+SUMS = ("dA_log", "ddt_bias")  # the ill-conditioned ones (test_against_fp64_naive_recurrence)
 
 
 from kernel_fun._common.numerics import rel_rms as _rel  # noqa: E402
@@ -85,8 +87,18 @@ def test_against_fp64_naive_recurrence(name):
                do.double(), dht.double(), **{k: v for k, v in flags.items()})
     errs = {k: _rel(ours[k], ref[k]) for k in ours if ours[k] is not None and k in TOL}
     print(name, {k: f"{v:.2e}" for k, v in errs.items()}, "our launches:", launches("kda.") + launches("delta.") - before)
+    ceiling = dict(TOL)
+    if any(errs[k] > TOL[k] for k in SUMS if k in errs):
+        # dA_log and ddt_bias are sums over every token (and channel) whose terms cancel: their
+        # relative error is the terms' error times sum|terms| / |sum|, which the inputs decide.
+        # Over TOL, the ceiling is fla's own chunk_kda on the same inputs (1.5x + 1e-3): at
+        # cu_seqlens on the H200 (2026-11-30) fla's had dA_log 4.25e-2, ours 2.8e-2.
+        fla = _run(compat.fla_symbol("fla.ops.kda", "chunk_kda"), t, do, dht, **flags)
+        fla_errs = {k: _rel(fla[k], ref[k]) for k in SUMS if k in errs}
+        print(name, "fla's own chunk_kda vs fp64", {k: f"{v:.2e}" for k, v in fla_errs.items()})
+        ceiling.update({k: max(TOL[k], 1.5 * e + 1e-3) for k, e in fla_errs.items()})
     for k, e in errs.items():
-        assert e <= TOL[k], (k, e)
+        assert e <= ceiling[k], (k, e, ceiling[k])
 
 
 @pytest.mark.parametrize("fuse", ["l2norm", "dg_cumsum", "dg_cumsum+gate", "l2norm+dg_cumsum+gate", "l2norm+dhu",
@@ -95,17 +107,17 @@ def test_against_fp64_naive_recurrence(name):
 def test_fused_intra_epilogues(fuse, monkeypatch):
     """chain.FUSE_L2NORM_BWD / FUSE_DG_CUMSUM / FUSE_GATE_BWD (the l2norm backward of q, k, the
     reverse cumsum of dg and the gate's backward in our intra backward's epilogue) and "dhu"
-    (our backward state scan, a candidate stage; without it, fla's dhu) and "dvd" (with it,
-    chain.FUSE_DV_DHU: our score gradient and dv made in our dhu, no fla dAv): against the fp64
-    recurrence, close to the chain with all of them off, and fla's kernels for them did not
-    run. "l2norm" is what ships."""
+    (our backward state scan; without it, fla's dhu) and "dvd" (with it, chain.FUSE_DV_DHU: our
+    score gradient and dv made in our dhu, no fla dAv): against the fp64 recurrence, close to
+    the chain with all of them off, and fla's kernels for them did not run. "l2norm+dhu+dvd" is
+    what ships."""
     t = _make(2, 200, 2, 2, 128, 128)
     flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, output_final_state=True)
     do, dht = _cotangents(t["v"], 2, 128)
     monkeypatch.setattr(chain, "FUSE_L2NORM_BWD", False)
     monkeypatch.setattr(chain, "FUSE_DG_CUMSUM", False)
     monkeypatch.setattr(chain, "FUSE_GATE_BWD", False)
-    with_dhu = {**chain.STAGES, "state_scan_bwd": chain.CANDIDATE_STAGES["state_scan_bwd"]}
+    with_dhu = {**chain.STAGES, "state_scan_bwd": state_scan_bwd}
     monkeypatch.setattr(chain, "STAGES", {k: f for k, f in with_dhu.items() if k != "state_scan_bwd"})
     plain = _run(kda.chunk_kda, t, do, dht, **flags)
     parts = fuse.split("+")
@@ -156,7 +168,7 @@ def test_backward_state_scan_against_fla_dhu(name, monkeypatch):
                do.double(), dht.double(), **flags)
     out = {}
     for which, stages in (("fla", {k: f for k, f in chain.STAGES.items() if k != "state_scan_bwd"}),
-                          ("ours", {**chain.STAGES, "state_scan_bwd": chain.CANDIDATE_STAGES["state_scan_bwd"]})):
+                          ("ours", {**chain.STAGES, "state_scan_bwd": state_scan_bwd})):
         monkeypatch.setattr(chain, "STAGES", stages)
         out[which] = _run(kda.chunk_kda, t, do, dht, **flags)
     errs = {w: {k: _rel(o[k], ref[k]) for k in o if o[k] is not None and k in TOL} for w, o in out.items()}
@@ -179,8 +191,6 @@ def test_backward_variants_against_fla_chunk_kda(name, monkeypatch):
     or no worse than fla's own (1.5x + 1e-3); the variants are printed, not asserted: this is
     the experiment that decides them (the sums dA_log and ddt_bias are the ill-conditioned ones:
     on the H200, 2026-11-30, the chain with both had dA_log 3.0e-2 from fp64 at cu_seqlens)."""
-    from kernel_fun._delta._kernels.state_scan_bwd import state_scan_bwd
-
     t, flags, do, dht = _gated_case(name)
     ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},
                do.double(), dht.double(), **flags)
@@ -340,6 +350,9 @@ def test_launch_witness_replaced_fla_kernels_did_not_run():
             assert not any(n.startswith("chunk_gla_fwd_kernel_o") for n in step), (stage, step)
         else:
             assert not any(n.startswith(fla_kernel) for n in step), (stage, step)
+    if "state_scan_bwd" in chain.STAGES and chain.FUSE_DV_DHU:  # fla's dAv replaced too
+        assert not any(n.startswith("chunk_kda_bwd_kernel_dAv") for n in step), step
+        assert any(n.startswith("_score_grad_kernel") for n in step) != chain.FUSE_DAQK_WY, step
 
 
 def test_warmup_makes_the_signature_capturable(capsys):

@@ -214,21 +214,18 @@ from ._kernels.wy_bwd import wy_dqkg_bwd  # noqa: E402
 from ._kernels.wy_intra_bwd import whole_k_block as wyi_whole_k_block  # noqa: E402
 from ._kernels.wy_intra_bwd import wy_intra_bwd  # noqa: E402
 
-STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bwd": wy_dqkg_bwd}
+STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bwd": wy_dqkg_bwd,
+                 "state_scan_bwd": state_scan_bwd}
+# The backward state scan (our dhu, in place of fla's chunk_gated_delta_rule_bwd_dhu) is shipped
+# with FUSE_DV_DHU below: end to end at B=16 on the H200 (scripts/kda_switch_ab.py, 2026-11-30,
+# bench/records/raw/2026-11-30-h200-kda-ab-dvd.json) fwd+bwd 32.79 ms alone and 32.10 with
+# FUSE_DV_DHU, against 32.93 with fla's dhu and dAv. Its dA_log, the ill-conditioned sum over
+# every token and channel, against the fp64 recurrence on seeded inputs (H200, 2026-11-30,
+# bench/records/raw/2026-11-30-h200-kda-variants.json): cu_seqlens 2.81e-2 with both (fla's dhu
+# and dAv in our chain 2.76e-2; fla's own chunk_kda 4.25e-2), tail_grouped 3.50e-3 (3.53e-3).
 
 # Stages of ours built and tested but not shipped; scripts/kda_switch_ab.py times each against
-# the shipped chain. The backward state scan (fla's chunk_gated_delta_rule_bwd_dhu): end to
-# end at B=16 it saves 0.13-0.16 ms of 32.7 and matches fla's dhu there (dA_log 4e-6 apart);
-# on the same seeded inputs at T=200 with grouped heads and a final-state gradient its dA_log
-# is 3.2e-3 against fla's dhu's 3.5e-3 (test_chain_gpu.py::test_backward_state_scan_against_fla_dhu,
-# H200 2026-11-30). Shipped with the one anchor below for one H200 run (c819731, 2026-11-30):
-# the chain's cu_seqlens case then had dA_log 3.0e-2 from the fp64 recurrence (over the
-# test's 2e-2; every other output and case in tolerance), and the bench's peak memory at
-# B=16 rose 1,024 MB (19,488 against 18,464; fla's 19,520): most likely a reference the
-# backward kept to the state scan's dv (exactly that size; now released), not either of them. The dA_log is
-# not yet traced: test_chain_gpu.py::test_backward_variants_against_fla_chunk_kda is the
-# experiment that splits them (bench/records/raw/2026-11-30-h200-kda-prod_b16-anchor-dhu.json: fwd+bwd 32.38
-# ms against 32.87 without them).
+# the shipped chain.
 #
 # The forward's intra stage in one kernel (kda/_kernels/intra_fwd.py), interpreter-tested
 # against the fp64 intra reference and within 3.1e-3 of fla's outputs on the H200: "fwd_intra"
@@ -239,7 +236,7 @@ STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bw
 # 2026-11-30, bench/records/raw/2026-11-30-h200-kda-stage-ianc-wyi-fwdi.json): the whole stage
 # 5.51 ms at its best (tf32 diagonal and solve) against fla's 4.55; the scores alone 4.15 ms
 # against the 3.14 of fla's two score stages.
-CANDIDATE_STAGES: dict = {"state_scan_bwd": state_scan_bwd, "fwd_intra": chunk_fwd_intra, "intra_fwd": intra_fwd}
+CANDIDATE_STAGES: dict = {"fwd_intra": chunk_fwd_intra, "intra_fwd": intra_fwd}
 
 # Forward: w, u and kg formed inside our forward scan (state_scan_fwd's wy_inputs) from Akk,
 # k, v, beta and the gate, instead of fla's recompute_w_u_fwd writing w, u, qg, kg (2.7 GB at
@@ -267,23 +264,25 @@ FUSE_WY_INTRA_BWD = False
 # outputs; in the chain on the kernel-fun bench's steeper gates 8.61 ms against 8.91. That
 # anchor put factors out to 2^+-120 (denormal flush, overflow: see intra_bwd.py); the anchor
 # is now the middle of the block's range and the range 192 (factors within 2^+-96),
-# interpreter-tested, not yet run on the GPU. Off until then and until the cu_seqlens dA_log
-# above is traced.
+# interpreter-tested. In the chain at B=16 it is slower (scripts/kda_switch_ab.py "l2+ianc+dhu",
+# H200 2026-11-30, bench/records/raw/2026-11-30-h200-kda-ab-dvd.json): 33.43 ms against 32.79
+# without it, 33.11 against 32.45 with dvd+daqk; on seeded inputs its dA_log from fp64 is 2.90e-2
+# at cu_seqlens against 2.76e-2 without (bench/records/raw/2026-11-30-h200-kda-variants.json).
+# Off.
 INTRA_BWD_ONE_ANCHOR = False
 
 # Backward, with our backward state scan in the chain: fla's chunk_kda_bwd_dAv (1.00 ms at
 # B=16, at its bytes' floor: it reads do, v_new, Aqk and writes dAqk and the intra-chunk dv,
 # 4.0 GB) replaced by our score gradient alone (kda/_kernels/score_grad.py: reads do and v_new,
 # writes dAqk, 2.7 GB) and dv = Aqk^T do made inside our dhu, which loads do anyway, so the
-# 1.07 GB dv is neither written nor read back (the project notes on KDA: "dAv can disappear";
-# estimated 0.3-0.5 ms at B=16). Interpreter-tested (tests/delta/test_state_scan_bwd.py,
-# tests/kda/test_score_grad.py, the CPU chain test "dvd"); off until timed on the H200
-# (scripts/kda_switch_ab.py "l2+dhu+dvd" against "l2+dhu").
-FUSE_DV_DHU = False
+# 1.07 GB dv is neither written nor read back (the project notes on KDA: "dAv can disappear").
+# On the H200 at B=16 (scripts/kda_switch_ab.py, 2026-11-30, bench/records/raw/
+# 2026-11-30-h200-kda-ab-dvd.json): fwd+bwd 32.10 ms against 32.79 without it. On.
+FUSE_DV_DHU = True
 # With it, the score gradient made in a prologue of our WY backward (wy_bwd with_score_grad),
 # which reads do and v_new anyway, instead of by score_grad.py's own pass over them (2.1 GB at
-# B=16). Interpreter-tested (tests/kda/test_stage_kernels.py, the CPU chain variant "dvd+daqk");
-# off until timed (scripts/kda_switch_ab.py "l2+dhu+dvd+daqk" against "l2+dhu+dvd").
+# B=16). Interpreter- and GPU-tested; slower in the chain (same run): 32.45 ms against 32.10
+# (the prologue's registers cost the WY stage more than the pass it saves). Off.
 FUSE_DAQK_WY = False
 
 # The switches below are epilogues of our intra backward (they need a K block covering K).

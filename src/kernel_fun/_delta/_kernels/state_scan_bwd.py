@@ -26,9 +26,10 @@ program per (V-block, value head, sequence) holds ``dS^T [BV, K]`` in fp32 regis
 every product has the V-block as its M dimension (``dv2^T = dS^T k^T``, ``dS^T += do^T qg -
 dv2^T w``), with the loaded tiles as right operands; no dot result is transposed into another
 dot (the Triton 3.4-3.7.0 Hopper miscompile). The forward scan in this layout ran 1.27 ms
-against fla's fwd_h + fwd_o 1.86 at B=8 (H200, 2026-11-30). Not yet timed: fla's dhu is
-1.50 ms at B=8 (2.99 at B=16) against a floor near 0.85 (``scripts/delta_scan_bench.py``
-times both), and the KDA chain uses this stage only once it is (``kda.chain.STAGES``).
+against fla's fwd_h + fwd_o 1.86 at B=8 (H200, 2026-11-30). fla's dhu is 2.98 ms at B=16; this
+stage 2.86 in the KDA chain (bench/records/raw/2026-11-30-h200-kda-prod_b16-anchor-dhu.json),
+and with dv made from A the chain's fwd+bwd 32.10 ms against 32.93 with fla's dhu and dAv
+(``kda.chain.FUSE_DV_DHU``, shipped in ``kda.chain.STAGES``).
 """
 from __future__ import annotations
 
