@@ -118,7 +118,7 @@ def test_each_config(poisoned, config):
 @pytest.mark.parametrize("case", ["fixed", "varlen"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_dv_made_from_A(poisoned, case, dtype):
-    """``A=`` (KDA's Aqk, random above the diagonal: not to be read) in place of dv: the scan
+    """``A=`` (KDA's Aqk, NaN above the diagonal: not to be read) in place of dv: the scan
     makes dv = tril(A)^T do per chunk itself; against the reference scan fed the reference
     dv of fla's chunk_kda_bwd_dAv (kda.reference_stages.dAv_reference)."""
     from kernel_fun.kda.reference_stages import dAv_reference
@@ -128,6 +128,10 @@ def test_dv_made_from_A(poisoned, case, dtype):
     gen = torch.Generator().manual_seed(3)
     B, T, HV, _ = x["w"].shape
     A = (torch.randn(B, T, HV, BT, generator=gen) * 0.2).to(dtype)
+    bounds = cu.tolist() if cu is not None else [0, T]
+    row = torch.cat([torch.arange(e - s) % BT for s, e in zip(bounds[:-1], bounds[1:])])  # row in its chunk
+    above = (torch.arange(BT)[None, :] > row[:, None])[None, :, None, :]  # fla's Aqk leaves these unwritten
+    A = A.masked_fill(above, float("nan"))
     _, dv_local = dAv_reference(x["do"], x["do"], A, SCALE, cu_seqlens=cu, chunk_size=BT)
     dh_ref, dh0_ref, dv2_ref = ref.state_scan_bwd_ref(
         x["q"], x["k"], x["w"], x["do"], dv_local, gk=x["gk"], dht=x["dht"], scale=SCALE, cu_seqlens=cu,

@@ -235,7 +235,7 @@ def dAv_reference(v, do, A, scale, cu_seqlens=None, chunk_size: int = 64, dtype=
             n = e - s
             tri = torch.tril(torch.ones(n, n, dtype=torch.bool, device=do.device))
             dob, vb = do[b, s:e].to(dtype), v[b, s:e].to(dtype)                 # [n, HV, V]
-            Ab = A[b, s:e, :, :n].to(dtype).permute(1, 0, 2) * tri            # [HV, n, n]
+            Ab = torch.where(tri, A[b, s:e, :, :n].to(dtype).permute(1, 0, 2), 0)  # [HV, n, n]; NaN above unread
             dA[b, s:e, :, :n] = (scale * torch.einsum("ihv,jhv->hij", dob, vb) * tri).permute(1, 0, 2)
             dv[b, s:e] = torch.einsum("hij,ihv->jhv", Ab, dob)
     return dA, dv
