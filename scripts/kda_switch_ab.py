@@ -43,6 +43,8 @@ COMBOS = {
     "l2+ianc+wyi+dhu": ("l2norm", "ianc", "wyi", "dhu"),
     "l2+ianc+dhu": ("l2norm", "ianc", "dhu"),
     "l2+dhu+dvd": ("l2norm", "dhu", "dvd"),
+    "l2+dhu+dvd+gbwd": ("l2norm", "dhu", "dvd", "gbwd"),
+    "l2+dhu+gbwd": ("l2norm", "dhu", "gbwd"),
     "l2+ianc+dhu+dvd": ("l2norm", "ianc", "dhu", "dvd"),
     "l2+dhu+dvd+daqk": ("l2norm", "dhu", "dvd", "daqk"),
     "l2+ianc+dhu+dvd+daqk": ("l2norm", "ianc", "dhu", "dvd", "daqk"),
@@ -56,7 +58,7 @@ SWITCHES = {"l2norm": "FUSE_L2NORM_BWD", "dg_cumsum": "FUSE_DG_CUMSUM", "gate": 
             "dvd": "FUSE_DV_DHU", "daqk": "FUSE_DAQK_WY"}
 # stages of ours a combination can take out (back to fla's) or put in, by a short name:
 # chain.STAGES and chain.CANDIDATE_STAGES
-SWITCHABLE_STAGES = {"dhu": "state_scan_bwd", "ifwd": "intra_fwd", "fwdi": "fwd_intra"}
+SWITCHABLE_STAGES = {"dhu": "state_scan_bwd", "ifwd": "intra_fwd", "fwdi": "fwd_intra", "gbwd": "gate_bwd"}
 
 
 def shipped_setup(chain) -> dict:

@@ -2,7 +2,7 @@
 """Compile our Triton kernels ahead of time for sm_90a on a machine without a GPU.
 
     python scripts/sass_stats.py intra_bwd            # registers, spills, shared memory, static
-    python scripts/sass_stats.py wy_bwd | wy_intra_bwd | state_scan_fwd | state_scan_bwd | intra_fwd | score_grad | cconv
+    python scripts/sass_stats.py wy_bwd | wy_intra_bwd | state_scan_fwd | state_scan_bwd | intra_fwd | score_grad | gate_bwd | cconv
     python scripts/sass_stats.py all --frontend       # every config of every kernel, every flag
                                                       # combination, lowered to Triton IR only
 
@@ -40,7 +40,11 @@ def _source(fn, pointer_types: dict, constexprs: dict) -> ASTSource:
         sig["T"] = "i32"
     for c in constexprs:
         sig[c] = "constexpr"
-    return ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
+    # pointers 16-byte aligned, as Triton specializes a launch on aligned tensors (without it
+    # no load or store is vectorized and the counts are not the GPU's)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
+    return ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+                     attrs=attrs)
 
 
 def _options(num_warps, num_stages, maxnreg) -> dict:
@@ -184,6 +188,16 @@ def score_grad(full):
         yield f"score_grad varlen={varlen} {_cfg_label(cfg)}", m._score_grad_kernel.fn, ptr, c, cfg
 
 
+def gate_bwd(full):
+    from kernel_fun.kda._kernels import gate_bwd as m
+
+    ptr = {"g_raw": "*bf16", "cu_seqlens": "*i64", "chunk_indices": "*i64"}
+    for cfg, varlen, gate in itertools.product(m.configs(), (False, True) if full else (False,),
+                                               ((True, True), (True, False), (False, False)) if full else ((True, True),)):
+        c = dict(HV=16, K=128, BT=64, IS_VARLEN=varlen, GATE=gate[0], HAS_DT_BIAS=gate[1], **cfg.kwargs)
+        yield f"gate_bwd varlen={varlen} GATE/HAS_DT_BIAS={gate} {_cfg_label(cfg)}", m._gate_bwd_kernel.fn, ptr, c, cfg
+
+
 def cconv(full):
     from kernel_fun.cconv._kernels import bwd, fwd
 
@@ -248,7 +262,7 @@ def wy_intra_bwd(full):
 
 
 KERNELS = {"intra_fwd": intra_fwd, "wy_intra_bwd": wy_intra_bwd, "intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,
-           "state_scan_bwd": state_scan_bwd, "score_grad": score_grad, "cconv": cconv}
+           "state_scan_bwd": state_scan_bwd, "score_grad": score_grad, "gate_bwd": gate_bwd, "cconv": cconv}
 
 
 def main(argv) -> int:

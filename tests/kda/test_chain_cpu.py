@@ -49,7 +49,8 @@ CASES = {  # the box's smallest heads (K=64, V=64: the interpreter's cost grows 
 # the backward's WY and intra stages in one kernel ("wyi"); the intra backward's diagonal
 # blocks by one anchor where the gate allows ("ianc"); fla's dAv in place of our score gradient
 # and our dhu making dv from Aqk and do ("fla_dav"), and fla's dhu as well ("fla_dhu_dav"); the
-# score gradient made in our WY stage ("dvd+daqk").
+# score gradient made in our WY stage ("dvd+daqk"); dg's reverse cumsum and the gate's backward
+# in our one pass ("gate_bwd").
 # Each: switch values set over the shipped ones, stages dropped, candidate stages added.
 SWITCHES = ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD", "FUSE_WY_FWD", "FUSE_WY_INTRA_BWD",
             "INTRA_BWD_ONE_ANCHOR", "FUSE_DV_DHU", "FUSE_DAQK_WY")
@@ -64,6 +65,7 @@ FUSIONS = {
     "fla_dav": dict(switches={"FUSE_DV_DHU": False}, drop=(), add=()),
     "fla_dhu_dav": dict(switches={"FUSE_DV_DHU": False}, drop=("state_scan_bwd",), add=()),
     "dvd+daqk": dict(switches={"FUSE_DV_DHU": True, "FUSE_DAQK_WY": True}, drop=(), add=()),
+    "gate_bwd": dict(switches={}, drop=(), add=("gate_bwd",)),
 }
 
 
@@ -107,6 +109,9 @@ def test_chain_against_fp64_recurrence(name, fusions, monkeypatch, _standins):
         want["kda.score_grad"] = 1
     if our_scores or our_whole:
         want["kda.intra_fwd"] = 1
+    our_gbwd = "gate_bwd" in chain.STAGES and not on["FUSE_DG_CUMSUM"]  # else the intra epilogue has dg's cumsum
+    if our_gbwd:
+        want["kda.gate_bwd"] = 1
     assert ran == want, ran
     assert (("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_bwd_dhu") in _standins) != our_dhu
     assert (("fla.ops.kda.chunk_bwd", "chunk_kda_bwd_dAv") in _standins) != dvd
@@ -125,7 +130,7 @@ def test_chain_against_fp64_recurrence(name, fusions, monkeypatch, _standins):
     for switch, fla_fn in fused_away.items():
         if switch != "FUSE_L2NORM_BWD" and not gate:
             continue  # no gate backward; the forward's cumsum of a precomputed gate is the same function
-        fused = on[switch] and applies[switch]
+        fused = (on[switch] and applies[switch]) or (our_gbwd and switch != "FUSE_L2NORM_BWD")
         assert (fla_fn in _standins) != fused, (switch, "fused" if fused else "not fused", _standins)
     # The forward's intra stage: fla's whole (scores + w/u pass), fla's two score stages alone
     # (FUSE_WY_FWD: the WY pieces made in our scan), our scores kernel (FUSE_WY_FWD), or our

@@ -344,3 +344,40 @@ def test_stages_deterministic_and_no_aliasing():
         assert torch.equal(x, y) and x.data_ptr() != y.data_ptr()
     for n, s in zip(("dq", "dk", "db", "dg"), snapshot):
         assert torch.equal(intra_in[n], s), f"intra_bwd modified its input {n}"
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["fixed", "varlen"])
+def test_gate_bwd_against_fla_every_config(varlen):
+    """kda/_kernels/gate_bwd.py (a candidate stage, chain.CANDIDATE_STAGES["gate_bwd"]): dg's
+    chunk-local reverse cumsum and the gate's backward in one pass, against fla's
+    chunk_local_cumsum(reverse=True) + kda_gate_bwd on the same inputs and against the fp64
+    reference, autotuned and at every configuration; deterministic."""
+    from fla.ops.kda.gate import kda_gate_bwd
+    from fla.ops.utils import chunk_local_cumsum
+    from fla.ops.utils.index import prepare_chunk_indices
+
+    from kernel_fun.kda._kernels.gate_bwd import configs, dg_cumsum_gate_bwd
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    B, T, HV, K = (1, 1000, 4, 128) if varlen else (2, 700, 4, 128)
+    cu = torch.tensor([0, 1, 300, 365, 1000], device="cuda", dtype=torch.int32) if varlen else None
+    ci = prepare_chunk_indices(cu, BT) if varlen else None
+    dg = torch.randn(B, T, HV, K, device="cuda", generator=gen)
+    g = (torch.randn(B, T, HV, K, device="cuda", generator=gen) * 8).to(torch.bfloat16)
+    A_log = torch.randn(HV, device="cuda", generator=gen)
+    dt_bias = torch.randn(HV * K, device="cuda", generator=gen)
+    dyg = chunk_local_cumsum(dg, chunk_size=BT, reverse=True, cu_seqlens=cu, chunk_indices=ci)
+    fla = kda_gate_bwd(g=g, A_log=A_log, dt_bias=dt_bias, dyg=dyg)
+    ref = refs.dg_cumsum_gate_bwd_reference(dg, g, A_log, dt_bias, cu_seqlens=cu, chunk_size=BT)
+    for config in [None] + configs():
+        ours = dg_cumsum_gate_bwd(dg, g, A_log, dt_bias, cu_seqlens=cu, chunk_size=BT, chunk_indices=ci, config=config)
+        for n, o, f, r in zip(("dg", "dA_log", "ddt_bias"), ours, fla, ref):
+            assert o.dtype == f.dtype and o.shape == f.shape, (n, o.dtype, f.dtype)
+            assert torch.isfinite(o).all(), (config, n)
+            tol = 8e-3 if n == "dg" else 1e-3  # dg in bf16; the sums in fp32, reduced in another order
+            assert rel_err(o, f) < tol and rel_err(o, r) < tol, (config, n, rel_err(o, f), rel_err(o, r))
+        cs, _, _ = dg_cumsum_gate_bwd(dg, cu_seqlens=cu, chunk_size=BT, chunk_indices=ci, config=config)
+        assert rel_err(cs, dyg) < 1e-5, (config, rel_err(cs, dyg))
+    a, b = (dg_cumsum_gate_bwd(dg, g, A_log, dt_bias, cu_seqlens=cu, chunk_size=BT, chunk_indices=ci)
+            for _ in range(2))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))

@@ -21,7 +21,7 @@ def _chain():
                            FUSE_WY_INTRA_BWD=False, INTRA_BWD_ONE_ANCHOR=False, FUSE_DV_DHU=True,
                            FUSE_DAQK_WY=False,
                            STAGES={"state_scan_fwd": "scan", "intra_bwd": "ib", "wy_bwd": "wy", "state_scan_bwd": "dhu"},
-                           CANDIDATE_STAGES={"intra_fwd": "if", "fwd_intra": "fi"})
+                           CANDIDATE_STAGES={"intra_fwd": "if", "fwd_intra": "fi", "gate_bwd": "gb"})
 
 
 def _shipped(chain):
@@ -53,6 +53,7 @@ def test_each_combination_sets_exactly_its_parts(combo):
     want.update({"state_scan_bwd": "dhu"} if "dhu" in parts else {})
     want.update({"intra_fwd": "if"} if "ifwd" in parts else {})
     want.update({"fwd_intra": "fi"} if "fwdi" in parts else {})
+    want.update({"gate_bwd": "gb"} if "gbwd" in parts else {})
     assert chain.STAGES == want
     assert set(parts) <= {"l2norm", "dg_cumsum", "gate", "wyf", "wyi", "ianc", "dvd", "daqk"} | set(ab.SWITCHABLE_STAGES), parts
     ab.set_switches(chain, shipped, None)  # back to the chain as it ships

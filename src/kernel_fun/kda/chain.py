@@ -171,10 +171,15 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
     if q_rstd is not None and not fused_l2:
         dq = l2norm_bwd(q, q_rstd, dq)
         dk = l2norm_bwd(k, k_rstd, dk)
+    dA_log, ddt_bias = gate_grads if fused_gate else (None, None)
+    our_gate = STAGES.get("gate_bwd")
+    if our_gate is not None and not fused_cs:  # the reverse cumsum and the gate's backward, one pass
+        dg, dA_log, ddt_bias = our_gate(dg, g if use_gate_in_kernel else None, A_log, dt_bias,
+                                        cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices)
+        return dq, dk, dv, db, dg, dh0, dA_log, ddt_bias
     if not fused_cs:
         dg = _fla("fla.ops.utils.cumsum", "chunk_local_cumsum")(
             g=dg, chunk_size=BT, reverse=True, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
-    dA_log, ddt_bias = gate_grads if fused_gate else (None, None)
     if use_gate_in_kernel and not fused_gate:
         dg, dA_log, ddt_bias = _fla("fla.ops.kda.gate", "kda_gate_bwd")(
             g=g, A_log=A_log, dt_bias=dt_bias, dyg=dg)
@@ -204,6 +209,7 @@ def beta_sigmoid_bwd(x, dy, scale):
 # fwd_h + fwd_o 1.86.
 from .._delta._kernels.state_scan_bwd import state_scan_bwd  # noqa: E402
 from .._delta._kernels.state_scan_fwd import state_scan_fwd  # noqa: E402
+from ._kernels.gate_bwd import dg_cumsum_gate_bwd  # noqa: E402
 from ._kernels.intra_fwd import chunk_fwd_intra, intra_fwd  # noqa: E402
 from ._kernels.intra_bwd import FAST_RANGE as INTRA_BWD_FAST_RANGE  # noqa: E402
 from ._kernels.intra_bwd import intra_bwd  # noqa: E402
@@ -236,7 +242,13 @@ STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bw
 # 2026-11-30, bench/records/raw/2026-11-30-h200-kda-stage-ianc-wyi-fwdi.json): the whole stage
 # 5.51 ms at its best (tf32 diagonal and solve) against fla's 4.55; the scores alone 4.15 ms
 # against the 3.14 of fla's two score stages.
-CANDIDATE_STAGES: dict = {"fwd_intra": chunk_fwd_intra, "intra_fwd": intra_fwd}
+#
+# The backward's closing pass over dg (kda/_kernels/gate_bwd.py): fla's chunk_local_cumsum
+# (reverse) and kda_gate_bwd in one pass (0.58 + 0.59 ms at B=16 on the H200, record 0be0a9c),
+# dg and the raw gate read once and dg_raw written once: about 2.2 GB against 4.3, a 0.5 ms
+# floor; expected to save 0.5-0.6 ms. Interpreter-tested (tests/kda/test_gate_bwd.py, the CPU
+# chain variant "gate_bwd"); not yet timed (scripts/kda_switch_ab.py "l2+dhu+dvd+gbwd").
+CANDIDATE_STAGES: dict = {"fwd_intra": chunk_fwd_intra, "intra_fwd": intra_fwd, "gate_bwd": dg_cumsum_gate_bwd}
 
 # Forward: w, u and kg formed inside our forward scan (state_scan_fwd's wy_inputs) from Akk,
 # k, v, beta and the gate, instead of fla's recompute_w_u_fwd writing w, u, qg, kg (2.7 GB at

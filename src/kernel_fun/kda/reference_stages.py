@@ -1,8 +1,9 @@
 """Plain-torch references of KDA's backward stages, written from the math.
 
-They are the oracles for ``kda/_kernels/intra_bwd.py``, ``kda/_kernels/wy_bwd.py`` and
-``kda/_kernels/score_grad.py`` and take the arguments of fla 0.6.0's ``chunk_kda_bwd_intra``,
-``chunk_kda_bwd_wy_dqkg_fused`` and ``chunk_kda_bwd_dAv``. Everything is computed in ``dtype`` (fp64 by default) and
+They are the oracles for ``kda/_kernels/intra_bwd.py``, ``kda/_kernels/wy_bwd.py``,
+``kda/_kernels/score_grad.py`` and ``kda/_kernels/gate_bwd.py`` and take the arguments of fla
+0.6.0's ``chunk_kda_bwd_intra``, ``chunk_kda_bwd_wy_dqkg_fused``, ``chunk_kda_bwd_dAv`` and
+``chunk_local_cumsum`` + ``kda_gate_bwd``. Everything is computed in ``dtype`` (fp64 by default) and
 returned in that dtype; nothing here is fast.
 
 Conventions (fla's): one chunk = ``BT`` tokens counted from the start of each sequence; the
@@ -239,3 +240,29 @@ def dAv_reference(v, do, A, scale, cu_seqlens=None, chunk_size: int = 64, dtype=
             dA[b, s:e, :, :n] = (scale * torch.einsum("ihv,jhv->hij", dob, vb) * tri).permute(1, 0, 2)
             dv[b, s:e] = torch.einsum("hij,ihv->jhv", Ab, dob)
     return dA, dv
+
+
+def dg_cumsum_gate_bwd_reference(dg, g=None, A_log=None, dt_bias=None, cu_seqlens=None, chunk_size: int = 64,
+                                 dtype=torch.float64):
+    """Reference of fla's ``chunk_local_cumsum(dg, reverse=True)`` followed, with ``g`` (the raw
+    gate input), by ``kda_gate_bwd(g, A_log, dt_bias, dyg=...)``: per chunk the reverse cumsum
+    ``dyg_t = sum_{s >= t} dg_s``, then autograd through ``-exp(A_log) softplus(g + dt_bias)``.
+
+    Returns ``(dg_out, dA_log, ddt_bias)`` in ``dtype`` (the last two None without ``g``;
+    ddt_bias None without ``dt_bias``)."""
+    B, T, HV, K = dg.shape
+    dyg = torch.zeros(B, T, HV, K, dtype=dtype, device=dg.device)
+    for b, bos, eos in _segments(B, T, cu_seqlens):
+        for s in range(bos, eos, chunk_size):
+            e = min(s + chunk_size, eos)
+            dyg[b, s:e] = dg[b, s:e].to(dtype).flip(0).cumsum(0).flip(0)
+    if g is None:
+        return dyg, None, None
+    leaves = [g.to(dtype).requires_grad_(), A_log.to(dtype).requires_grad_()]
+    if dt_bias is not None:
+        leaves.append(dt_bias.to(dtype).requires_grad_())
+    with torch.enable_grad():
+        x = leaves[0] + (leaves[2].view(HV, K) if dt_bias is not None else 0)
+        y = -leaves[1].exp()[:, None] * torch.nn.functional.softplus(x)
+        grads = torch.autograd.grad(y, leaves, dyg)
+    return grads[0], grads[1], grads[2] if dt_bias is not None else None

@@ -51,6 +51,7 @@ import triton.language as tl
 from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
 from kernel_fun.kda._kernels import bit_level, chunk_grid, chunk_program, launch
+from kernel_fun.kda._kernels.gate_bwd import kda_gate_grad
 
 install_interpreter_shims()  # runtime-bound loops under TRITON_INTERPRET=1 (see tuning.py)
 
@@ -349,14 +350,8 @@ def intra_bwd_program(
                     b_gr = tl.load(g_raw + o_out, mask=m_ik, other=0.).to(tl.float32)
                     if HAS_DT_BIAS:
                         b_gr += tl.load(dt_bias + i_hv * K + o_k, mask=o_k < K, other=0.).to(tl.float32)[None, :]
-                    # softplus (fla's: x past 20 taken as is) and sigmoid from one exp: 3 MUFU
-                    # ops per element (exp, log, reciprocal), not 4
-                    b_e = tl.exp(b_gr)
-                    m_sm = b_gr < 20.0
-                    b_sp = tl.where(m_sm, tl.log(1.0 + b_e), b_gr)
-                    b_sig = tl.where(m_sm, tl.fdiv(b_e, 1.0 + b_e), 1.0)
-                    dA_acc += tl.sum(b_dgf * (b_nA * b_sp), axis=0)  # rows past the end: dyg = 0
-                    b_dgf = b_nA * b_dgf * b_sig
+                    b_dgf, b_dAt = kda_gate_grad(b_dgf, b_gr, b_nA)  # rows past the end: dyg = 0
+                    dA_acc += tl.sum(b_dAt, axis=0)
                     dbias_acc += tl.sum(b_dgf, axis=0)
                 tl.store(dg_out + o_out, b_dgf.to(dg_out.dtype.element_ty), mask=m_ik)
                 b_dqf = b_dqi + acc_q
