@@ -44,6 +44,7 @@ COMBOS = {
     "l2+ianc+dhu": ("l2norm", "ianc", "dhu"),
     "l2+dhu+dvd": ("l2norm", "dhu", "dvd"),
     "l2+dhu+dvd+gbwd": ("l2norm", "dhu", "dvd", "gbwd"),
+    "l2+ianc+dhu+dvd+gbwd": ("l2norm", "ianc", "dhu", "dvd", "gbwd"),
     "l2+dhu+gbwd": ("l2norm", "dhu", "gbwd"),
     "l2+ianc+dhu+dvd": ("l2norm", "ianc", "dhu", "dvd"),
     "l2+dhu+dvd+daqk": ("l2norm", "dhu", "dvd", "daqk"),

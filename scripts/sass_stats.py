@@ -101,11 +101,13 @@ def intra_bwd(full):
     ptr.update(cu_seqlens="*i64", chunk_indices="*i64")
     fusions = [("plain", ()), ("+l2norm", ("L2NORM_BWD",)), ("+l2norm+cumsum", ("L2NORM_BWD", "DG_CUMSUM")),
                ("+l2norm+cumsum+gate", ("L2NORM_BWD", "DG_CUMSUM", "GATE_BWD", "HAS_DT_BIAS")),
-               ("+l2norm+anchor", ("L2NORM_BWD", "ANCHOR"))]
+               ("+l2norm+anchor", ("L2NORM_BWD", "ANCHOR")),
+               ("+l2norm+anchor+monotone", ("L2NORM_BWD", "ANCHOR", "GATE_MONOTONE"))]
     if not full:  # the measured best at K=128: BK=128 on 4 warps
         base = dict(H=16, HV=16, K=128, BT=64, BK=128, HOIST_S=False, IS_VARLEN=False, DOT_PRECISION="tf32")
         for name, flags in fusions:
-            c = dict(base, L2NORM_BWD=False, DG_CUMSUM=False, GATE_BWD=False, HAS_DT_BIAS=False, FAST_RANGE=-1.0)
+            c = dict(base, L2NORM_BWD=False, DG_CUMSUM=False, GATE_BWD=False, HAS_DT_BIAS=False, FAST_RANGE=-1.0,
+                     GATE_MONOTONE=False)
             c.update({f: True for f in flags if f != "ANCHOR"})
             if "ANCHOR" in flags:
                 c["FAST_RANGE"] = m.FAST_RANGE
@@ -117,7 +119,8 @@ def intra_bwd(full):
         if set(flags) - {"ANCHOR"} and cfg.kwargs["BK"] < 128:
             continue  # the fused epilogues take only whole-K blocks (the launcher prunes the rest)
         c = dict(H=16, HV=16, K=128, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", L2NORM_BWD=False,
-                 DG_CUMSUM=False, GATE_BWD=False, HAS_DT_BIAS=False, FAST_RANGE=-1.0, **cfg.kwargs)
+                 DG_CUMSUM=False, GATE_BWD=False, HAS_DT_BIAS=False, FAST_RANGE=-1.0, GATE_MONOTONE=False,
+                 **cfg.kwargs)
         c.update({f: True for f in flags if f != "ANCHOR"})
         if "ANCHOR" in flags:
             c["FAST_RANGE"] = m.FAST_RANGE

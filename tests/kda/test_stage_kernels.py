@@ -254,6 +254,10 @@ def test_intra_bwd_one_anchor_and_bit_levels_agree(case):
             assert torch.isfinite(o).all() and rel_err(o, r) < 1e-5, (name, rel_err(o, r))
     if decay == "normal":
         assert not all(torch.equal(a, b) for a, b in zip(auto, levels))
+    # the gate here is a cumsum of log decays <= 0: its block ranges read from the blocks' ends
+    # (gate_monotone) are the reduced ones, so the same anchors and the same bits
+    mono = intra_bwd(**inp, fast_range=FAST_RANGE, gate_monotone=True)
+    assert all(torch.equal(a, b) for a, b in zip(auto, mono))
 
 
 def test_intra_bwd_one_anchor_stays_in_range_at_the_edge_of_its_spread():
@@ -284,6 +288,8 @@ def test_intra_bwd_one_anchor_stays_in_range_at_the_edge_of_its_spread():
         e_a, e_l = rel_err(a, r), rel_err(lv, r)
         assert e_a < 1e-3 and e_a <= 1.5 * e_l + 3e-5, (name, e_a, e_l)
     assert not all(torch.equal(a, b) for a, b in zip(auto, levels))  # the anchor was taken
+    mono = intra_bwd(**inp, fast_range=FAST_RANGE, gate_monotone=True)  # the step is < 0: monotone
+    assert all(torch.equal(a, b) for a, b in zip(auto, mono))
 
 
 def _l2norm(x):

@@ -148,6 +148,8 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
         extra["gate_bwd"] = (g, A_log, dt_bias)
     if intra is not None and INTRA_BWD_ONE_ANCHOR:
         extra["fast_range"] = INTRA_BWD_FAST_RANGE
+        # the gate function's log decays are <= 0, so their chunk cumsum is non-increasing
+        extra["gate_monotone"] = use_gate_in_kernel
     wy_args = dict(q=q, k=k, v=v, v_new=v_new, g=gc, beta=beta, A=Akk, h=h, do=do, dh=dh, dv=dv, scale=scale,
                    cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices)
     del h, dh, v_new, dv
@@ -280,6 +282,8 @@ FUSE_WY_INTRA_BWD = False
 # H200 2026-11-30, bench/records/raw/2026-11-30-h200-kda-ab-dvd.json): 33.43 ms against 32.79
 # without it, 33.11 against 32.45 with dvd+daqk; on seeded inputs its dA_log from fp64 is 2.90e-2
 # at cu_seqlens against 2.76e-2 without (bench/records/raw/2026-11-30-h200-kda-variants.json).
+# With the gate in the op the chain now also passes gate_monotone (the block's range read from
+# its first and last rows, not reduced over its 16; same bits, interpreter-tested), not timed.
 # Off.
 INTRA_BWD_ONE_ANCHOR = False
 

@@ -169,7 +169,7 @@ def _one_k_block(configs, named_args, **kwargs):
 
 @triton.autotune(configs=autotune_configs(configs()), **autotune_cache(),
                  key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION", "L2NORM_BWD", "DG_CUMSUM", "GATE_BWD",
-                      "FAST_RANGE"],
+                      "FAST_RANGE", "GATE_MONOTONE"],
                  prune_configs_by={"early_config_prune": _one_k_block})
 @triton.jit(do_not_specialize=["T"])
 def _intra_bwd_kernel(
@@ -183,12 +183,13 @@ def _intra_bwd_kernel(
     BK: tl.constexpr, HOIST_S: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
     L2NORM_BWD: tl.constexpr = False, DG_CUMSUM: tl.constexpr = False,
     GATE_BWD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, FAST_RANGE: tl.constexpr = -1.0,
+    GATE_MONOTONE: tl.constexpr = False,
 ):
     _, i_hv, i_h, i_tg, t0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     intra_bwd_program(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, dq_out, dk_out, db_out, dg_out, q_rstd, k_rstd,
                       g_raw, A_log, dt_bias, dA_part, dbias_part, i_hv, i_h, i_tg, t0, n_valid,
                       H, HV, K, BT, BK, HOIST_S, DOT_PRECISION, L2NORM_BWD, DG_CUMSUM, GATE_BWD, HAS_DT_BIAS,
-                      FAST_RANGE)
+                      FAST_RANGE, GATE_MONOTONE)
 
 
 @triton.jit
@@ -202,7 +203,7 @@ def intra_bwd_program(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, HOIST_S: tl.constexpr, DOT_PRECISION: tl.constexpr,
     L2NORM_BWD: tl.constexpr, DG_CUMSUM: tl.constexpr, GATE_BWD: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    FAST_RANGE: tl.constexpr,
+    FAST_RANGE: tl.constexpr, GATE_MONOTONE: tl.constexpr = False,
 ):
     """One program's work (one chunk x one value head, from ``chunk_program``); also the
     second half of ``wy_intra_bwd``'s fused kernel."""
@@ -281,8 +282,13 @@ def intra_bwd_program(
                 # rows, where that range is within FAST_RANGE (log2) on every channel of this
                 # tile; else (and with FAST_RANGE < 0, compiled alone) bit levels
                 if FAST_RANGE >= 0:
-                    g_hi = tl.max(tl.where(m_i[:, None], b_g, float("-inf")), axis=0)
-                    g_lo = tl.min(tl.where(m_i[:, None], b_g, float("inf")), axis=0)
+                    if GATE_MONOTONE:  # non-increasing along the chunk: its range is its ends
+                        g_hi = tl.load(g + (I * BC) * HVK + o_k, mask=o_k < K, other=0.).to(tl.float32)
+                        r_end = tl.minimum(I * BC + BC, n_valid) - 1
+                        g_lo = tl.load(g + r_end * HVK + o_k, mask=o_k < K, other=0.).to(tl.float32)
+                    else:
+                        g_hi = tl.max(tl.where(m_i[:, None], b_g, float("-inf")), axis=0)
+                        g_lo = tl.min(tl.where(m_i[:, None], b_g, float("inf")), axis=0)
                     if tl.max(g_hi - g_lo, axis=0) <= FAST_RANGE:
                         g_b = ((g_hi + g_lo) * 0.5)[None, :]
                         acc_q, acc_r, acc_t = _diag_one_anchor(b_q, b_k, b_bk, b_g, g_b, s_qk, s_kk, m_i, o_r,
@@ -421,6 +427,7 @@ def intra_bwd(
     dg_reverse_cumsum: bool = False,
     gate_bwd: tuple | None = None,
     fast_range: float | None = None,
+    gate_monotone: bool = False,
 ):
     """Intra-chunk backward of KDA; drop-in for fla's ``chunk_kda_bwd_intra``.
 
@@ -457,6 +464,9 @@ def intra_bwd(
             ``dA_log`` (A_log's dtype) and ``ddt_bias`` (dt_bias's dtype, or None).
         fast_range: the gate spread (log2) up to which a diagonal block takes one anchor
             (``FAST_RANGE``); None or negative: the bit levels always (the default).
+        gate_monotone: with ``fast_range``, the caller guarantees g is non-increasing along
+            each chunk (a cumsum of log decays <= 0, as the gate in the op makes): a block's
+            gate range is then read from its first and last rows instead of reduced over them.
 
     Returns:
         ``(dq, dk, db, dg)``: new tensors (inputs are not modified) holding the inputs plus the
@@ -468,7 +478,7 @@ def intra_bwd(
         raise NotImplementedError("kernel_fun intra_bwd: use_graph (static buffers) is not supported")
     ptrs, meta = prepare(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, cu_seqlens, chunk_indices, chunk_size,
                          whole_k_block(k.shape[3], config), config, l2norm_rstd, out_dtype, dg_reverse_cumsum,
-                         gate_bwd, fast_range=fast_range)
+                         gate_bwd, fast_range=fast_range, gate_monotone=gate_monotone)
     if meta["NT"] > 0:
         launch(_intra_bwd_kernel, meta["grid"], config, *ptrs, meta["cu_seqlens"], meta["chunk_indices"], meta["T"],
                **meta["constexprs"], DOT_PRECISION=dot_precision)
@@ -477,7 +487,8 @@ def intra_bwd(
 
 
 def prepare(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, cu_seqlens, chunk_indices, chunk_size, whole_k, config,
-            l2norm_rstd, out_dtype, dg_reverse_cumsum, gate_bwd, in_place=False, fast_range=None):
+            l2norm_rstd, out_dtype, dg_reverse_cumsum, gate_bwd, in_place=False, fast_range=None,
+            gate_monotone=False):
     """Check the arguments (``whole_k``: whether the launch's K block covers K), make them
     contiguous and allocate the outputs: ``(ptrs, meta)``, ``ptrs`` the kernel's pointer
     arguments in order, ``meta`` the grid, scalars, constexprs and ``finish()`` (the return
@@ -540,6 +551,7 @@ def prepare(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, cu_seqlens, chunk_indices
     constexprs = dict(H=H, HV=HV, K=K, BT=BT, IS_VARLEN=cu_seqlens is not None, L2NORM_BWD=fuse,
                       DG_CUMSUM=bool(dg_reverse_cumsum), GATE_BWD=gate_bwd is not None,
                       HAS_DT_BIAS=gate_bwd is not None and dt_bias is not None,
-                      FAST_RANGE=-1.0 if fast_range is None else float(fast_range))
+                      FAST_RANGE=-1.0 if fast_range is None else float(fast_range),
+                      GATE_MONOTONE=bool(gate_monotone) and fast_range is not None)
     return ptrs, dict(NT=NT, grid=(NT, B * HV), cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, T=T,
                       constexprs=constexprs, finish=finish)

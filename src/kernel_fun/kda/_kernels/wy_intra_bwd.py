@@ -64,7 +64,7 @@ _MAX_IBK = max(c.kwargs["IBK"] for c in autotune_configs(configs()))
 
 @triton.autotune(configs=autotune_configs(configs()), **autotune_cache(),
                  key=["H", "HV", "K", "V", "BT", "IS_VARLEN", "DOT_PRECISION", "L2NORM_BWD", "DG_CUMSUM", "GATE_BWD",
-                      "FAST_RANGE"],
+                      "FAST_RANGE", "GATE_MONOTONE"],
                  prune_configs_by={"early_config_prune": _whole_k})
 @triton.jit(do_not_specialize=["T"])
 def _wy_intra_bwd_kernel(
@@ -78,6 +78,7 @@ def _wy_intra_bwd_kernel(
     WBK: tl.constexpr, WBV: tl.constexpr, EARLY_EPI: tl.constexpr, IBK: tl.constexpr, HOIST_S: tl.constexpr,
     L2NORM_BWD: tl.constexpr = False, DG_CUMSUM: tl.constexpr = False,
     GATE_BWD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, FAST_RANGE: tl.constexpr = -1.0,
+    GATE_MONOTONE: tl.constexpr = False,
 ):
     # q_i .. dg_i: the intra half's inputs, the same tensors as the WY half's (q, k, g, beta)
     # and outputs (dq, dk, db, dg, dA); passed again so each half keeps its own pointer offsets
@@ -90,7 +91,7 @@ def _wy_intra_bwd_kernel(
     intra_bwd_program(q_i, k_i, g_i, beta_i, dAqk, dAkk, dq_i, dk_i, db_i, dg_i, dq_out, dk_out, db_out, dg_out,
                       q_rstd, k_rstd, g_raw, A_log, dt_bias, dA_part, dbias_part, i_hv, i_h, i_tg, t0, n_valid,
                       H, HV, K, BT, IBK, HOIST_S, DOT_PRECISION, L2NORM_BWD, DG_CUMSUM, GATE_BWD, HAS_DT_BIAS,
-                      FAST_RANGE)
+                      FAST_RANGE, GATE_MONOTONE)
 
 
 def whole_k_block(K: int, config=None) -> bool:
@@ -100,7 +101,8 @@ def whole_k_block(K: int, config=None) -> bool:
 
 def wy_intra_bwd(q, k, v, v_new, g, beta, A, h, do, dh, dv, dAqk, scale=None, cu_seqlens=None, chunk_size=64,
                  chunk_indices=None, dot_precision: str = "tf32", config=None, *, l2norm_rstd=None,
-                 out_dtype=None, dg_reverse_cumsum: bool = False, gate_bwd=None, fast_range=None):
+                 out_dtype=None, dg_reverse_cumsum: bool = False, gate_bwd=None, fast_range=None,
+                 gate_monotone: bool = False):
     """``wy_dqkg_bwd`` followed by ``intra_bwd`` (same arguments: the WY stage's, plus the
     intra stage's ``dAqk`` and keyword extensions), in one launch. Returns
     ``(dq, dk, dv, db, dg)``: what ``intra_bwd`` returns (plus ``dA_log, ddt_bias`` with
@@ -112,11 +114,13 @@ def wy_intra_bwd(q, k, v, v_new, g, beta, A, h, do, dh, dv, dAqk, scale=None, cu
     K = k.shape[3]
     intra_ptrs, imeta = _intra.prepare(q, k, g, beta, dAqk, dA, dq, dk, db, dg, cu_seqlens, meta["chunk_indices"],
                                        chunk_size, whole_k_block(K, config), config, l2norm_rstd, out_dtype,
-                                       dg_reverse_cumsum, gate_bwd, in_place=True, fast_range=fast_range)
+                                       dg_reverse_cumsum, gate_bwd, in_place=True, fast_range=fast_range,
+                                       gate_monotone=gate_monotone)
     if meta["NT"] > 0:
         launch(_wy_intra_bwd_kernel, meta["grid"], config, *wy_ins, *wy_outs, *intra_ptrs, meta["cu_seqlens"],
                meta["chunk_indices"], meta["scale"], meta["T"], **meta["constexprs"],
-               **{n: imeta["constexprs"][n] for n in ("L2NORM_BWD", "DG_CUMSUM", "GATE_BWD", "HAS_DT_BIAS", "FAST_RANGE")},
+               **{n: imeta["constexprs"][n] for n in ("L2NORM_BWD", "DG_CUMSUM", "GATE_BWD", "HAS_DT_BIAS", "FAST_RANGE",
+                                                        "GATE_MONOTONE")},
                DOT_PRECISION=dot_precision)
         record_launch("kda.wy_intra_bwd")
     dq_o, dk_o, db_o, dg_o, *gate = imeta["finish"]()
