@@ -159,15 +159,27 @@ def test_intra_bwd_against_fla_and_reference(name):
 @pytest.mark.parametrize("name", list(CASES))
 def test_intra_bwd_one_anchor_against_fla_and_reference(name):
     """The diagonal blocks by one anchor where the gate allows (kda.chain.INTRA_BWD_ONE_ANCHOR),
-    autotuned and at every configuration's block size, against fla and the fp64 reference."""
+    autotuned and at every configuration's block size, against fla and the fp64 reference;
+    with gate_monotone the same bits."""
     from kernel_fun.kda._kernels.intra_bwd import FAST_RANGE, configs, intra_bwd
 
     _, _, intra_in = _inputs(name)
     _, ref, fla_out = _refs(name)
     _check(f"{name}/anchor", intra_bwd(**intra_in, fast_range=FAST_RANGE), fla_out, ref, ("dq", "dk", "db", "dg"))
+    g, cu = intra_in["g"], intra_in.get("cu_seqlens")
+    starts = torch.zeros(g.shape[1], dtype=torch.bool, device=g.device)  # rows that begin a chunk
+    for s0, e0 in (zip(cu[:-1].tolist(), cu[1:].tolist()) if cu is not None else [(0, g.shape[1])]):
+        starts[s0:e0:BT] = True
+    exactly_monotone = bool(((g[:, 1:] <= g[:, :-1]) | starts[1:, None, None]).all())
     for config in configs():
-        _check(f"{name}/anchor/{config}", intra_bwd(**intra_in, fast_range=FAST_RANGE, config=config), fla_out, ref,
-               ("dq", "dk", "db", "dg"))
+        anc = intra_bwd(**intra_in, fast_range=FAST_RANGE, config=config)
+        _check(f"{name}/anchor/{config}", anc, fla_out, ref, ("dq", "dk", "db", "dg"))
+        # the gate here is a chunk cumsum of log decays <= 0: its range from the blocks' ends;
+        # the same bits where fla's cumsum came out exactly non-increasing (else within TOL)
+        mono = intra_bwd(**intra_in, fast_range=FAST_RANGE, gate_monotone=True, config=config)
+        _check(f"{name}/anchor+monotone/{config}", mono, fla_out, ref, ("dq", "dk", "db", "dg"))
+        if exactly_monotone:
+            assert all(torch.equal(a, b) for a, b in zip(anc, mono)), config
 
 
 def _intra_configs():
