@@ -21,19 +21,21 @@ T=${STEP_TIMEOUT:-300}
 # Autotune results carried between device calls: Triton's on-disk autotune cache (fla's
 # kernels and ours both use it; each entry is keyed by the Triton build, the GPU target, the
 # kernel's source, the tuning key and the configs, so an edited kernel re-tunes). Every run
-# returns its entries under $OUT/triton_autotune after each step; copy that to
-# .triton_autotune/ (git-ignored) and pass it in `carry`. Only AUTOTUNE_CACHE=restore puts
+# returns its entries as one archive, $OUT/triton_autotune.tgz, after each step (the device
+# tool returns a limited number of files, so not one file per entry); copy it to
+# .triton_autotune.tgz (git-ignored) and pass that in `carry`. Only AUTOTUNE_CACHE=restore puts
 # them back: for test calls. The tuning keys leave out B and T, so an entry made at a test's
 # small shape would pick the configs of a production-shape bench, for fla's kernels and ours:
 # bench records are made without it (tuned at their own first case, as a user's first step).
 TC=$(python3 -c "from triton import knobs; print(knobs.cache.dir)" 2>/dev/null || echo "$HOME/.triton/cache")
-if [ -d .triton_autotune ] && [ "${AUTOTUNE_CACHE:-}" = restore ]; then
-  mkdir -p "$TC" && cp -rn .triton_autotune/. "$TC"/
-  echo "autotune cache: $(find .triton_autotune -name '*.autotune.json' | wc -l) entries restored into $TC"
+if [ "${AUTOTUNE_CACHE:-}" = restore ]; then
+  mkdir -p "$TC"
+  [ -f .triton_autotune.tgz ] && tar xzf .triton_autotune.tgz -C "$TC" --skip-old-files
+  [ -d .triton_autotune ] && cp -rn .triton_autotune/. "$TC"/
+  echo "autotune cache: $(find "$TC" -name '*.autotune.json' | wc -l) entries in $TC"
 fi
 save_autotune() {
-  mkdir -p "$OUT/triton_autotune"
-  (cd "$TC" 2>/dev/null && find . -name '*.autotune.json' -print0 | xargs -0 -r cp --parents -t "$OUT/triton_autotune")
+  (cd "$TC" 2>/dev/null && find . -name '*.autotune.json' -print0 | tar czf "$OUT/triton_autotune.tgz" --null -T -)
 }
 for step in "$@"; do
   echo "=== $step ($(date -u +%H:%M:%S))"
