@@ -115,7 +115,7 @@ def test_each_config(poisoned, config):
     _run("gk", torch.float32, cu_seqlens=CU, T=170, V=128, config=config)
 
 
-@pytest.mark.parametrize("case", ["fixed", "varlen"])
+@pytest.mark.parametrize("case", ["fixed", "varlen", "fixed_no_dht"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_dv_made_from_A(poisoned, case, dtype):
     """``A=`` (KDA's Aqk, NaN above the diagonal: not to be read) in place of dv: the scan
@@ -124,7 +124,8 @@ def test_dv_made_from_A(poisoned, case, dtype):
     from kernel_fun.kda.reference_stages import dAv_reference
 
     cu = CU if case == "varlen" else None
-    x = _inputs("gk", dtype, cu_seqlens=cu, **({"B": 1, "T": 170} if cu is not None else {}))
+    x = _inputs("gk", dtype, cu_seqlens=cu, dht=case != "fixed_no_dht",
+                **({"B": 1, "T": 170} if cu is not None else {}))
     gen = torch.Generator().manual_seed(3)
     B, T, HV, _ = x["w"].shape
     A = (torch.randn(B, T, HV, BT, generator=gen) * 0.2).to(dtype)
