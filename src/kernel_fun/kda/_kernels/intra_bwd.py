@@ -157,20 +157,24 @@ def _diag_one_anchor(b_q, b_k, b_bk, b_g, g_b, s_qk, s_kk, m_i, o_r, acc_q, acc_
     return acc_q, acc_r, acc_t
 
 
-def _one_k_block(configs, named_args, **kwargs):
-    """With a fused epilogue (L2NORM_BWD, DG_CUMSUM), only configurations whose K block covers
-    all of K: the l2norm backward needs whole rows of dq and dk, the cumsum one carry over K."""
-    flag = lambda n: kwargs.get(n, named_args.get(n, False))  # noqa: E731
-    if not (flag("L2NORM_BWD") or flag("DG_CUMSUM")):
-        return configs
-    K = kwargs.get("K", named_args.get("K"))
-    return [c for c in configs if c.kwargs["BK"] >= K]
+def whole_k_prune(block: str):
+    """An autotune ``early_config_prune``: with a fused epilogue (L2NORM_BWD, DG_CUMSUM), only
+    configurations whose intra K block (the config key ``block``) covers all of K: the l2norm
+    backward needs whole rows of dq and dk, the cumsum one carry over K. Shared with
+    ``wy_intra_bwd`` (its intra block is ``IBK``)."""
+    def prune(configs, named_args, **kwargs):
+        flag = lambda n: kwargs.get(n, named_args.get(n, False))  # noqa: E731
+        if not (flag("L2NORM_BWD") or flag("DG_CUMSUM")):
+            return configs
+        K = kwargs.get("K", named_args.get("K"))
+        return [c for c in configs if c.kwargs[block] >= K]
+    return prune
 
 
 @triton.autotune(configs=autotune_configs(configs()), **autotune_cache(),
                  key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION", "L2NORM_BWD", "DG_CUMSUM", "GATE_BWD",
                       "FAST_RANGE", "GATE_MONOTONE"],
-                 prune_configs_by={"early_config_prune": _one_k_block})
+                 prune_configs_by={"early_config_prune": whole_k_prune("BK")})
 @triton.jit(do_not_specialize=["T"])
 def _intra_bwd_kernel(
     q, k, g, beta, dAqk, dAkk,

@@ -18,8 +18,9 @@ writes its outputs over the WY half's where the dtype allows (db, dg without the
 epilogue, dq and dk without the l2norm one), so those lines are written back to HBM once; with
 the l2norm epilogue the fp32 dq, dk lines (2.1 GB at B=16) are dead but still written back.
 
-Not yet timed on a GPU: ``kda.chain.FUSE_WY_INTRA_BWD`` is off until
-``scripts/kda_switch_ab.py`` (combination ``l2+wyi``) says it pays.
+Measured slower on the H200 at B=16 (``scripts/kda_stage_bench.py --only wyi``, 2026-11-30):
+16.35 ms at its best configuration against 15.72 for the two stage launches (255 registers, the
+WY half's stack), so ``kda.chain.FUSE_WY_INTRA_BWD`` is off.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from kernel_fun._common.witness import record_launch
 from kernel_fun.kda._kernels import chunk_program, launch
 from kernel_fun.kda._kernels import intra_bwd as _intra
 from kernel_fun.kda._kernels import wy_bwd as _wy
-from kernel_fun.kda._kernels.intra_bwd import intra_bwd_program
+from kernel_fun.kda._kernels.intra_bwd import intra_bwd_program, whole_k_prune
 from kernel_fun.kda._kernels.wy_bwd import wy_bwd_program
 
 install_interpreter_shims()
@@ -42,21 +43,13 @@ def configs():
     The halves' measured best (B=8, every configuration forced): WY BK=64 BV=64 on 8 warps, 4
     stages (3.63 ms) and BK=32 BV=64 early epilogue on 4 warps, 3 stages (3.75); intra BK=128
     on 4 warps (the only block its fused epilogues take at K=128) or BK=64. One num_warps and
-    one num_stages serve both halves here. Not yet timed."""
+    one num_stages serve both halves here. Timed together on the H200 at B=16: 16.35 ms at the
+    best of them (the module docstring)."""
     return [triton.Config({"WBK": wbk, "WBV": wbv, "EARLY_EPI": ee, "IBK": ibk, "HOIST_S": False},
                           num_warps=w, num_stages=st)
             for wbk, wbv, ee, ibk, w, st in [(32, 64, True, 128, 4, 3), (32, 64, True, 128, 4, 1),
                                             (64, 64, False, 128, 8, 4), (64, 64, False, 128, 8, 1),
                                             (32, 64, True, 64, 4, 3), (64, 64, False, 64, 8, 4)]]
-
-
-def _whole_k(configs, named_args, **kwargs):
-    """With a fused intra epilogue (L2NORM_BWD, DG_CUMSUM) only an intra K block covering K."""
-    flag = lambda n: kwargs.get(n, named_args.get(n, False))  # noqa: E731
-    if not (flag("L2NORM_BWD") or flag("DG_CUMSUM")):
-        return configs
-    K = kwargs.get("K", named_args.get("K"))
-    return [c for c in configs if c.kwargs["IBK"] >= K]
 
 
 _MAX_IBK = max(c.kwargs["IBK"] for c in autotune_configs(configs()))
@@ -65,7 +58,7 @@ _MAX_IBK = max(c.kwargs["IBK"] for c in autotune_configs(configs()))
 @triton.autotune(configs=autotune_configs(configs()), **autotune_cache(),
                  key=["H", "HV", "K", "V", "BT", "IS_VARLEN", "DOT_PRECISION", "L2NORM_BWD", "DG_CUMSUM", "GATE_BWD",
                       "FAST_RANGE", "GATE_MONOTONE"],
-                 prune_configs_by={"early_config_prune": _whole_k})
+                 prune_configs_by={"early_config_prune": whole_k_prune("IBK")})
 @triton.jit(do_not_specialize=["T"])
 def _wy_intra_bwd_kernel(
     q, k, v, v_new, g, beta, A, h, do, dh, dv,
