@@ -31,7 +31,6 @@ TC=$(python3 -c "from triton import knobs; print(knobs.cache.dir)" 2>/dev/null |
 if [ "${AUTOTUNE_CACHE:-}" = restore ]; then
   mkdir -p "$TC"
   [ -f .triton_autotune.tgz ] && tar xzf .triton_autotune.tgz -C "$TC" --skip-old-files
-  [ -d .triton_autotune ] && cp -rn .triton_autotune/. "$TC"/
   echo "autotune cache: $(find "$TC" -name '*.autotune.json' | wc -l) entries in $TC"
 fi
 save_autotune() {

@@ -178,13 +178,13 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
     if our_gate is not None and not fused_cs:  # the reverse cumsum and the gate's backward, one pass
         dg, dA_log, ddt_bias = our_gate(dg, g if use_gate_in_kernel else None, A_log, dt_bias,
                                         cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices)
-        return dq, dk, dv, db, dg, dh0, dA_log, ddt_bias
-    if not fused_cs:
-        dg = _fla("fla.ops.utils.cumsum", "chunk_local_cumsum")(
-            g=dg, chunk_size=BT, reverse=True, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
-    if use_gate_in_kernel and not fused_gate:
-        dg, dA_log, ddt_bias = _fla("fla.ops.kda.gate", "kda_gate_bwd")(
-            g=g, A_log=A_log, dt_bias=dt_bias, dyg=dg)
+    else:
+        if not fused_cs:
+            dg = _fla("fla.ops.utils.cumsum", "chunk_local_cumsum")(
+                g=dg, chunk_size=BT, reverse=True, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
+        if use_gate_in_kernel and not fused_gate:
+            dg, dA_log, ddt_bias = _fla("fla.ops.kda.gate", "kda_gate_bwd")(
+                g=g, A_log=A_log, dt_bias=dt_bias, dyg=dg)
     return dq, dk, dv, db, dg, dh0, dA_log, ddt_bias
 
 

@@ -162,7 +162,7 @@ def dg_cumsum_gate_bwd(
     dev = dg.device
     out = _alloc((B, T, HV, K), g.dtype if gate else torch.float32, dev)
     # sums per (chunk, head, channel), reduced here in a fixed order
-    n_part = B * NT * HV if cu_seqlens is None else NT * HV
+    n_part = B * NT * HV  # (varlen: B == 1)
     dA_part = _alloc((n_part, K), torch.float32, dev) if gate else None
     dbias_part = _alloc((n_part, K), torch.float32, dev) if gate else None
     if NT > 0:
