@@ -47,25 +47,25 @@ CASES = {  # the box's smallest heads (K=64, V=64: the interpreter's cost grows 
 # alone on top of the shipped chain: the WY pieces formed in our scan with fla's two score
 # stages ("wyf"), our whole intra stage in place of fla's chunk_kda_fwd_intra ("fwd_intra"); and
 # the backward's WY and intra stages in one kernel ("wyi"); the intra backward's diagonal
-# blocks by one anchor where the gate allows ("ianc"); fla's dAv in place of our score gradient
-# and our dhu making dv from Aqk and do ("fla_dav"), and fla's dhu as well ("fla_dhu_dav"); the
-# score gradient made in our WY stage ("dvd+daqk"); dg's reverse cumsum and the gate's backward
-# in our one pass ("gate_bwd").
+# blocks by bit levels alone, without the one anchor ("levels"); fla's dAv in place of our
+# score gradient and our dhu making dv from Aqk and do ("fla_dav"), and fla's dhu as well
+# ("fla_dhu_dav"); the score gradient made in our WY stage ("dvd+daqk"); fla's reverse cumsum
+# of dg and gate backward in place of our one pass ("fla_gate").
 # Each: switch values set over the shipped ones, stages dropped, candidate stages added.
 SWITCHES = ("FUSE_L2NORM_BWD", "FUSE_DG_CUMSUM", "FUSE_GATE_BWD", "FUSE_WY_FWD", "FUSE_WY_INTRA_BWD",
             "INTRA_BWD_ONE_ANCHOR", "FUSE_DV_DHU", "FUSE_DAQK_WY")
 FUSIONS = {
-    "off": dict(switches=dict.fromkeys(SWITCHES, False), drop=("state_scan_bwd",), add=()),
+    "off": dict(switches=dict.fromkeys(SWITCHES, False), drop=("state_scan_bwd", "gate_bwd"), add=()),
     "shipped": dict(switches={}, drop=(), add=()),
     "all": dict(switches=dict.fromkeys(SWITCHES, True), drop=(), add=tuple(chain.CANDIDATE_STAGES)),
     "wyf": dict(switches={"FUSE_WY_FWD": True}, drop=(), add=()),
     "fwd_intra": dict(switches={}, drop=(), add=("fwd_intra",)),
     "wyi": dict(switches={"FUSE_WY_INTRA_BWD": True}, drop=(), add=()),
-    "ianc": dict(switches={"INTRA_BWD_ONE_ANCHOR": True}, drop=(), add=()),
+    "levels": dict(switches={"INTRA_BWD_ONE_ANCHOR": False}, drop=(), add=()),
     "fla_dav": dict(switches={"FUSE_DV_DHU": False}, drop=(), add=()),
     "fla_dhu_dav": dict(switches={"FUSE_DV_DHU": False}, drop=("state_scan_bwd",), add=()),
     "dvd+daqk": dict(switches={"FUSE_DV_DHU": True, "FUSE_DAQK_WY": True}, drop=(), add=()),
-    "gate_bwd": dict(switches={}, drop=(), add=("gate_bwd",)),
+    "fla_gate": dict(switches={}, drop=("gate_bwd",), add=()),
 }
 
 
@@ -147,7 +147,7 @@ def test_chain_against_fp64_recurrence(name, fusions, monkeypatch, _standins):
         assert not (split & set(_standins)) and whole in _standins and wy_pass == 1
 
 
-@pytest.mark.parametrize("variant", ["shipped", "fla_dhu", "dhu", "dvd", "dvd+daqk", "gate_bwd"])
+@pytest.mark.parametrize("variant", ["shipped", "fla_dhu", "dhu", "dvd", "dvd+daqk", "fla_gate"])
 def test_backward_releases_each_intermediate_after_its_last_reader(variant, monkeypatch):
     """Peak memory: by the time the WY stage runs, the backward has let go of u, w, qg, kg and
     the intra-chunk dv (the state scan's inputs); by the time the intra stage runs, also of h,
@@ -188,9 +188,9 @@ def test_backward_releases_each_intermediate_after_its_last_reader(variant, monk
     stages = dict(chain.STAGES)
     if variant == "fla_dhu":
         stages.pop("state_scan_bwd")
-    if variant == "gate_bwd":
-        stages["gate_bwd"] = chain.CANDIDATE_STAGES["gate_bwd"]
-    if variant not in ("shipped", "gate_bwd"):
+    if variant == "fla_gate":
+        stages.pop("gate_bwd")
+    if variant not in ("shipped", "fla_gate"):
         monkeypatch.setattr(chain, "FUSE_DV_DHU", variant.startswith("dvd"))
         monkeypatch.setattr(chain, "FUSE_DAQK_WY", variant == "dvd+daqk")
     if "state_scan_bwd" in stages:

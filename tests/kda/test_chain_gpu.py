@@ -9,6 +9,7 @@ from kernel_fun._common import compat
 from kernel_fun._common.witness import launches
 from kernel_fun._delta._kernels.state_scan_bwd import state_scan_bwd
 from kernel_fun.kda import chain
+from kernel_fun.kda._kernels.gate_bwd import dg_cumsum_gate_bwd
 from kernel_fun.kda.reference import chunk_kda_ref
 
 pytestmark = pytest.mark.gpu
@@ -103,22 +104,23 @@ def test_against_fp64_naive_recurrence(name):
 
 @pytest.mark.parametrize("fuse", ["l2norm", "dg_cumsum", "dg_cumsum+gate", "l2norm+dg_cumsum+gate", "l2norm+dhu",
                                   "l2norm+dg_cumsum+gate+dhu", "l2norm+dhu+dvd",
-                                  "l2norm+dhu+dvd+daqk"])
+                                  "l2norm+dhu+dvd+daqk", "l2norm+dhu+dvd+gbwd"])
 def test_fused_intra_epilogues(fuse, monkeypatch):
     """chain.FUSE_L2NORM_BWD / FUSE_DG_CUMSUM / FUSE_GATE_BWD (the l2norm backward of q, k, the
     reverse cumsum of dg and the gate's backward in our intra backward's epilogue) and "dhu"
     (our backward state scan; without it, fla's dhu) and "dvd" (with it, chain.FUSE_DV_DHU: our
-    score gradient and dv made in our dhu, no fla dAv): against the fp64 recurrence, close to
-    the chain with all of them off, and fla's kernels for them did not run. "l2norm+dhu+dvd" is
-    what ships."""
+    score gradient and dv made in our dhu, no fla dAv) and "gbwd" (our one gate pass,
+    kda/_kernels/gate_bwd.py, in place of fla's reverse cumsum and kda_gate_bwd): against the
+    fp64 recurrence, close to the chain with all of them off, and fla's kernels for them did not
+    run. "l2norm+dhu+dvd+gbwd" is what ships."""
     t = _make(2, 200, 2, 2, 128, 128)
     flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, output_final_state=True)
     do, dht = _cotangents(t["v"], 2, 128)
     monkeypatch.setattr(chain, "FUSE_L2NORM_BWD", False)
     monkeypatch.setattr(chain, "FUSE_DG_CUMSUM", False)
     monkeypatch.setattr(chain, "FUSE_GATE_BWD", False)
-    with_dhu = {**chain.STAGES, "state_scan_bwd": state_scan_bwd}
-    monkeypatch.setattr(chain, "STAGES", {k: f for k, f in with_dhu.items() if k != "state_scan_bwd"})
+    base = {k: f for k, f in chain.STAGES.items() if k not in ("state_scan_bwd", "gate_bwd")}
+    monkeypatch.setattr(chain, "STAGES", base)
     plain = _run(kda.chunk_kda, t, do, dht, **flags)
     parts = fuse.split("+")
     monkeypatch.setattr(chain, "FUSE_L2NORM_BWD", "l2norm" in parts)
@@ -126,9 +128,9 @@ def test_fused_intra_epilogues(fuse, monkeypatch):
     monkeypatch.setattr(chain, "FUSE_GATE_BWD", "gate" in parts)
     monkeypatch.setattr(chain, "FUSE_DV_DHU", "dvd" in parts)
     monkeypatch.setattr(chain, "FUSE_DAQK_WY", "daqk" in parts)
-    if "dhu" in parts:
-        monkeypatch.setattr(chain, "STAGES", with_dhu)
-    before_sg = launches("kda.score_grad")
+    ours = {"dhu": ("state_scan_bwd", state_scan_bwd), "gbwd": ("gate_bwd", dg_cumsum_gate_bwd)}
+    monkeypatch.setattr(chain, "STAGES", {**base, **dict(v for p, v in ours.items() if p in parts)})
+    before_sg, before_gb = launches("kda.score_grad"), launches("kda.gate_bwd")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fused = _run(kda.chunk_kda, t, do, dht, **flags)
         torch.cuda.synchronize()
@@ -136,8 +138,10 @@ def test_fused_intra_epilogues(fuse, monkeypatch):
     ran = [(p, k, any(n.startswith(k) for n in names)) for p, k in
            (("l2norm", "l2norm_bwd"), ("dg_cumsum", "chunk_local_cumsum"), ("gate", "kda_gate_bwd"),
             ("dhu", "chunk_gated_delta_rule_bwd_kernel_dhu"), ("dvd", "chunk_kda_bwd_kernel_dAv"))]
-    assert all(r == (p not in parts) for p, _, r in ran), (fuse, ran)
+    gbwd = "gbwd" in parts and "dg_cumsum" not in parts
+    assert all(r == (p not in parts and not (gbwd and p in ("dg_cumsum", "gate"))) for p, _, r in ran), (fuse, ran)
     assert launches("kda.score_grad") == before_sg + ("dvd" in parts and "daqk" not in parts)
+    assert launches("kda.gate_bwd") == before_gb + gbwd
     ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},
                do.double(), dht.double(), **flags)
     errs = {k: _rel(fused[k], ref[k]) for k in fused if fused[k] is not None and k in TOL}
@@ -350,6 +354,9 @@ def test_launch_witness_replaced_fla_kernels_did_not_run():
             assert not any(n.startswith("chunk_gla_fwd_kernel_o") for n in step), (stage, step)
         else:
             assert not any(n.startswith(fla_kernel) for n in step), (stage, step)
+    if "gate_bwd" in chain.STAGES and not chain.FUSE_DG_CUMSUM:  # fla's dg cumsum and gate backward
+        assert not any(n.startswith(("kda_gate_bwd_kernel", "chunk_local_cumsum")) for n in step), step
+        assert any(n.startswith("_gate_bwd") for n in step), step
     if "state_scan_bwd" in chain.STAGES and chain.FUSE_DV_DHU:  # fla's dAv replaced too
         assert not any(n.startswith("chunk_kda_bwd_kernel_dAv") for n in step), step
         assert any(n.startswith("_score_grad_kernel") for n in step) != chain.FUSE_DAQK_WY, step

@@ -360,7 +360,7 @@ def test_stages_deterministic_and_no_aliasing():
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["fixed", "varlen"])
 def test_gate_bwd_against_fla_every_config(varlen):
-    """kda/_kernels/gate_bwd.py (a candidate stage, chain.CANDIDATE_STAGES["gate_bwd"]): dg's
+    """kda/_kernels/gate_bwd.py (chain.STAGES["gate_bwd"]): dg's
     chunk-local reverse cumsum and the gate's backward in one pass, against fla's
     chunk_local_cumsum(reverse=True) + kda_gate_bwd on the same inputs and against the fp64
     reference, autotuned and at every configuration; deterministic."""

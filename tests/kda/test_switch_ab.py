@@ -18,10 +18,11 @@ def _script():
 
 def _chain():
     return SimpleNamespace(FUSE_L2NORM_BWD=True, FUSE_DG_CUMSUM=False, FUSE_GATE_BWD=False, FUSE_WY_FWD=False,
-                           FUSE_WY_INTRA_BWD=False, INTRA_BWD_ONE_ANCHOR=False, FUSE_DV_DHU=True,
+                           FUSE_WY_INTRA_BWD=False, INTRA_BWD_ONE_ANCHOR=True, FUSE_DV_DHU=True,
                            FUSE_DAQK_WY=False,
-                           STAGES={"state_scan_fwd": "scan", "intra_bwd": "ib", "wy_bwd": "wy", "state_scan_bwd": "dhu"},
-                           CANDIDATE_STAGES={"intra_fwd": "if", "fwd_intra": "fi", "gate_bwd": "gb"})
+                           STAGES={"state_scan_fwd": "scan", "intra_bwd": "ib", "wy_bwd": "wy", "state_scan_bwd": "dhu",
+                                   "gate_bwd": "gb"},
+                           CANDIDATE_STAGES={"intra_fwd": "if", "fwd_intra": "fi"})
 
 
 def _shipped(chain):

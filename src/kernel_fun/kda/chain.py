@@ -223,7 +223,7 @@ from ._kernels.wy_intra_bwd import whole_k_block as wyi_whole_k_block  # noqa: E
 from ._kernels.wy_intra_bwd import wy_intra_bwd  # noqa: E402
 
 STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bwd": wy_dqkg_bwd,
-                 "state_scan_bwd": state_scan_bwd}
+                 "state_scan_bwd": state_scan_bwd, "gate_bwd": dg_cumsum_gate_bwd}
 # The backward state scan (our dhu, in place of fla's chunk_gated_delta_rule_bwd_dhu) is shipped
 # with FUSE_DV_DHU below: end to end at B=16 on the H200 (scripts/kda_switch_ab.py, 2026-11-30,
 # bench/records/raw/2026-11-30-h200-kda-ab-dvd.json) fwd+bwd 32.79 ms alone and 32.10 with
@@ -231,6 +231,13 @@ STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bw
 # every token and channel, against the fp64 recurrence on seeded inputs (H200, 2026-11-30,
 # bench/records/raw/2026-11-30-h200-kda-variants.json): cu_seqlens 2.81e-2 with both (fla's dhu
 # and dAv in our chain 2.76e-2; fla's own chunk_kda 4.25e-2), tail_grouped 3.50e-3 (3.53e-3).
+
+# The backward's closing pass over dg (kda/_kernels/gate_bwd.py, in place of fla's
+# chunk_local_cumsum (reverse) and kda_gate_bwd, 0.58 + 0.59 ms at B=16 on the H200, record
+# 0be0a9c): dg and the raw gate read once and dg_raw written once, about 2.2 GB against 4.3, a
+# 0.5 ms floor. End to end at B=16 on the H200 (scripts/kda_switch_ab.py, 2026-11-30,
+# bench/records/raw/2026-11-30-h200-kda-ab-gbwd.json): fwd+bwd 31.48 ms against 32.11 without
+# it; 30.78 against 31.48 with the one anchor below; dg 2.8e-5 from fla's pair (the sum order).
 
 # Stages of ours built and tested but not shipped; scripts/kda_switch_ab.py times each against
 # the shipped chain.
@@ -244,13 +251,7 @@ STAGES: dict = {"state_scan_fwd": state_scan_fwd, "intra_bwd": intra_bwd, "wy_bw
 # 2026-11-30, bench/records/raw/2026-11-30-h200-kda-stage-ianc-wyi-fwdi.json): the whole stage
 # 5.51 ms at its best (tf32 diagonal and solve) against fla's 4.55; the scores alone 4.15 ms
 # against the 3.14 of fla's two score stages.
-#
-# The backward's closing pass over dg (kda/_kernels/gate_bwd.py): fla's chunk_local_cumsum
-# (reverse) and kda_gate_bwd in one pass (0.58 + 0.59 ms at B=16 on the H200, record 0be0a9c),
-# dg and the raw gate read once and dg_raw written once: about 2.2 GB against 4.3, a 0.5 ms
-# floor; expected to save 0.5-0.6 ms. Interpreter-tested (tests/kda/test_gate_bwd.py, the CPU
-# chain variant "gate_bwd"); not yet timed (scripts/kda_switch_ab.py "l2+dhu+dvd+gbwd").
-CANDIDATE_STAGES: dict = {"fwd_intra": chunk_fwd_intra, "intra_fwd": intra_fwd, "gate_bwd": dg_cumsum_gate_bwd}
+CANDIDATE_STAGES: dict = {"fwd_intra": chunk_fwd_intra, "intra_fwd": intra_fwd}
 
 # Forward: w, u and kg formed inside our forward scan (state_scan_fwd's wy_inputs) from Akk,
 # k, v, beta and the gate, instead of fla's recompute_w_u_fwd writing w, u, qg, kg (2.7 GB at
@@ -283,9 +284,11 @@ FUSE_WY_INTRA_BWD = False
 # without it, 33.11 against 32.45 with dvd+daqk; on seeded inputs its dA_log from fp64 is 2.90e-2
 # at cu_seqlens against 2.76e-2 without (bench/records/raw/2026-11-30-h200-kda-variants.json).
 # With the gate in the op the chain now also passes gate_monotone (the block's range read from
-# its first and last rows, not reduced over its 16; same bits, interpreter-tested), not timed.
-# Off.
-INTRA_BWD_ONE_ANCHOR = False
+# its first and last rows, not reduced over its 16; same bits, interpreter-tested): then it wins
+# (scripts/kda_switch_ab.py, H200 2026-11-30, bench/records/raw/2026-11-30-h200-kda-ab-gbwd.json):
+# 31.48 ms against 32.11 without it, 30.78 against 31.48 with our gate pass; dq, dk 8e-4 from
+# the chain without it (tf32 rounding of the other split). On.
+INTRA_BWD_ONE_ANCHOR = True
 
 # Backward, with our backward state scan in the chain: fla's chunk_kda_bwd_dAv (1.00 ms at
 # B=16, at its bytes' floor: it reads do, v_new, Aqk and writes dAqk and the intra-chunk dv,
