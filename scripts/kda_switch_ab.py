@@ -4,7 +4,7 @@ production call: l2norm and gate in the op) with each combination of the intra-b
 epilogue fusions (chain.FUSE_L2NORM_BWD, FUSE_DG_CUMSUM, FUSE_GATE_BWD), of the WY pieces made
 in the forward scan (chain.FUSE_WY_FWD, "wyf"), and of the switchable stages (our backward
 state scan "dhu", our forward intra scores "ifwd" (with "wyf"), our whole forward intra stage
-"fwdi", or fla's), the intra backward's one anchor ("ianc"), the WY + intra backward kernel
+"fwdi", our one gate pass "gbwd", or fla's), the intra backward's one anchor ("ianc"), the WY + intra backward kernel
 ("wyi"), dv made inside our dhu ("dvd", with "dhu") and the score gradient made in our WY
 stage ("daqk", with "dvd"), against the chain as it ships.
 

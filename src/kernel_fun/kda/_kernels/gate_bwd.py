@@ -33,7 +33,8 @@ def _alloc(size, dtype=None, device=None):
 
 def configs():
     """Every configuration the autotuner may pick (the interpreter runs only the first, BK=32,
-    so the CPU tests cross K blocks). Not yet timed on a GPU."""
+    so the CPU tests cross K blocks); each checked against fla on the H200
+    (tests/kda/test_stage_kernels_gpu.py), the autotuned pick 0.56 ms at B=16 (record 0dab741)."""
     return [triton.Config({"BK": bk}, num_warps=nw, num_stages=1)
             for bk, nw in [(32, 1), (128, 1), (64, 1), (128, 2)]]
 

@@ -30,7 +30,8 @@ def _alloc(size, dtype=None, device=None):
 
 def configs():
     """Every configuration the autotuner may pick (the interpreter runs only the first, BV=32,
-    so the CPU tests cross V blocks). Not yet timed on a GPU."""
+    so the CPU tests cross V blocks); the autotuned pick 0.63 ms at B=16 on the H200
+    (record 0dab741)."""
     return [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
             for bv, nw, ns in [(32, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 3)]]
 
