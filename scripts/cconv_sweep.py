@@ -321,7 +321,7 @@ def sweep_case(c, copy_tbps, budget, fla, plan):
             log(f"latency host/GPU split: {info}")
 
     # 2. forced scan configs x grid sizings.
-    for d, configs, run, chk, nbytes in (("fwd", F_._FWD_CONFIGS, fwd, chk_y, fb),
+    for d, configs, run, chk, nbytes in (("fwd", F_._FWD_CONFIGS + F_._FWD_CANDIDATES, fwd, chk_y, fb),
                                          ("bwd", B_._BWD_CONFIGS + B_._BWD_CANDIDATES, bwd, chk_b, bb)):
         for i, cfg in enumerate(configs):
             if plan.get(f"{d}_cfgs") is not None and i not in plan[f"{d}_cfgs"]:

@@ -34,15 +34,23 @@ TARGET = GPUTarget("cuda", 90, 32)
 
 
 def _source(fn, pointer_types: dict, constexprs: dict) -> ASTSource:
-    """``fn`` (a JITFunction) with its pointers typed (default fp32 pointers; ``T`` is i32)."""
+    """``fn`` (a JITFunction) with its pointers typed (default fp32 pointers; ``T`` is i32). An
+    integer typed ``"i32:16"`` is a multiple of 16, as Triton specializes a launch where one is
+    (a stride or width of 2048): without it a row's address is not known aligned and its loads
+    are not vectorized."""
+    # a constexpr the caller leaves out takes its default, as at launch
+    constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **constexprs}
     sig = {n: pointer_types.get(n, "*fp32") for n in fn.arg_names}
     if "T" in sig:
         sig["T"] = "i32"
+    div16 = {n for n, t in sig.items() if t.endswith(":16")}
+    sig = {n: t.removesuffix(":16") for n, t in sig.items()}
     for c in constexprs:
         sig[c] = "constexpr"
     # pointers 16-byte aligned, as Triton specializes a launch on aligned tensors (without it
     # no load or store is vectorized and the counts are not the GPU's)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n].startswith("*") or n in div16}
     return ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
                      attrs=attrs)
 
@@ -205,19 +213,30 @@ def cconv(full):
     from kernel_fun.cconv._kernels import bwd, fwd
 
     ptr = dict(x="*bf16", y="*bf16", dy="*bf16", dx="*bf16", cu_seqlens="*i64")
-    lists = (("fwd", fwd.conv_fwd_kernel, fwd._FWD_CONFIGS),
+    lists = (("fwd", fwd.conv_fwd_kernel, fwd._FWD_CONFIGS + (fwd._FWD_CANDIDATES if full else [])),
              ("bwd", bwd.conv_bwd_kernel, bwd._BWD_CONFIGS + (bwd._BWD_CANDIDATES if full else [])))
     for name, kernel, configs in lists:
         fn = kernel.fn
-        types = dict(ptr, **{a: "i32" for a in fn.arg_names if a.startswith("s_") or a in ("D", "TC", "N_SEQ", "N_STEPS")})
+        # the production launch: D = 2048, D-major x, dy, a [D, 4] weight (s_wd = 4): strides and
+        # D multiples of 16
+        types = dict(ptr, **{a: "i32:16" if a in ("D", "s_xb", "s_xt", "s_gb", "s_gt") else "i32"
+                             for a in fn.arg_names if a.startswith("s_") or a in ("D", "TC", "N_SEQ", "N_STEPS")})
         layouts = [dict(IS_VARLEN=False, X_TMAJOR=False, HAS_BIAS=True, SILU=True, W=4)]
         if full:
             layouts += [dict(IS_VARLEN=True, X_TMAJOR=True, HAS_BIAS=False, SILU=False, W=3),
                         dict(IS_VARLEN=False, X_TMAJOR=False, HAS_BIAS=True, SILU=True, W=1)]
         for cfg, lay in itertools.product(configs, layouts):
             c = dict(VEC16=True, **lay, **cfg.kwargs)
+            # a stride of 1 is specialized as a constant at launch, as Triton does: the channel
+            # stride of a D-major x (dy), the tap stride of a [D, W] weight (else the row loads
+            # are not known contiguous and compile to 2-byte scalar loads)
+            c["s_wi"] = 1
+            if not lay["X_TMAJOR"]:
+                c["s_xd"] = 1
             if name == "bwd":
                 c["DY_TMAJOR"] = lay["X_TMAJOR"]
+                if not lay["X_TMAJOR"]:
+                    c["s_gd"] = 1
             yield f"cconv {name} {lay} {_cfg_label(cfg)}", fn, types, c, cfg
     if full:
         fn = bwd.dw_reduce_kernel

@@ -221,13 +221,13 @@ def test_outputs_are_fresh(device):
     assert dx1.data_ptr() != dx2.data_ptr() and dw1.data_ptr() != dw2.data_ptr()
 
 
-@pytest.mark.parametrize("stage,idx", [("fwd", i) for i in range(len(fwd_mod._FWD_CONFIGS))]
+@pytest.mark.parametrize("stage,idx", [("fwd", i) for i in range(len(fwd_mod._FWD_CONFIGS + fwd_mod._FWD_CANDIDATES))]
                          + [("bwd", i) for i in range(len(bwd_mod._BWD_CONFIGS + bwd_mod._BWD_CANDIDATES))])
 def test_every_config(stage, idx, monkeypatch, device):
     """Each autotune candidate computes the same thing (the interpreter otherwise runs only
     the first): pin the kernel to one config, then check fwd + bwd, D-major with several
     channel blocks, and T-major (transposed x) with packed documents."""
-    kernel, configs = {"fwd": (fwd_mod.conv_fwd_kernel, fwd_mod._FWD_CONFIGS),
+    kernel, configs = {"fwd": (fwd_mod.conv_fwd_kernel, fwd_mod._FWD_CONFIGS + fwd_mod._FWD_CANDIDATES),
                        "bwd": (bwd_mod.conv_bwd_kernel, bwd_mod._BWD_CONFIGS + bwd_mod._BWD_CANDIDATES)}[stage]
     monkeypatch.setattr(kernel, "configs", [configs[idx]])
     monkeypatch.setattr(fwd_mod, "_MIN_ROWS_FWD", 1)

@@ -33,8 +33,8 @@ import triton.language as tl
 from kernel_fun._common.tuning import autotune_cache, autotune_configs
 from kernel_fun._common.witness import record_launch
 
-from .fwd import (aligned16, block_coords, conv_row, load_rows, seq_advance, t_major, time_chunks, varlen_args,
-                  window_setup)
+from .fwd import (aligned16, block_coords, conv_row, load_rows, seq_advance, store_row, t_major, time_chunks,
+                  varlen_args, window_setup)
 
 # Test-only hook (see fwd._alloc): tests swap in a NaN-filling allocator.
 _alloc = torch.empty
@@ -63,15 +63,21 @@ _BWD_CONFIGS = [
 # Not yet timed or checked on a GPU (scripts/cconv_sweep.py forces them; they join the list
 # above only after that): 8 channels per thread (16-byte vectors) with the loads staged by
 # cp.async, so the 8-wide window does not also hold the next trip in registers.
+# And the two best production configs with HINTS: x and dy rows loaded evict_first (read
+# once; the W-1 tail rows after the chunk, which the next chunk reads too, keep the default
+# policy), dx stored streaming (.cs); see fwd._FWD_CANDIDATES. The backward is at 79-81% of
+# copy; 4.5x fla needs 87%.
 _BWD_CANDIDATES = [
     triton.Config({"BD": 256, "R": 4, "PF": False, "NS": 4}, num_warps=1),
+    triton.Config({"BD": 128, "R": 4, "PF": False, "NS": 4, "HINTS": True}, num_warps=1),
+    triton.Config({"BD": 128, "R": 8, "PF": True, "NS": 1, "HINTS": True}, num_warps=1),
 ]
 
 @triton.jit
 def bwd_row(x0, g, u, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
             c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end,
             W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
-            ACC_DW: tl.constexpr):
+            ACC_DW: tl.constexpr, HINTS: tl.constexpr):
     """Lead row u: dpre[u] from the x window, dw/db partial sums (ACC_DW: u is one of the
     chunk's own rows, or past T where dpre is 0), dx[u - (W-1)]; returns the new state."""
     if IS_VARLEN:
@@ -121,8 +127,7 @@ def bwd_row(x0, g, u, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, 
             e2 = tl.where(st2 == st3, d2, 0.0)
         gx = c3 * e0 + c2 * e1 + c1 * e2 + c0 * d3
     t = u - (W - 1)
-    tl.store(pdx + t.to(tl.int64) * D, gx.to(pdx.dtype.element_ty),
-             mask=cmask & (t >= t_begin) & (t < t_end))
+    store_row(pdx + t.to(tl.int64) * D, gx.to(pdx.dtype.element_ty), cmask & (t >= t_begin) & (t < t_end), HINTS)
     return x0, x1, x2, d0, d1, d2, start, st1, st2, a0, a1, a2, a3, ab, s, start, end
 
 
@@ -130,14 +135,14 @@ def bwd_row(x0, g, u, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, 
 def bwd_trip(xs, gs, u0, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
              c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end,
              W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
-             R: tl.constexpr):
+             R: tl.constexpr, HINTS: tl.constexpr):
     """Lead rows u0 .. u0+R-1 of the chunk (already loaded: `xs`, `gs`) through `bwd_row`."""
     for r in tl.static_range(R):
         x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end = bwd_row(
             xs[r].to(tl.float32), gs[r].to(tl.float32), u0 + r, t_begin, t_end, T,
             x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
             c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end,
-            W, HAS_BIAS, SILU, IS_VARLEN, True)
+            W, HAS_BIAS, SILU, IS_VARLEN, True, HINTS)
     return x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end
 
 
@@ -154,6 +159,7 @@ def conv_bwd_kernel(
     X_TMAJOR: tl.constexpr, DY_TMAJOR: tl.constexpr,  # contiguous along T (see fwd.load_rows)
     VEC16: tl.constexpr,  # autotune key only: fwd.aligned16 of x and dy
     BD: tl.constexpr, R: tl.constexpr, PF: tl.constexpr, NS: tl.constexpr,
+    HINTS: tl.constexpr = False,  # cache hints (see _BWD_CANDIDATES)
 ):
     pid_b, cols64, cmask, t_begin, t_end = block_coords(D, T, TC, BD)
     px = x + pid_b * s_xb + cols64 * s_xd
@@ -186,34 +192,36 @@ def conv_bwd_kernel(
     lim = tl.minimum(t_end + (W - 1), T)
     u_end = t_begin + tl.cdiv(t_end - t_begin, R) * R
     if PF:
-        nx = load_rows(px, t_begin, s_xt, lim, cmask, R, BD, X_TMAJOR)
-        ng = load_rows(pg, t_begin, s_gt, lim, cmask, R, BD, DY_TMAJOR)
+        nx = load_rows(px, t_begin, s_xt, lim, cmask, R, BD, X_TMAJOR, HINTS)
+        ng = load_rows(pg, t_begin, s_gt, lim, cmask, R, BD, DY_TMAJOR, HINTS)
         for u0 in range(t_begin, t_end, R):
             xs = nx
             gs = ng
-            nx = load_rows(px, u0 + R, s_xt, lim, cmask, R, BD, X_TMAJOR)
-            ng = load_rows(pg, u0 + R, s_gt, lim, cmask, R, BD, DY_TMAJOR)
+            nx = load_rows(px, u0 + R, s_xt, lim, cmask, R, BD, X_TMAJOR, HINTS)
+            ng = load_rows(pg, u0 + R, s_gt, lim, cmask, R, BD, DY_TMAJOR, HINTS)
             x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end = bwd_trip(
                 xs, gs, u0, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
-                c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end, W, HAS_BIAS, SILU, IS_VARLEN, R)
+                c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end, W, HAS_BIAS, SILU, IS_VARLEN, R,
+                HINTS)
         tx = nx  # the prefetched trip after the last starts with the tail rows
         tg = ng
     else:
         for u0 in tl.range(t_begin, t_end, R, num_stages=NS):
-            xs = load_rows(px, u0, s_xt, lim, cmask, R, BD, X_TMAJOR)
-            gs = load_rows(pg, u0, s_gt, lim, cmask, R, BD, DY_TMAJOR)
+            xs = load_rows(px, u0, s_xt, lim, cmask, R, BD, X_TMAJOR, HINTS)
+            gs = load_rows(pg, u0, s_gt, lim, cmask, R, BD, DY_TMAJOR, HINTS)
             x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end = bwd_trip(
                 xs, gs, u0, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
-                c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end, W, HAS_BIAS, SILU, IS_VARLEN, R)
-        tx = load_rows(px, u_end, s_xt, lim, cmask, 4, BD, X_TMAJOR)
-        tg = load_rows(pg, u_end, s_gt, lim, cmask, 4, BD, DY_TMAJOR)
+                c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end, W, HAS_BIAS, SILU, IS_VARLEN, R,
+                HINTS)
+        tx = load_rows(px, u_end, s_xt, lim, cmask, 4, BD, X_TMAJOR, False)
+        tg = load_rows(pg, u_end, s_gt, lim, cmask, 4, BD, DY_TMAJOR, False)
     # Tail: rows u_end .. u_end + W-2 (the next chunk's, or past T) complete dx[t_end-(W-1)..].
     for r in tl.static_range(W - 1):
         x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end = bwd_row(
             tx[r].to(tl.float32), tg[r].to(tl.float32), u_end + r, t_begin, t_end, T,
             x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
             c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end,
-            W, HAS_BIAS, SILU, IS_VARLEN, False)
+            W, HAS_BIAS, SILU, IS_VARLEN, False, HINTS)
 
     # Partials: [B x n_chunks, W + HAS_BIAS, D] fp32, row W-1-k holds sum dpre[u] x[u-k].
     NROW: tl.constexpr = W + HAS_BIAS

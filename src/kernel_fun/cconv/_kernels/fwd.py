@@ -200,9 +200,11 @@ def split_rows(tile, R: tl.constexpr, BD: tl.constexpr):
 
 
 @triton.jit
-def load_rows(p, u0, s_t, lim, cmask, R: tl.constexpr, BD: tl.constexpr, T_MAJOR: tl.constexpr):
+def load_rows(p, u0, s_t, lim, cmask, R: tl.constexpr, BD: tl.constexpr, T_MAJOR: tl.constexpr,
+              STREAM: tl.constexpr):
     """R rows u0 .. u0+R-1 (raw dtype; rows >= lim read as 0) from the [BD] channel pointers
-    p, all issued before any is used. D-contiguous tensors: one coalesced [BD] load per row.
+    p, all issued before any is used (STREAM: marked evict_first, read once; see `HINTS`).
+    D-contiguous tensors: one coalesced [BD] load per row.
     T-contiguous ones (a [B, D, T] buffer seen as [B, T, D]): one [BD, R] tile with R
     consecutive time steps per thread (16 B vectors for R=8 bf16), split into rows in
     registers; a row load there would be BD scattered 2-byte reads."""
@@ -211,15 +213,34 @@ def load_rows(p, u0, s_t, lim, cmask, R: tl.constexpr, BD: tl.constexpr, T_MAJOR
         rr = u0 + tl.arange(0, R)
         ptr = p[:, None] + rr.to(tl.int64)[None, :] * s_t
         if u0 + R <= lim:  # a mask constant along T keeps the loads vectorised
-            tile = tl.load(ptr, mask=cmask[:, None], other=0.0)
+            tile = load_hinted(ptr, cmask[:, None], STREAM)
         else:
-            tile = tl.load(ptr, mask=cmask[:, None] & (rr < lim)[None, :], other=0.0)
+            tile = load_hinted(ptr, cmask[:, None] & (rr < lim)[None, :], STREAM)
         rows = split_rows(tile, R, BD)
     else:
         for r in tl.static_range(R):
             u = u0 + r
-            rows = rows + (tl.load(p + u.to(tl.int64) * s_t, mask=cmask & (u < lim), other=0.0),)
+            rows = rows + (load_hinted(p + u.to(tl.int64) * s_t, cmask & (u < lim), STREAM),)
     return rows
+
+
+@triton.jit
+def load_hinted(ptr, mask, STREAM: tl.constexpr):
+    """tl.load (masked-off elements 0); STREAM: marked evict_first (read once)."""
+    if STREAM:
+        v = tl.load(ptr, mask=mask, other=0.0, eviction_policy="evict_first")
+    else:
+        v = tl.load(ptr, mask=mask, other=0.0)
+    return v
+
+
+@triton.jit
+def store_row(p, val, mask, STREAM: tl.constexpr):
+    """One output row; STREAM: a streaming store (.cs: written once, not read back here)."""
+    if STREAM:
+        tl.store(p, val, mask=mask, cache_modifier=".cs")
+    else:
+        tl.store(p, val, mask=mask)
 
 
 @triton.jit
@@ -240,7 +261,7 @@ def conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W: tl.constexpr, HAS_BIAS: tl.co
 @triton.jit
 def fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D, cmask, cu_seqlens, s, start, end,
              W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
-             R: tl.constexpr):
+             R: tl.constexpr, HINTS: tl.constexpr):
     """Rows u0 .. u0+R-1 (already loaded, `xs`) through the window: y stores, the new window."""
     for r in tl.static_range(R):
         u = u0 + r
@@ -255,7 +276,7 @@ def fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D, cmask, cu_s
         acc = conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W, HAS_BIAS)
         if SILU:
             acc = acc * tl.sigmoid(acc)
-        tl.store(py + u.to(tl.int64) * D, acc.to(py.dtype.element_ty), mask=cmask & (u < t_end))
+        store_row(py + u.to(tl.int64) * D, acc.to(py.dtype.element_ty), cmask & (u < t_end), HINTS)
         x3 = x2
         x2 = x1
         x1 = x0
@@ -270,6 +291,16 @@ _FWD_CONFIGS = [
     triton.Config({"BD": 512, "R": 4}, num_warps=4),   # 0.287 / 0.561 / 0.0122 [72]
     triton.Config({"BD": 256, "R": 8}, num_warps=2),   # 0.289 / 0.561 [96]
     triton.Config({"BD": 256, "R": 8}, num_warps=1),   # latency 0.0133 [176]
+]
+# Not yet timed on a GPU (scripts/cconv_sweep.py forces them; they join the list above only
+# after that): the two best production configs with HINTS, x rows loaded evict_first (each is
+# read once; the W-1 halo rows a neighbouring chunk reads again keep the default policy) and
+# y stored streaming (.cs). Cache hints have bought a few percent in other bandwidth-bound
+# Triton kernels (pytorch/pytorch#91316, #108841, pytorch/helion#660); here the forward is at
+# 87.5% of copy and 1.45x fla needs 93%.
+_FWD_CANDIDATES = [
+    triton.Config({"BD": 128, "R": 8, "HINTS": True}, num_warps=1),
+    triton.Config({"BD": 512, "R": 4, "HINTS": True}, num_warps=4),
 ]
 
 
@@ -288,6 +319,7 @@ def conv_fwd_kernel(
     X_TMAJOR: tl.constexpr,  # x contiguous along T, not D (see load_rows)
     VEC16: tl.constexpr,  # autotune key only: aligned16(x)
     BD: tl.constexpr, R: tl.constexpr,
+    HINTS: tl.constexpr = False,  # cache hints (see _FWD_CANDIDATES)
 ):
     pid_b, cols64, cmask, t_begin, t_end = block_coords(D, T, TC, BD)
     px = x + pid_b * s_xb + cols64 * s_xd
@@ -300,13 +332,13 @@ def conv_fwd_kernel(
     # the next load from issuing (y may alias x as far as the compiler knows), and the rows of
     # the next trip are loaded before this trip's math (double buffering in registers), so a
     # warp keeps loads in flight while it computes.
-    nxt = load_rows(px, t_begin, s_xt, t_end, cmask, R, BD, X_TMAJOR)
+    nxt = load_rows(px, t_begin, s_xt, t_end, cmask, R, BD, X_TMAJOR, HINTS)
     for u0 in range(t_begin, t_end, R):
         xs = nxt
-        nxt = load_rows(px, u0 + R, s_xt, t_end, cmask, R, BD, X_TMAJOR)
+        nxt = load_rows(px, u0 + R, s_xt, t_end, cmask, R, BD, X_TMAJOR, HINTS)
         x1, x2, x3, s, start, end = fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D,
                                              cmask, cu_seqlens, s, start, end,
-                                             W, HAS_BIAS, SILU, IS_VARLEN, R)
+                                             W, HAS_BIAS, SILU, IS_VARLEN, R, HINTS)
 
 
 def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool,
