@@ -297,10 +297,14 @@ _FWD_CONFIGS = [
 # read once; the W-1 halo rows a neighbouring chunk reads again keep the default policy) and
 # y stored streaming (.cs). Cache hints have bought a few percent in other bandwidth-bound
 # Triton kernels (pytorch/pytorch#91316, #108841, pytorch/helion#660); here the forward is at
-# 87.5% of copy and 1.45x fla needs 93%.
+# 87.5% of copy and 1.45x fla needs 93%. And 8 channels per thread (16-byte row loads, the
+# winners load 8 bytes) at 4 rows per trip: 136 registers against the 8-row one's 176+
+# (ptxas sm_90a via scripts/sass_stats.py, no spills), with and without the hints.
 _FWD_CANDIDATES = [
     triton.Config({"BD": 128, "R": 8, "HINTS": True}, num_warps=1),
     triton.Config({"BD": 512, "R": 4, "HINTS": True}, num_warps=4),
+    triton.Config({"BD": 256, "R": 4}, num_warps=1),
+    triton.Config({"BD": 256, "R": 4, "HINTS": True}, num_warps=1),
 ]
 
 
