@@ -315,6 +315,25 @@ def main() -> None:
                 "err_vs_fla": {n: float(f"{rel(o, r):.3g}") for n, o, r in zip(("dq", "dk", "db", "dg"), anc, ref_in)}}
         ianc["saved_ms"] = ianc["levels_ms"] - min(ianc["anchor_ms"], ianc["anchor_monotone_ms"])
         log(f"ours intra, one anchor where the gate allows: {ianc}")
+        # the stage as the chain ships it (l2norm backward fused, one anchor, gate_monotone),
+        # every whole-K configuration forced, the candidates included (intra_bwd.bench_configs);
+        # errors against the autotuned shipped setting
+        gen = torch.Generator(device="cuda").manual_seed(2)
+        nq = intra_in["q"].numel() // intra_in["q"].shape[-1]
+        rq = torch.rand(nq, device="cuda", generator=gen) + 0.5
+        rk = torch.rand(nq, device="cuda", generator=gen) + 0.5
+        shipped = dict(fast_range=FAST_RANGE, gate_monotone=True, l2norm_rstd=(rq, rk), out_dtype=intra_in["q"].dtype)
+        want = ours_intra(**shipped)
+        torch.cuda.synchronize()
+        whole_k = [c for c in intra_mod.bench_configs() if c.kwargs["BK"] >= intra_in["q"].shape[-1]]
+        log("  ours intra as shipped (l2norm fused, one anchor, monotone), every whole-K configuration:")
+        ianc["shipped_autotuned_ms"] = bench(lambda: ours_intra(**shipped))
+        ianc["shipped_per_config"] = per_config(
+            whole_k, lambda c: ours_intra(**shipped, config=c),
+            lambda res: {n: rel(o, r) for n, o, r in zip(("dq", "dk", "db", "dg"), res, want)}, "ianc")
+        ianc["shipped_best_config"], ianc["shipped_best_ms"] = best_of(ianc["shipped_per_config"])
+        log(f"ours intra as shipped: autotuned {ianc['shipped_autotuned_ms']:.3f} ms, best forced "
+            f"{ianc['shipped_best_config']} {ianc['shipped_best_ms']:.3f} ms")
         rec["intra_one_anchor"] = ianc
         dump(rec, a.out)
 

@@ -111,7 +111,7 @@ def intra_bwd(full):
                ("+l2norm+cumsum+gate", ("L2NORM_BWD", "DG_CUMSUM", "GATE_BWD", "HAS_DT_BIAS")),
                ("+l2norm+anchor", ("L2NORM_BWD", "ANCHOR")),
                ("+l2norm+anchor+monotone", ("L2NORM_BWD", "ANCHOR", "GATE_MONOTONE"))]
-    if not full:  # the measured best at K=128: BK=128 on 4 warps
+    if not full:  # the measured best at K=128: BK=128 on 4 warps, one stage
         base = dict(H=16, HV=16, K=128, BT=64, BK=128, HOIST_S=False, IS_VARLEN=False, DOT_PRECISION="tf32")
         for name, flags in fusions:
             c = dict(base, L2NORM_BWD=False, DG_CUMSUM=False, GATE_BWD=False, HAS_DT_BIAS=False, FAST_RANGE=-1.0,
@@ -119,11 +119,13 @@ def intra_bwd(full):
             c.update({f: True for f in flags if f != "ANCHOR"})
             if "ANCHOR" in flags:
                 c["FAST_RANGE"] = m.FAST_RANGE
-            yield f"intra_bwd {name}", m._intra_bwd_kernel.fn, ptr, c, triton.Config({}, num_warps=4)
+            yield f"intra_bwd {name}", m._intra_bwd_kernel.fn, ptr, c, triton.Config({}, num_warps=4, num_stages=1)
+            if "GATE_MONOTONE" in flags:  # as shipped: also the 8-warp candidate (bench_configs)
+                yield f"intra_bwd {name} w8", m._intra_bwd_kernel.fn, ptr, c, triton.Config({}, num_warps=8, num_stages=1)
         return
     fusions += [("+cumsum", ("DG_CUMSUM",)), ("+cumsum+gate", ("DG_CUMSUM", "GATE_BWD")),
                 ("+cumsum+gate+dt_bias", ("DG_CUMSUM", "GATE_BWD", "HAS_DT_BIAS")), ("+anchor", ("ANCHOR",))]
-    for cfg, varlen, (name, flags) in itertools.product(m.configs(), (False, True), fusions):
+    for cfg, varlen, (name, flags) in itertools.product(m.bench_configs(), (False, True), fusions):
         if set(flags) - {"ANCHOR"} and cfg.kwargs["BK"] < 128:
             continue  # the fused epilogues take only whole-K blocks (the launcher prunes the rest)
         c = dict(H=16, HV=16, K=128, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", L2NORM_BWD=False,

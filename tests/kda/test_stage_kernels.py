@@ -526,9 +526,9 @@ def _config_ids(cfgs):
 
 
 def _intra_configs():
-    from kernel_fun.kda._kernels.intra_bwd import configs
+    from kernel_fun.kda._kernels.intra_bwd import bench_configs
 
-    return configs()
+    return bench_configs()
 
 
 def _wy_configs():

@@ -161,7 +161,7 @@ def test_intra_bwd_one_anchor_against_fla_and_reference(name):
     """The diagonal blocks by one anchor where the gate allows (kda.chain.INTRA_BWD_ONE_ANCHOR),
     autotuned and at every configuration's block size, against fla and the fp64 reference;
     with gate_monotone the same bits."""
-    from kernel_fun.kda._kernels.intra_bwd import FAST_RANGE, configs, intra_bwd
+    from kernel_fun.kda._kernels.intra_bwd import FAST_RANGE, bench_configs, intra_bwd
 
     _, _, intra_in = _inputs(name)
     _, ref, fla_out = _refs(name)
@@ -171,7 +171,7 @@ def test_intra_bwd_one_anchor_against_fla_and_reference(name):
     for s0, e0 in (zip(cu[:-1].tolist(), cu[1:].tolist()) if cu is not None else [(0, g.shape[1])]):
         starts[s0:e0:BT] = True
     exactly_monotone = bool(((g[:, 1:] <= g[:, :-1]) | starts[1:, None, None]).all())
-    for config in configs():
+    for config in bench_configs():
         anc = intra_bwd(**intra_in, fast_range=FAST_RANGE, config=config)
         _check(f"{name}/anchor/{config}", anc, fla_out, ref, ("dq", "dk", "db", "dg"))
         # the gate here is a chunk cumsum of log decays <= 0: its range from the blocks' ends;
@@ -183,9 +183,9 @@ def test_intra_bwd_one_anchor_against_fla_and_reference(name):
 
 
 def _intra_configs():
-    from kernel_fun.kda._kernels.intra_bwd import configs
+    from kernel_fun.kda._kernels.intra_bwd import bench_configs
 
-    return configs()
+    return bench_configs()
 
 
 def _wy_configs():

@@ -103,6 +103,19 @@ def configs():
     ]
 
 
+def bench_configs():
+    """``configs()`` plus candidates not yet timed or checked on a GPU, which
+    scripts/kda_stage_bench.py (``--only ianc``) and the GPU tests force one by one; a candidate
+    joins ``configs()`` only after both (a configuration can miscompile on Hopper). With the
+    l2norm backward fused (as shipped) the autotuner has one configuration, BK=128 on 4 warps,
+    and with the one anchor and gate_monotone ptxas gives it 255 registers and a 224-byte stack
+    (134 spill instructions; sm_90a, ``scripts/sass_stats.py``, 2026-11-30). The same block on 8
+    warps: 221 registers, no stack, half the instructions per thread, and the same 8 warps per
+    SM (one CTA instead of two)."""
+    return configs() + [triton.Config({"BK": 128, "HOIST_S": False}, num_warps=8, num_stages=st)
+                        for st in (1, 2)]
+
+
 @triton.jit
 def _sym_block(pA, I, o_r, n_valid, HVBT: tl.constexpr, BC: tl.constexpr):
     """[BC, BC] S_rc = dA[I*BC + max(r, c), I*BC + min(r, c)]: the diagonal block of
