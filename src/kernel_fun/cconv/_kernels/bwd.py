@@ -65,8 +65,9 @@ _BWD_CONFIGS = [
 # cp.async, so the 8-wide window does not also hold the next trip in registers.
 # And the two best production configs with HINTS: x and dy rows loaded evict_first (read
 # once; the W-1 tail rows after the chunk, which the next chunk reads too, keep the default
-# policy), dx stored streaming (.cs); see fwd._FWD_CANDIDATES. The backward is at 79-81% of
-# copy; 4.5x fla needs 87%.
+# policy), dx stored streaming (.cs); see fwd._FWD_CANDIDATES. With NS > 1 Triton's pipeliner
+# turns the row loads into cp.async, which carries no eviction hint (its PTX: only the stores
+# change there). The backward is at 79-81% of copy; 4.5x fla needs 87%.
 _BWD_CANDIDATES = [
     triton.Config({"BD": 256, "R": 4, "PF": False, "NS": 4}, num_warps=1),
     triton.Config({"BD": 128, "R": 4, "PF": False, "NS": 4, "HINTS": True}, num_warps=1),
