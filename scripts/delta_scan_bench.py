@@ -186,7 +186,7 @@ def dhu_rows(qg, kg, w, gk, u, scale) -> dict:
     def check(res):
         return {n: rel(o, f) for n, o, f in zip(("dh", "dh0", "dv2"), res, want)}
 
-    r["dhu_per_config"] = rows = per_config(lambda c: sb.state_scan_bwd(**kw, config=c), sb.CONFIGS, check)
+    r["dhu_per_config"] = rows = per_config(lambda c: sb.state_scan_bwd(**kw, config=c), sb.BENCH_CONFIGS, check)
     good = {k: v for k, v in rows.items() if isinstance(v, dict) and max(v[n] for n in ("dh", "dh0", "dv2")) < 1e-2}
     if good:
         name, ms = _best(good)

@@ -182,7 +182,7 @@ def state_scan_bwd(full):
     ptr = {n: "*bf16" for n in ("q", "k", "w", "do", "dv", "A", "dh", "dv2")}
     ptr.update(cu_seqlens="*i64", chunk_offsets="*i64", scale="fp32")
     gates = (0, 1, 2) if full else (2,)
-    for cfg, gate, varlen, dva in itertools.product(m.CONFIGS, gates, (False, True) if full else (False,),
+    for cfg, gate, varlen, dva in itertools.product(m.BENCH_CONFIGS if full else m.CONFIGS, gates, (False, True) if full else (False,),
                                                     (False, True)):
         if dva and gate != 2:
             continue  # dv from A: KDA's chain only

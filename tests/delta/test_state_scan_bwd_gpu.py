@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from kernel_fun._common.numerics import rel_rms
 from kernel_fun._common.witness import launches
 from kernel_fun._delta import reference as ref
-from kernel_fun._delta._kernels.state_scan_bwd import CONFIGS, config_name, state_scan_bwd
+from kernel_fun._delta._kernels.state_scan_bwd import BENCH_CONFIGS, config_name, state_scan_bwd
 
 pytestmark = pytest.mark.gpu
 
@@ -88,14 +88,14 @@ def test_against_fla_and_reference(name):
     _check(c, ours)
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=config_name)
+@pytest.mark.parametrize("config", BENCH_CONFIGS, ids=config_name)
 @pytest.mark.parametrize("name", ["kda", "kda_varlen"])
 def test_every_config(name, config):
     c = _case(cu_seqlens=CU if name.endswith("varlen") else None)
     _check(c, state_scan_bwd(**_args(c), config=config))
 
 
-@pytest.mark.parametrize("config", [None] + CONFIGS, ids=lambda c: "autotuned" if c is None else config_name(c))
+@pytest.mark.parametrize("config", [None] + BENCH_CONFIGS, ids=lambda c: "autotuned" if c is None else config_name(c))
 @pytest.mark.parametrize("name", ["kda", "kda_varlen"])
 def test_dv_from_A_against_fla_dAv_and_dhu(name, config):
     """kda.chain.FUSE_DV_DHU: our score gradient (kda/_kernels/score_grad.py) against the dA of
