@@ -38,7 +38,7 @@ def poison(poison_outputs):
 # --------------------------------------------------------------------------------------------
 
 def _segments(B, T, cu):
-    return refs._segments(B, T, cu)
+    return refs._segments(T, B, cu)
 
 
 def chunk_cumsum(g_raw, cu, reverse=False):

@@ -20,13 +20,7 @@ from __future__ import annotations
 
 import torch
 
-
-def _segments(B: int, T: int, cu_seqlens):
-    """(batch row, first token, end token) of every sequence."""
-    if cu_seqlens is None:
-        return [(b, 0, T) for b in range(B)]
-    cu = [int(x) for x in cu_seqlens.tolist()]
-    return [(0, cu[n], cu[n + 1]) for n in range(len(cu) - 1)]
+from kernel_fun._delta.reference import _segments  # (batch row, first token, end token) per sequence
 
 
 def _chunked(x: torch.Tensor, n_chunks: int, BT: int, dtype) -> torch.Tensor:
@@ -71,7 +65,7 @@ def intra_bwd_reference(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, cu_seqlens=No
     BT = chunk_size
     dq_o, dk_o, db_o, dg_o = (x.to(dtype).clone() for x in (dq, dk, db, dg))
     tri = torch.tril(torch.ones(BT, BT, dtype=torch.bool, device=k.device))
-    for b, bos, eos in _segments(B, T, cu_seqlens):
+    for b, bos, eos in _segments(T, B, cu_seqlens):
         L = eos - bos
         if L <= 0:
             continue
@@ -142,7 +136,7 @@ def wy_dqkg_bwd_reference(q, k, v, v_new, g, beta, A, h, do, dh, dv, scale=None,
     dA_o = torch.zeros(B, T, HV, BT, dtype=dtype, device=dev)
     strict = torch.tril(torch.ones(BT, BT, dtype=torch.bool, device=dev), -1)
     c0 = 0  # global chunk index of the segment's first chunk (varlen h layout)
-    for b, bos, eos in _segments(B, T, cu_seqlens):
+    for b, bos, eos in _segments(T, B, cu_seqlens):
         L = eos - bos
         N = (L + BT - 1) // BT
         if L <= 0:
@@ -206,7 +200,7 @@ def recompute_w_u_reference(k, v, beta, A, gk, q=None, cu_seqlens=None, chunk_si
     w, u = torch.zeros_like(kk), torch.zeros_like(vv)
     qg = torch.zeros_like(kk) if q is not None else None
     kg = torch.zeros_like(kk)
-    for b, bos, eos in _segments(B, T, cu_seqlens):
+    for b, bos, eos in _segments(T, B, cu_seqlens):
         for s in range(bos, eos, BT):
             e = min(s + BT, eos)
             n = e - s
@@ -230,7 +224,7 @@ def dAv_reference(v, do, A, scale, cu_seqlens=None, chunk_size: int = 64, dtype=
     BT = chunk_size
     dA = torch.zeros(B, T, HV, BT, dtype=dtype, device=do.device)
     dv = torch.zeros(B, T, HV, V, dtype=dtype, device=do.device)
-    for b, bos, eos in _segments(B, T, cu_seqlens):
+    for b, bos, eos in _segments(T, B, cu_seqlens):
         for s in range(bos, eos, BT):
             e = min(s + BT, eos)
             n = e - s
@@ -252,7 +246,7 @@ def dg_cumsum_gate_bwd_reference(dg, g=None, A_log=None, dt_bias=None, cu_seqlen
     ddt_bias None without ``dt_bias``)."""
     B, T, HV, K = dg.shape
     dyg = torch.zeros(B, T, HV, K, dtype=dtype, device=dg.device)
-    for b, bos, eos in _segments(B, T, cu_seqlens):
+    for b, bos, eos in _segments(T, B, cu_seqlens):
         for s in range(bos, eos, chunk_size):
             e = min(s + chunk_size, eos)
             dyg[b, s:e] = dg[b, s:e].to(dtype).flip(0).cumsum(0).flip(0)
