@@ -3,6 +3,7 @@
 # named steps, each under its own timeout, logging to $OUT. Usage: scripts/gpu_run.sh STEP...
 # Steps: doctor, cconv_tests, cconv_bench, delta_tests, delta_bench, kda_stage_tests,
 #        kda_stage_bench, kda_tests, kda_bench, kda_ab, candidates, candidates_chain, cconv_sweep,
+#        cconv_diag (scripts/cconv_diag.py timed, then under Nsight Compute),
 #        ncu_kda (Nsight Compute on our kda stage kernels, scripts/kda_ncu.py), kda_variants (the
 #        backward variants against fla's own chunk_kda and fp64; the one-anchor, score-gradient
 #        and dv-from-A stage tests; the chain with dv made in our dhu)
@@ -55,6 +56,10 @@ for step in "$@"; do
     kda_ab) timeout "$T" python3 scripts/kda_switch_ab.py "$OUT/kda_ab.json" ${KDA_AB_ARGS:-} 2>&1 | tee "$OUT/kda_ab.log" | tail -40 ;;
     ncu_kda) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       timeout "$T" "$NCU" --clock-control none --target-processes all -k regex:'_intra_fwd_kernel|_intra_bwd_kernel|_wy_bwd_kernel|_wy_intra_bwd_kernel' --launch-count 4 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis python3 scripts/kda_ncu.py 2>&1 | tee "$OUT/ncu_kda.txt" | grep --line-buffered -E "launched|==PROF==|==ERR|Duration|Throughput|Stall|Warp Cycles|Registers|Achieved Occupancy|Theoretical Occupancy|Issued|Eligible" | tail -120 ;;
+    cconv_diag) timeout 200 python3 scripts/cconv_diag.py "$OUT/cconv_diag.json" 2>&1 | tee "$OUT/cconv_diag.log"
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      timeout "$T" "$NCU" --clock-control none --kernel-name-base demangled -k regex:'copy|conv_fwd|conv_bwd|dw_reduce' --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_read.sum,smsp__inst_executed.sum,lts__t_sector_hit_rate.pct python3 scripts/cconv_diag.py --once > "$OUT/ncu_cconv.txt" 2>&1
+      grep -E "launched|==ERR|  [a-z_]*(kernel|copy)|Duration|DRAM Throughput|dram__bytes|Registers Per|Achieved Occupancy|Theoretical Occupancy|Issued Warp|Eligible Warps|No Eligible|Stall|inst_executed|hit_rate" "$OUT/ncu_cconv.txt" | head -150 ;;
     cconv_sweep) timeout "$T" python3 scripts/cconv_sweep.py "$OUT/cconv_sweep.json" 2>&1 | tee "$OUT/cconv_sweep.log" | tail -60 ;;
     *) echo "unknown step $step" ;;
   esac

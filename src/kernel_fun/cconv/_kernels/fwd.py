@@ -305,6 +305,7 @@ _FWD_CANDIDATES = [
     triton.Config({"BD": 512, "R": 4, "HINTS": True}, num_warps=4),
     triton.Config({"BD": 256, "R": 4}, num_warps=1),
     triton.Config({"BD": 256, "R": 4, "HINTS": True}, num_warps=1),
+    triton.Config({"BD": 128, "R": 16}, num_warps=1),
 ]
 
 

@@ -1,0 +1,103 @@
+#!/usr/bin/env python
+"""Where the cconv kernels lose to a copy: each shipped kernel beside stripped-down variants of
+itself and two plain copies moving the same bytes, at the production shape (bf16 x
+[16, 8192, 2048], fp32 weight [2048, 4], silu, W=4).
+
+    python scripts/cconv_diag.py out.json        # do_bench medians (no profiler)
+    ncu ... python scripts/cconv_diag.py --once   # one launch each, for Nsight Compute
+
+Variants (each forced to one configuration: no autotuning, so ncu sees the kernel as timed):
+
+* copy_torch    y.copy_(x): the ceiling's kernel at the forward's bytes
+* copy_triton   a flat 1-D Triton copy, 16 B per access
+* fwd           the shipped forward config (W=4, silu)
+* fwd_w1        the same kernel at W=1 without silu: the walk and its bytes, almost no math
+* fwd_hints     the shipped config with the cache hints (see fwd._FWD_CANDIDATES)
+* bwd           the shipped backward config (W=4, silu)
+* bwd_w1        the same at W=1 without silu
+
+`scripts/gpu_run.sh cconv_diag` runs the timing pass and then the ncu pass.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+
+@triton.jit
+def flat_copy_kernel(src, dst, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(dst + offs, tl.load(src + offs, mask=m), mask=m)
+
+
+def variants(x, w, dy):
+    from kernel_fun.cconv._kernels import bwd as B_
+    from kernel_fun.cconv._kernels import fwd as F_
+
+    y = torch.empty_like(x)
+    n = x.numel()
+    fcfg, bcfg = F_._FWD_CONFIGS[0], B_._BWD_CONFIGS[0]
+    hint = [c for c in F_._FWD_CANDIDATES if c.kwargs.get("HINTS") and c.kwargs["BD"] == fcfg.kwargs["BD"]]
+    w1 = w[:, :1].contiguous()
+
+    def forced(kernel, cfg, fn):
+        def run():
+            saved = kernel.configs
+            kernel.configs = [cfg]
+            try:
+                return fn()
+            finally:
+                kernel.configs = saved
+        return run
+
+    out = {
+        "copy_torch": lambda: y.copy_(x),
+        "copy_triton": lambda: flat_copy_kernel[(triton.cdiv(n, 4096),)](x, y, n, BLOCK=4096, num_warps=4),
+        "fwd": forced(F_.conv_fwd_kernel, fcfg, lambda: F_.conv_fwd(x, w, None, True)),
+        "fwd_w1": forced(F_.conv_fwd_kernel, fcfg, lambda: F_.conv_fwd(x, w1, None, False)),
+        "bwd": forced(B_.conv_bwd_kernel, bcfg, lambda: B_.conv_bwd(x, w, None, dy, True)),
+        "bwd_w1": forced(B_.conv_bwd_kernel, bcfg, lambda: B_.conv_bwd(x, w1, None, dy, False)),
+    }
+    if hint:
+        out["fwd_hints"] = forced(F_.conv_fwd_kernel, hint[0], lambda: F_.conv_fwd(x, w, None, True))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--once", action="store_true", help="one launch each (for ncu)")
+    a = ap.parse_args()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    B, T, D = 16, 8192, 2048
+    x = torch.randn(B, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    dy = torch.randn(B, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(D, 4, device="cuda", generator=g) / 4
+    nb = x.numel() * 2
+    rows = []
+    for name, fn in variants(x, w, dy).items():
+        fn()
+        torch.cuda.synchronize()
+        if a.once:
+            print(f"launched {name}", flush=True)
+            continue
+        ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+        nbytes = (3 if name.startswith("bwd") else 2) * nb
+        rows.append(dict(variant=name, ms=round(ms, 4), TBps=round(nbytes / ms / 1e9, 3)))
+        print(f"{name:12s} {ms:8.4f} ms {nbytes / ms / 1e9:6.3f} TB/s", flush=True)
+    if a.out and rows:
+        with open(a.out, "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(), shape=dict(B=B, T=T, D=D), rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
