@@ -13,6 +13,7 @@ Variants (each forced to one configuration: no autotuning, so ncu sees the kerne
 * fwd           the shipped forward config (W=4, silu)
 * fwd_w1        the same kernel at W=1 without silu: the walk and its bytes, almost no math
 * fwd_hints     the shipped config with the cache hints (see fwd._FWD_CANDIDATES)
+* fwd_exact     the shipped config with tl.sigmoid (fastmath.FAST_MATH off); bwd_exact too
 * bwd           the shipped backward config (W=4, silu)
 * bwd_w1        the same at W=1 without silu
 
@@ -67,6 +68,17 @@ def variants(x, w, dy):
         "bwd": forced(B_.conv_bwd_kernel, bcfg, lambda: B_.conv_bwd(x, w, None, dy, True)),
         "bwd_w1": forced(B_.conv_bwd_kernel, bcfg, lambda: B_.conv_bwd(x, w1, None, dy, False)),
     }
+    def exact(mod, fn):  # tl.sigmoid in place of fastmath.sigmoid's short form
+        def run():
+            mod.FAST_MATH = False
+            try:
+                return fn()
+            finally:
+                mod.FAST_MATH = True
+        return run
+
+    out["fwd_exact"] = exact(F_, out["fwd"])
+    out["bwd_exact"] = exact(B_, out["bwd"])
     if hint:
         out["fwd_hints"] = forced(F_.conv_fwd_kernel, hint[0], lambda: F_.conv_fwd(x, w, None, True))
     return out

@@ -233,6 +233,7 @@ def cconv(full):
             # stride of a D-major x (dy), the tap stride of a [D, W] weight (else the row loads
             # are not known contiguous and compile to 2-byte scalar loads)
             c["s_wi"] = 1
+            c["FAST"] = True  # as launched on a GPU (fastmath.FAST_MATH)
             if not lay["X_TMAJOR"]:
                 c["s_xd"] = 1
             if name == "bwd":

@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernel_fun._common.fastmath import FAST_MATH, sigmoid
 from kernel_fun._common.tuning import autotune_cache, autotune_configs
 from kernel_fun._common.witness import record_launch
 
@@ -72,15 +73,20 @@ _BWD_CANDIDATES = [
     triton.Config({"BD": 256, "R": 4, "PF": False, "NS": 4}, num_warps=1),
     triton.Config({"BD": 128, "R": 4, "PF": False, "NS": 4, "HINTS": True}, num_warps=1),
     triton.Config({"BD": 128, "R": 8, "PF": True, "NS": 1, "HINTS": True}, num_warps=1),
+    # the shipped config held to 96 registers (ptxas gives it 104 since the fast sigmoid and
+    # the per-trip row bases: 19 one-warp programs per SM instead of 21; 2 spill
+    # instructions, outside the loop)
+    triton.Config({"BD": 128, "R": 4, "PF": False, "NS": 4}, num_warps=1, maxnreg=96),
 ]
 
 @triton.jit
 def bwd_row(x0, g, u, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
-            c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end,
+            c0, c1, c2, c3, b, prow, cmask, cu_seqlens, s, start, end,
             W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
-            ACC_DW: tl.constexpr, HINTS: tl.constexpr):
+            ACC_DW: tl.constexpr, HINTS: tl.constexpr, FAST: tl.constexpr):
     """Lead row u: dpre[u] from the x window, dw/db partial sums (ACC_DW: u is one of the
-    chunk's own rows, or past T where dpre is 0), dx[u - (W-1)]; returns the new state."""
+    chunk's own rows, or past T where dpre is 0), dx[u - (W-1)] (at `prow`, the [BD] pointers
+    of that dx row); returns the new state."""
     if IS_VARLEN:
         s, start, end = seq_advance(cu_seqlens, s, start, end, tl.minimum(u, T - 1))
         x1 = tl.where(u - 1 >= start, x1, 0.0)
@@ -88,7 +94,7 @@ def bwd_row(x0, g, u, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, 
         x3 = tl.where(u - 3 >= start, x3, 0.0)
     if SILU:
         pre = conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W, HAS_BIAS)
-        sg = tl.sigmoid(pre)
+        sg = sigmoid(pre, FAST)
         d0 = g * sg * (1.0 + pre * (1.0 - sg))
     else:
         d0 = g
@@ -128,7 +134,8 @@ def bwd_row(x0, g, u, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, 
             e2 = tl.where(st2 == st3, d2, 0.0)
         gx = c3 * e0 + c2 * e1 + c1 * e2 + c0 * d3
     t = u - (W - 1)
-    store_row(pdx + t.to(tl.int64) * D, gx.to(pdx.dtype.element_ty), cmask & (t >= t_begin) & (t < t_end), HINTS)
+    m = cmask & (t >= t_begin) & (t < t_end)
+    store_row(prow, gx.to(prow.dtype.element_ty), m, HINTS)
     return x0, x1, x2, d0, d1, d2, start, st1, st2, a0, a1, a2, a3, ab, s, start, end
 
 
@@ -136,14 +143,17 @@ def bwd_row(x0, g, u, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, 
 def bwd_trip(xs, gs, u0, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
              c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end,
              W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
-             R: tl.constexpr, HINTS: tl.constexpr):
+             R: tl.constexpr, HINTS: tl.constexpr, FAST: tl.constexpr):
     """Lead rows u0 .. u0+R-1 of the chunk (already loaded: `xs`, `gs`) through `bwd_row`."""
+    # dx rows addressed from one base per trip (a 64-bit row product per trip, not per row)
+    dbase = pdx + tl.cast(u0 - (W - 1), tl.int64) * D
+    D64 = tl.cast(D, tl.int64)
     for r in tl.static_range(R):
         x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end = bwd_row(
             xs[r].to(tl.float32), gs[r].to(tl.float32), u0 + r, t_begin, t_end, T,
             x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
-            c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end,
-            W, HAS_BIAS, SILU, IS_VARLEN, True, HINTS)
+            c0, c1, c2, c3, b, dbase + r * D64, cmask, cu_seqlens, s, start, end,
+            W, HAS_BIAS, SILU, IS_VARLEN, True, HINTS, FAST)
     return x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end
 
 
@@ -161,6 +171,7 @@ def conv_bwd_kernel(
     VEC16: tl.constexpr,  # autotune key only: fwd.aligned16 of x and dy
     BD: tl.constexpr, R: tl.constexpr, PF: tl.constexpr, NS: tl.constexpr,
     HINTS: tl.constexpr = False,  # cache hints (see _BWD_CANDIDATES)
+    FAST: tl.constexpr = False,  # fastmath.sigmoid's short form (fastmath.FAST_MATH: not interpreted)
 ):
     pid_b, cols64, cmask, t_begin, t_end = block_coords(D, T, TC, BD)
     px = x + pid_b * s_xb + cols64 * s_xd
@@ -203,7 +214,7 @@ def conv_bwd_kernel(
             x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end = bwd_trip(
                 xs, gs, u0, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
                 c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end, W, HAS_BIAS, SILU, IS_VARLEN, R,
-                HINTS)
+                HINTS, FAST)
         tx = nx  # the prefetched trip after the last starts with the tail rows
         tg = ng
     else:
@@ -213,7 +224,7 @@ def conv_bwd_kernel(
             x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end = bwd_trip(
                 xs, gs, u0, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
                 c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end, W, HAS_BIAS, SILU, IS_VARLEN, R,
-                HINTS)
+                HINTS, FAST)
         tx = load_rows(px, u_end, s_xt, lim, cmask, 4, BD, X_TMAJOR, False)
         tg = load_rows(pg, u_end, s_gt, lim, cmask, 4, BD, DY_TMAJOR, False)
     # Tail: rows u_end .. u_end + W-2 (the next chunk's, or past T) complete dx[t_end-(W-1)..].
@@ -221,8 +232,8 @@ def conv_bwd_kernel(
         x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end = bwd_row(
             tx[r].to(tl.float32), tg[r].to(tl.float32), u_end + r, t_begin, t_end, T,
             x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
-            c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end,
-            W, HAS_BIAS, SILU, IS_VARLEN, False, HINTS)
+            c0, c1, c2, c3, b, pdx + tl.cast(u_end + r - (W - 1), tl.int64) * D, cmask, cu_seqlens, s, start, end,
+            W, HAS_BIAS, SILU, IS_VARLEN, False, HINTS, FAST)
 
     # Partials: [B x n_chunks, W + HAS_BIAS, D] fp32, row W-1-k holds sum dpre[u] x[u-k].
     NROW: tl.constexpr = W + HAS_BIAS
@@ -291,7 +302,7 @@ def conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, d
         x.stride(0), x.stride(1), x.stride(2), dy.stride(0), dy.stride(1), dy.stride(2),
         weight.stride(0), weight.stride(1),
         W=W, HAS_BIAS=has_bias, SILU=bool(silu), IS_VARLEN=cu_seqlens is not None,
-        X_TMAJOR=t_major(x), DY_TMAJOR=t_major(dy), VEC16=aligned16(x) and aligned16(dy),
+        X_TMAJOR=t_major(x), DY_TMAJOR=t_major(dy), VEC16=aligned16(x) and aligned16(dy), FAST=FAST_MATH,
     )
     record_launch("cconv.bwd")
     # [64 partial rows x 128 columns] per program: (W+1) x D / 128 programs, each summing

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernel_fun._common.fastmath import FAST_MATH, sigmoid
 from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
 
@@ -218,9 +219,12 @@ def load_rows(p, u0, s_t, lim, cmask, R: tl.constexpr, BD: tl.constexpr, T_MAJOR
             tile = load_hinted(ptr, cmask[:, None] & (rr < lim)[None, :], STREAM)
         rows = split_rows(tile, R, BD)
     else:
+        base = p + tl.cast(u0, tl.int64) * s_t
+        s_t64 = tl.cast(s_t, tl.int64)  # tl.cast: u0, s_t may be Python ints (interpreter, or a stride of 1)
         for r in tl.static_range(R):
             u = u0 + r
-            rows = rows + (load_hinted(p + u.to(tl.int64) * s_t, cmask & (u < lim), STREAM),)
+            m = cmask & (u < lim)
+            rows = rows + (load_hinted(base + r * s_t64, m, STREAM),)
     return rows
 
 
@@ -261,8 +265,10 @@ def conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W: tl.constexpr, HAS_BIAS: tl.co
 @triton.jit
 def fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D, cmask, cu_seqlens, s, start, end,
              W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
-             R: tl.constexpr, HINTS: tl.constexpr):
+             R: tl.constexpr, HINTS: tl.constexpr, FAST: tl.constexpr):
     """Rows u0 .. u0+R-1 (already loaded, `xs`) through the window: y stores, the new window."""
+    ybase = py + tl.cast(u0, tl.int64) * D
+    D64 = tl.cast(D, tl.int64)
     for r in tl.static_range(R):
         u = u0 + r
         x0 = xs[r].to(tl.float32)
@@ -275,8 +281,9 @@ def fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D, cmask, cu_s
             x3 = tl.where(u - 3 >= start, x3, 0.0)
         acc = conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W, HAS_BIAS)
         if SILU:
-            acc = acc * tl.sigmoid(acc)
-        store_row(py + u.to(tl.int64) * D, acc.to(py.dtype.element_ty), cmask & (u < t_end), HINTS)
+            acc = acc * sigmoid(acc, FAST)
+        m = cmask & (u < t_end)
+        store_row(ybase + r * D64, acc.to(py.dtype.element_ty), m, HINTS)
         x3 = x2
         x2 = x1
         x1 = x0
@@ -325,6 +332,7 @@ def conv_fwd_kernel(
     VEC16: tl.constexpr,  # autotune key only: aligned16(x)
     BD: tl.constexpr, R: tl.constexpr,
     HINTS: tl.constexpr = False,  # cache hints (see _FWD_CANDIDATES)
+    FAST: tl.constexpr = False,  # fastmath.sigmoid's short form (fastmath.FAST_MATH: not interpreted)
 ):
     pid_b, cols64, cmask, t_begin, t_end = block_coords(D, T, TC, BD)
     px = x + pid_b * s_xb + cols64 * s_xd
@@ -343,7 +351,7 @@ def conv_fwd_kernel(
         nxt = load_rows(px, u0 + R, s_xt, t_end, cmask, R, BD, X_TMAJOR, HINTS)
         x1, x2, x3, s, start, end = fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D,
                                              cmask, cu_seqlens, s, start, end,
-                                             W, HAS_BIAS, SILU, IS_VARLEN, R, HINTS)
+                                             W, HAS_BIAS, SILU, IS_VARLEN, R, HINTS, FAST)
 
 
 def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool,
@@ -369,7 +377,7 @@ def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, s
         T, D, rows, n_seq, n_steps,
         x.stride(0), x.stride(1), x.stride(2), weight.stride(0), weight.stride(1),
         W=W, HAS_BIAS=bias is not None, SILU=bool(silu), IS_VARLEN=cu_seqlens is not None,
-        X_TMAJOR=t_major(x), VEC16=aligned16(x),
+        X_TMAJOR=t_major(x), VEC16=aligned16(x), FAST=FAST_MATH,
     )
     record_launch("cconv.fwd")
     return y
