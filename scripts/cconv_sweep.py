@@ -2,7 +2,7 @@
 """Sweep: every cconv kernel variant, forced one at a time, at the bench's shapes, on one GPU.
 
     python scripts/cconv_sweep.py out.json [--cases prod2048,latency,prod4096,slice,varlen]
-                                           [--budget 225] [--no-fla]
+                                           [--budget 225] [--no-fla] [--dirs fwd,bwd] [--no-defaults]
 
 For each case (bf16 x, fp32 weight, no bias, silu, W=4; as in `kernel-fun bench`):
 
@@ -91,7 +91,8 @@ def forced(fwd_cfg=None, bwd_cfg=None, fwd_chunk=None, bwd_chunk=None):
 
     saved = dict(fc=F_.conv_fwd_kernel.configs, bc=B_.conv_bwd_kernel.configs,
                  f=(F_._MAX_ROWS_FWD, F_._WARPS_PER_SM_FWD, F_._MIN_ROWS_FWD),
-                 b=(B_._MAX_ROWS_BWD, B_._WARPS_PER_SM_BWD, B_._MIN_ROWS_BWD))
+                 b=(B_._MAX_ROWS_BWD, B_._WARPS_PER_SM_BWD, B_._MIN_ROWS_BWD),
+                 bv=(B_._VARLEN_MAX_ROWS_BWD, B_._VARLEN_WARPS_PER_SM_BWD))
     try:
         if fwd_cfg is not None:
             F_.conv_fwd_kernel.configs = [fwd_cfg]
@@ -103,11 +104,13 @@ def forced(fwd_cfg=None, bwd_cfg=None, fwd_chunk=None, bwd_chunk=None):
         if bwd_chunk is not None:
             B_._MAX_ROWS_BWD, B_._WARPS_PER_SM_BWD, B_._MIN_ROWS_BWD = (
                 (10 ** 9, 8, 32) if bwd_chunk == ONE_WAVE else bwd_chunk)
+            B_._VARLEN_MAX_ROWS_BWD, B_._VARLEN_WARPS_PER_SM_BWD = 10 ** 9, 0  # the forced sizing, as is
         yield
     finally:
         F_.conv_fwd_kernel.configs, B_.conv_bwd_kernel.configs = saved["fc"], saved["bc"]
         F_._MAX_ROWS_FWD, F_._WARPS_PER_SM_FWD, F_._MIN_ROWS_FWD = saved["f"]
         B_._MAX_ROWS_BWD, B_._WARPS_PER_SM_BWD, B_._MIN_ROWS_BWD = saved["b"]
+        B_._VARLEN_MAX_ROWS_BWD, B_._VARLEN_WARPS_PER_SM_BWD = saved["bv"]
 
 
 def chunk_desc(kind, chunk, B, T, D, device):
@@ -323,6 +326,8 @@ def sweep_case(c, copy_tbps, budget, fla, plan):
     # 2. forced scan configs x grid sizings.
     for d, configs, run, chk, nbytes in (("fwd", F_._FWD_CONFIGS + F_._FWD_CANDIDATES, fwd, chk_y, fb),
                                          ("bwd", B_._BWD_CONFIGS + B_._BWD_CANDIDATES, bwd, chk_b, bb)):
+        if d not in plan.get("dirs", ("fwd", "bwd")):
+            continue
         for i, cfg in enumerate(configs):
             if plan.get(f"{d}_cfgs") is not None and i not in plan[f"{d}_cfgs"]:
                 continue
@@ -340,7 +345,7 @@ PLANS = {
     "prod2048": dict(fwd_chunks=BIG_FWD, bwd_chunks=BIG_BWD),
     "latency": dict(fwd_chunks=[(256, 32, 16), (256, 32, 64), ONE_WAVE],
                     bwd_chunks=[(512, 16, 32), (512, 16, 128), ONE_WAVE]),
-    "prod4096": dict(fwd_chunks=[(128, 32, 16), (256, 32, 16), ONE_WAVE],
+    "prod4096": dict(fwd_chunks=[(64, 32, 16), (128, 32, 16), (256, 32, 16), ONE_WAVE],
                      bwd_chunks=[(256, 16, 32), (512, 16, 32), ONE_WAVE]),
     "slice": dict(fwd_chunks=[(128, 32, 16), (256, 32, 16), ONE_WAVE],
                   bwd_chunks=[(256, 16, 32), (512, 16, 32), ONE_WAVE]),
@@ -389,6 +394,8 @@ def main():
     ap.add_argument("--cases", default="prod2048,latency,prod4096,slice,varlen")
     ap.add_argument("--budget", type=float, default=225.0, help="seconds; later variants are skipped")
     ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--dirs", default="fwd,bwd", help="forced-config directions to sweep (fwd, bwd)")
+    ap.add_argument("--no-defaults", action="store_true", help="skip the autotuned, public and fla rows")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run under TRITON_INTERPRET=1")
     a = ap.parse_args()
     global DEV, SMOKE
@@ -417,7 +424,10 @@ def main():
             log(f"=== case {name}")
             try:
                 c = make_case(name)
-                sweep_case(c, ceil["copy_TBps"], a.budget, fla, PLANS[name])
+                plan = dict(PLANS[name], dirs=tuple(a.dirs.split(",")))
+                if a.no_defaults:
+                    plan["defaults"] = False
+                sweep_case(c, ceil["copy_TBps"], a.budget, fla, plan)
             except Sticky as e:
                 log(f"sticky CUDA error, stopping: {e}")
                 break

@@ -9,6 +9,7 @@
 #        and dv-from-A stage tests; the chain with dv made in our dhu)
 # candidates / candidates_chain: the GPU tests (stage-level / whole chain against fp64) of the
 # kda stages and switches not yet on by default.
+# CCONV_SWEEP_ARGS="--cases prod2048 --dirs fwd" is passed to scripts/cconv_sweep.py.
 # KDA_STAGE_ARGS="--only fwdi --B 16" is passed to scripts/kda_stage_bench.py.
 # KDA_AB_ARGS="--B 8 --combos base,l2" is passed to scripts/kda_switch_ab.py.
 # KDA_CASES="--case prod_b16 ..." picks kda bench cases; KDA_TEST_K="..." is passed to pytest -k.
@@ -60,7 +61,7 @@ for step in "$@"; do
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       timeout "$T" "$NCU" --clock-control none --kernel-name-base demangled -k regex:'copy|conv_fwd|conv_bwd|dw_reduce' --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_read.sum,smsp__inst_executed.sum,lts__t_sector_hit_rate.pct python3 scripts/cconv_diag.py --once > "$OUT/ncu_cconv.txt" 2>&1
       grep -E "launched|==ERR|  [a-z_]*(kernel|copy)|Duration|DRAM Throughput|dram__bytes|Registers Per|Achieved Occupancy|Theoretical Occupancy|Issued Warp|Eligible Warps|No Eligible|Stall|inst_executed|hit_rate" "$OUT/ncu_cconv.txt" | head -150 ;;
-    cconv_sweep) timeout "$T" python3 scripts/cconv_sweep.py "$OUT/cconv_sweep.json" 2>&1 | tee "$OUT/cconv_sweep.log" | tail -60 ;;
+    cconv_sweep) timeout "$T" python3 scripts/cconv_sweep.py "$OUT/cconv_sweep.json" ${CCONV_SWEEP_ARGS:-} 2>&1 | tee "$OUT/cconv_sweep.log" | tail -60 ;;
     *) echo "unknown step $step" ;;
   esac
   save_autotune

@@ -16,13 +16,14 @@ whole chunk and land in an fp32 partial buffer [n_chunks_total, W (+1 for db), D
 `dw_reduce_kernel` sums in a fixed order: deterministic, no atomics.
 
 Floor (H200, bf16 [16, 8192, 2048]): x + dy in, dx out = 1.61 GB = 0.375 ms at 4.24 TB/s.
-Issue: ~33 instructions per element in the loop (ptxas, 4 channels per thread: ~12 FMA for
-pre/dx/dw, the sigmoid, 3 converts, masks) = 276 M warp-instructions, ~0.26 ms at 4 per
-clock per SM on 132 SMs; MUFU 2 per element, ~0.13 ms. So the backward is memory-bound
-with little to spare: overlap (PF, enough warps) matters as much as bytes. The partials are
-B x n_chunks x (W+1) x D x 4 B, written and read once (`_MAX_ROWS_BWD` = 512 rows: 10.5 MB
-there, an estimated ~1.3% of the bytes). The one-wave sizing with long chunks measured 0.600 ms
-(63% of copy, H200, 2026-11-30).
+Issue: the loop is ~34 SASS instructions per element (sm_90a, 4 channels per thread: ~12 FMA
+for pre/dx/dw, the 4-instruction fast sigmoid, 3 converts, addresses), ~285 M
+warp-instructions, ~0.27 ms at 4 per clock per SM on 132 SMs; MUFU 2 per element, ~0.13 ms.
+So the backward is memory-bound with little to spare, and every instruction counts (Nsight
+Compute, 2026-11-30: 0.71-0.81 warps issued per scheduler-cycle): tl.sigmoid's 13
+instructions and a 64-bit row product per row had made the loop 47 per element, 0.516 ms.
+Measured (H200, 2026-11-30, e5fe2db): 0.404 ms at its sizing (93% of copy), the bench's
+autograd path 0.43 before that sizing.
 """
 from __future__ import annotations
 
@@ -41,42 +42,41 @@ from .fwd import (aligned16, block_coords, conv_row, load_rows, seq_advance, sto
 _alloc = torch.empty
 
 # Grid sizing (fwd.time_chunks), set from scripts/cconv_sweep.py (H200, bf16, W=4, silu,
-# 2026-11-30; bench/records/raw/2026-11-30-h200-cconv-sweep.json): at B=16 T=8192 D=2048,
-# 512-row chunks 0.483 ms (77.5% of copy), 256 rows 0.489, 1024 rows 0.496, one wave of
-# 2048-row chunks 0.489-0.512 (the first sizing, with the first configs: 0.600). The dw
-# partials are B x n_chunks x (W+1) x D x 4 B, written and read once (10.5 MB there).
-_MAX_ROWS_BWD = 512
-_WARPS_PER_SM_BWD = 16
+# 2026-11-30; bench/records/raw/2026-11-30-h200-cconv-sweep-e5fe2db.json). Dense input: one
+# wave of long chunks (8 one-warp programs per SM, at least 32 rows: B=16 T=8192 D=2048 in
+# 2048-row chunks), 0.404 ms with the first config below against 0.428 at 512-row chunks and
+# 0.424 at 1024: fewer dw partials and halo rows, and with the loads staged by cp.async a warp
+# keeps its own bytes in flight. Packed documents: 512-row chunks (their best config, R8 with
+# register prefetch: 0.437 ms there, 0.448 in one wave). The dw partials are
+# B x n_chunks x (W+1) x D x 4 B, written and read once (0.5 MB at that dense shape).
+_MAX_ROWS_BWD = 10 ** 9
+_WARPS_PER_SM_BWD = 8
 _MIN_ROWS_BWD = 32
+_VARLEN_MAX_ROWS_BWD = 512  # cu_seqlens: chunks of at most min(this, _MAX_ROWS_BWD) rows,
+_VARLEN_WARPS_PER_SM_BWD = 16  # and at least this many warp-units per SM
 
 _BWD_CONFIGS = [
     # BD channels per program (4 per thread; 8 per thread with register prefetch needs 255
     # registers and spills at R=8), R rows per trip, PF: prefetch the next trip's rows into registers,
     # NS > 1: Triton's loop pipeliner instead (cp.async into shared memory, NS stages; used for
-    # D-major aligned inputs only, else the plain loop). The sweep's winners (H200, 2026-11-30;
-    # ms at B=16 T=8192 D=2048 / D=4096 / column slice / varlen / B=1 T=2048), registers
-    # (ptxas sm_90a, bf16, W=4, silu, aligned D-major) and shared memory in brackets.
-    triton.Config({"BD": 128, "R": 4, "PF": False, "NS": 4}, num_warps=1),  # 0.487 / 0.963 / 0.254 [96, 6 KB]
-    triton.Config({"BD": 128, "R": 4, "PF": False, "NS": 6}, num_warps=1),  # 0.489 / 0.995 / 0.248 [94, 10 KB]
-    triton.Config({"BD": 128, "R": 8, "PF": True, "NS": 1}, num_warps=1),   # varlen 0.570 / 0.129 [174]
-    triton.Config({"BD": 256, "R": 8, "PF": False, "NS": 1}, num_warps=2),  # latency 0.123 [134]
+    # D-major aligned inputs only, else the plain loop). The sweep's winners (H200, 2026-11-30,
+    # e5fe2db; ms at B=16 T=8192 D=2048 / D=4096 / column slice / varlen / B=1 T=2048, each at
+    # its sizing above), registers (ptxas sm_90a, bf16, W=4, silu, aligned D-major) in brackets.
+    # 96 registers: ptxas gives the first 104 (19 one-warp programs per SM, not 21); held to
+    # 96 its 2 spill instructions are outside the loop, and it runs 8% faster.
+    triton.Config({"BD": 128, "R": 4, "PF": False, "NS": 4}, num_warps=1, maxnreg=96),  # 0.404 / 0.817 / 0.210 / - / 0.070 [96, 6 KB]
+    triton.Config({"BD": 128, "R": 8, "PF": True, "NS": 1}, num_warps=1),   # 0.485 / 0.949 / 0.251 / 0.437 [206]
+    triton.Config({"BD": 256, "R": 4, "PF": False, "NS": 4}, num_warps=1),  # - / - / 0.221 [12 KB]
 ]
-# Not yet timed or checked on a GPU (scripts/cconv_sweep.py forces them; they join the list
-# above only after that): 8 channels per thread (16-byte vectors) with the loads staged by
-# cp.async, so the 8-wide window does not also hold the next trip in registers.
-# And the two best production configs with HINTS: x and dy rows loaded evict_first (read
-# once; the W-1 tail rows after the chunk, which the next chunk reads too, keep the default
-# policy), dx stored streaming (.cs); see fwd._FWD_CANDIDATES. With NS > 1 Triton's pipeliner
-# turns the row loads into cp.async, which carries no eviction hint (its PTX: only the stores
-# change there). The backward is at 79-81% of copy; 4.5x fla needs 87%.
+# Timed, not kept (2026-11-30, e5fe2db): the first config without the register cap (0.439 /
+# 0.831 at their best sizing), with 6 stages (0.468), with HINTS (x and dy rows loaded
+# evict_first; with NS > 1 Triton's pipeliner turns the loads into cp.async, which carries no
+# hint, so only the .cs dx stores change: 0.439), R8 with HINTS (0.496), BD256/R8 on 2 warps.
+# The sweep still forces the hinted ones (scripts/cconv_sweep.py).
 _BWD_CANDIDATES = [
-    triton.Config({"BD": 256, "R": 4, "PF": False, "NS": 4}, num_warps=1),
+    triton.Config({"BD": 128, "R": 4, "PF": False, "NS": 4}, num_warps=1),
     triton.Config({"BD": 128, "R": 4, "PF": False, "NS": 4, "HINTS": True}, num_warps=1),
     triton.Config({"BD": 128, "R": 8, "PF": True, "NS": 1, "HINTS": True}, num_warps=1),
-    # the shipped config held to 96 registers (ptxas gives it 104 since the fast sigmoid and
-    # the per-trip row bases: 19 one-warp programs per SM instead of 21; 2 spill
-    # instructions, outside the loop)
-    triton.Config({"BD": 128, "R": 4, "PF": False, "NS": 4}, num_warps=1, maxnreg=96),
 ]
 
 @triton.jit
@@ -179,7 +179,7 @@ def conv_bwd_kernel(
     pdx = dx + pid_b * T * D + cols64  # dx is contiguous [B, T, D]
     c0, c1, c2, c3, b, x1, x2, x3, s, start, end = window_setup(
         px, weight, bias, cu_seqlens, cols64, cmask, t_begin, T, N_SEQ, N_STEPS, s_xt, s_wd, s_wi,
-        W, HAS_BIAS, IS_VARLEN)
+        W, HAS_BIAS, IS_VARLEN, True)
 
     # d_j = dpre[u - j]; a_k = sum of dpre[u] x[u-k] over own rows (-> dw[:, W-1-k]).
     d1 = tl.zeros_like(c0)
@@ -291,7 +291,10 @@ def conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, d
         if db is not None:
             db.zero_()
         return dx, dw, db
-    n_chunks, rows = time_chunks(B, T, D, x.device, _MAX_ROWS_BWD, _WARPS_PER_SM_BWD, _MIN_ROWS_BWD)
+    sizing = ((_MAX_ROWS_BWD, _WARPS_PER_SM_BWD, _MIN_ROWS_BWD) if cu_seqlens is None else
+              (min(_MAX_ROWS_BWD, _VARLEN_MAX_ROWS_BWD), max(_WARPS_PER_SM_BWD, _VARLEN_WARPS_PER_SM_BWD),
+               _MIN_ROWS_BWD))
+    n_chunks, rows = time_chunks(B, T, D, x.device, *sizing)
     n_part = B * n_chunks
     part = _alloc((n_part, W + int(has_bias), D), dtype=torch.float32, device=x.device)
     n_seq, n_steps = varlen_args(cu_seqlens)

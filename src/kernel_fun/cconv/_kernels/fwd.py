@@ -168,14 +168,20 @@ def block_coords(D, T, TC, BD: tl.constexpr):
 
 @triton.jit
 def window_setup(px, weight, bias, cu_seqlens, cols64, cmask, t_begin, T, N_SEQ, N_STEPS, s_xt, s_wd, s_wi,
-                 W: tl.constexpr, HAS_BIAS: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """Taps, bias, the x window before the chunk and the document of its first row:
-    (c0, c1, c2, c3, b, x1, x2, x3, s, start, end), shared by the forward and the backward."""
+                 W: tl.constexpr, HAS_BIAS: tl.constexpr, IS_VARLEN: tl.constexpr, HALO: tl.constexpr):
+    """Taps, bias, the x window before the chunk (zeros without HALO) and the document of its
+    first row: (c0, c1, c2, c3, b, x1, x2, x3, s, start, end), shared by the forward and the
+    backward."""
     c0, c1, c2, c3 = load_taps(weight, cols64, cmask, s_wd, s_wi, W)
     b = tl.zeros_like(c0)
     if HAS_BIAS:
         b = tl.load(bias + cols64, mask=cmask, other=0.0).to(tl.float32)
-    x1, x2, x3 = load_halo(px, t_begin, s_xt, cmask, W)
+    if HALO:
+        x1, x2, x3 = load_halo(px, t_begin, s_xt, cmask, W)
+    else:
+        x1 = tl.zeros_like(c0)
+        x2 = tl.zeros_like(c0)
+        x3 = tl.zeros_like(c0)
     s = t_begin * 0
     start = s
     end = s + T
@@ -265,8 +271,9 @@ def conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W: tl.constexpr, HAS_BIAS: tl.co
 @triton.jit
 def fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D, cmask, cu_seqlens, s, start, end,
              W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
-             R: tl.constexpr, HINTS: tl.constexpr, FAST: tl.constexpr):
-    """Rows u0 .. u0+R-1 (already loaded, `xs`) through the window: y stores, the new window."""
+             R: tl.constexpr, HINTS: tl.constexpr, FAST: tl.constexpr, SKIP: tl.constexpr):
+    """Rows u0 .. u0+R-1 (already loaded, `xs`) through the window: y stores (but not of the
+    first SKIP rows), the new window."""
     ybase = py + tl.cast(u0, tl.int64) * D
     D64 = tl.cast(D, tl.int64)
     for r in tl.static_range(R):
@@ -282,8 +289,9 @@ def fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D, cmask, cu_s
         acc = conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W, HAS_BIAS)
         if SILU:
             acc = acc * sigmoid(acc, FAST)
-        m = cmask & (u < t_end)
-        store_row(ybase + r * D64, acc.to(py.dtype.element_ty), m, HINTS)
+        if r >= SKIP:
+            m = cmask & (u < t_end)
+            store_row(ybase + r * D64, acc.to(py.dtype.element_ty), m, HINTS)
         x3 = x2
         x2 = x1
         x1 = x0
@@ -313,6 +321,13 @@ _FWD_CANDIDATES = [
     triton.Config({"BD": 256, "R": 4}, num_warps=1),
     triton.Config({"BD": 256, "R": 4, "HINTS": True}, num_warps=1),
     triton.Config({"BD": 128, "R": 16}, num_warps=1),
+    # the halo read at the chunk's end (HALO_LATE, see the kernel): the best three above
+    triton.Config({"BD": 128, "R": 8, "HALO_LATE": True}, num_warps=1),
+    # (ptxas gives that one 128 registers, 96 without the late halo; held to 104, its 6 spill
+    # instructions are outside the loop: the first rows kept for the end)
+    triton.Config({"BD": 128, "R": 8, "HALO_LATE": True}, num_warps=1, maxnreg=104),
+    triton.Config({"BD": 128, "R": 16, "HALO_LATE": True}, num_warps=1),
+    triton.Config({"BD": 256, "R": 8, "HALO_LATE": True}, num_warps=2),
 ]
 
 
@@ -333,25 +348,45 @@ def conv_fwd_kernel(
     BD: tl.constexpr, R: tl.constexpr,
     HINTS: tl.constexpr = False,  # cache hints (see _FWD_CANDIDATES)
     FAST: tl.constexpr = False,  # fastmath.sigmoid's short form (fastmath.FAST_MATH: not interpreted)
+    HALO_LATE: tl.constexpr = False,  # the halo read at the chunk's end (see below)
 ):
     pid_b, cols64, cmask, t_begin, t_end = block_coords(D, T, TC, BD)
     px = x + pid_b * s_xb + cols64 * s_xd
     py = y + pid_b * T * D + cols64  # y is contiguous [B, T, D]
+    # LATE: the W-1 halo rows before the chunk are the previous chunk's last rows, which its
+    # program reads at its end; read here at the start they miss L2 (Nsight Compute, H200:
+    # DRAM reads 2.4% over x at 128-row chunks, 3/128). Read at this chunk's end instead, at
+    # about the time the neighbour reads them (same length, launched together), they hit L2;
+    # the chunk's first W-1 rows (kept raw in registers) are then computed last.
+    LATE: tl.constexpr = HALO_LATE and (not IS_VARLEN) and W > 1
     c0, c1, c2, c3, b, x1, x2, x3, s, start, end = window_setup(
         px, weight, bias, cu_seqlens, cols64, cmask, t_begin, T, N_SEQ, N_STEPS, s_xt, s_wd, s_wi,
-        W, HAS_BIAS, IS_VARLEN)
+        W, HAS_BIAS, IS_VARLEN, not LATE)
 
     # Each loop trip loads its R rows before any math: a store between two loads would keep
     # the next load from issuing (y may alias x as far as the compiler knows), and the rows of
     # the next trip are loaded before this trip's math (double buffering in registers), so a
     # warp keeps loads in flight while it computes.
     nxt = load_rows(px, t_begin, s_xt, t_end, cmask, R, BD, X_TMAJOR, HINTS)
-    for u0 in range(t_begin, t_end, R):
+    first = t_begin
+    if LATE:  # the first trip on a zero window, its first W-1 rows not stored
+        xs = nxt
+        head = xs
+        nxt = load_rows(px, t_begin + R, s_xt, t_end, cmask, R, BD, X_TMAJOR, HINTS)
+        x1, x2, x3, s, start, end = fwd_trip(xs, t_begin, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D,
+                                             cmask, cu_seqlens, s, start, end,
+                                             W, HAS_BIAS, SILU, IS_VARLEN, R, HINTS, FAST, W - 1)
+        first = t_begin + R
+    for u0 in range(first, t_end, R):
         xs = nxt
         nxt = load_rows(px, u0 + R, s_xt, t_end, cmask, R, BD, X_TMAJOR, HINTS)
         x1, x2, x3, s, start, end = fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D,
                                              cmask, cu_seqlens, s, start, end,
-                                             W, HAS_BIAS, SILU, IS_VARLEN, R, HINTS, FAST)
+                                             W, HAS_BIAS, SILU, IS_VARLEN, R, HINTS, FAST, 0)
+    if LATE:  # the halo, then the first W-1 rows of the chunk through it
+        h1, h2, h3 = load_halo(px, t_begin, s_xt, cmask, W)
+        fwd_trip(head, t_begin, t_end, T, h1, h2, h3, c0, c1, c2, c3, b, py, D, cmask, cu_seqlens, s, start, end,
+                 W, HAS_BIAS, SILU, IS_VARLEN, W - 1, HINTS, FAST, 0)
 
 
 def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool,
