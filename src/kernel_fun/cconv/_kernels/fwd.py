@@ -236,8 +236,11 @@ def load_rows(p, u0, s_t, lim, cmask, R: tl.constexpr, BD: tl.constexpr, T_MAJOR
 
 @triton.jit
 def load_hinted(ptr, mask, STREAM: tl.constexpr):
-    """tl.load (masked-off elements 0); STREAM: marked evict_first (read once)."""
-    if STREAM:
+    """tl.load (masked-off elements 0); STREAM 1 (True): marked evict_first (read once);
+    2: cached in L2 only (.cg), not L1."""
+    if STREAM == 2:
+        v = tl.load(ptr, mask=mask, other=0.0, cache_modifier=".cg")
+    elif STREAM:
         v = tl.load(ptr, mask=mask, other=0.0, eviction_policy="evict_first")
     else:
         v = tl.load(ptr, mask=mask, other=0.0)
@@ -328,6 +331,9 @@ _FWD_CANDIDATES = [
     triton.Config({"BD": 128, "R": 8, "HALO_LATE": True}, num_warps=1, maxnreg=104),
     triton.Config({"BD": 128, "R": 16, "HALO_LATE": True}, num_warps=1),
     triton.Config({"BD": 256, "R": 8, "HALO_LATE": True}, num_warps=2),
+    # x rows loaded .cg (cached in L2 only: read once, they need no L1 line)
+    triton.Config({"BD": 128, "R": 16, "LOAD_CG": True}, num_warps=1),
+    triton.Config({"BD": 128, "R": 8, "LOAD_CG": True}, num_warps=1),
 ]
 
 
@@ -349,7 +355,9 @@ def conv_fwd_kernel(
     HINTS: tl.constexpr = False,  # cache hints (see _FWD_CANDIDATES)
     FAST: tl.constexpr = False,  # fastmath.sigmoid's short form (fastmath.FAST_MATH: not interpreted)
     HALO_LATE: tl.constexpr = False,  # the halo read at the chunk's end (see below)
+    LOAD_CG: tl.constexpr = False,  # x rows loaded .cg (L2 only; see _FWD_CANDIDATES)
 ):
+    LD: tl.constexpr = 2 if LOAD_CG else HINTS  # load_hinted's mode
     pid_b, cols64, cmask, t_begin, t_end = block_coords(D, T, TC, BD)
     px = x + pid_b * s_xb + cols64 * s_xd
     py = y + pid_b * T * D + cols64  # y is contiguous [B, T, D]
@@ -367,19 +375,19 @@ def conv_fwd_kernel(
     # the next load from issuing (y may alias x as far as the compiler knows), and the rows of
     # the next trip are loaded before this trip's math (double buffering in registers), so a
     # warp keeps loads in flight while it computes.
-    nxt = load_rows(px, t_begin, s_xt, t_end, cmask, R, BD, X_TMAJOR, HINTS)
+    nxt = load_rows(px, t_begin, s_xt, t_end, cmask, R, BD, X_TMAJOR, LD)
     first = t_begin
     if LATE:  # the first trip on a zero window, its first W-1 rows not stored
         xs = nxt
         head = xs
-        nxt = load_rows(px, t_begin + R, s_xt, t_end, cmask, R, BD, X_TMAJOR, HINTS)
+        nxt = load_rows(px, t_begin + R, s_xt, t_end, cmask, R, BD, X_TMAJOR, LD)
         x1, x2, x3, s, start, end = fwd_trip(xs, t_begin, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D,
                                              cmask, cu_seqlens, s, start, end,
                                              W, HAS_BIAS, SILU, IS_VARLEN, R, HINTS, FAST, W - 1)
         first = t_begin + R
     for u0 in range(first, t_end, R):
         xs = nxt
-        nxt = load_rows(px, u0 + R, s_xt, t_end, cmask, R, BD, X_TMAJOR, HINTS)
+        nxt = load_rows(px, u0 + R, s_xt, t_end, cmask, R, BD, X_TMAJOR, LD)
         x1, x2, x3, s, start, end = fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D,
                                              cmask, cu_seqlens, s, start, end,
                                              W, HAS_BIAS, SILU, IS_VARLEN, R, HINTS, FAST, 0)
