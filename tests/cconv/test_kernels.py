@@ -234,8 +234,8 @@ def test_every_config(stage, idx, monkeypatch, device):
     monkeypatch.setattr(bwd_mod, "_MIN_ROWS_BWD", 1)
     _check(2, 13, 130, 4, device, seed=idx)
     _check(1, 20, 9, 3, device, cu=_cu([7, 1, 2, 10]), x_layout="transposed", seed=idx)
-    # several 16-row chunks per sequence: the halo between chunks (read first, or last with
-    # HALO_LATE), a chunk shorter than the window, one shorter than a trip
+    # several 16-row chunks per sequence: the halo between chunks, a last chunk shorter than
+    # the window, one shorter than a trip
     monkeypatch.setattr(fwd_mod, "_MAX_ROWS_FWD", 16)
     monkeypatch.setattr(bwd_mod, "_MAX_ROWS_BWD", 16)
     _check(2, 50, 40, 4, device, seed=idx)

@@ -179,7 +179,7 @@ def conv_bwd_kernel(
     pdx = dx + pid_b * T * D + cols64  # dx is contiguous [B, T, D]
     c0, c1, c2, c3, b, x1, x2, x3, s, start, end = window_setup(
         px, weight, bias, cu_seqlens, cols64, cmask, t_begin, T, N_SEQ, N_STEPS, s_xt, s_wd, s_wi,
-        W, HAS_BIAS, IS_VARLEN, True)
+        W, HAS_BIAS, IS_VARLEN)
 
     # d_j = dpre[u - j]; a_k = sum of dpre[u] x[u-k] over own rows (-> dw[:, W-1-k]).
     d1 = tl.zeros_like(c0)

@@ -3,15 +3,20 @@
 Work layout (shared with `bwd`): a program owns a block of BD channels and a chunk of TC
 consecutive time steps of one batch row, and walks that chunk one time step ("row") at a
 time, R rows per loop trip. Each thread owns a few channels and keeps the last W-1 rows of x
-for them in registers, so x is read once (plus W-1 halo rows per chunk, from L2) and every
+for them in registers, so x is read once (plus W-1 halo rows per chunk, which Nsight Compute
+shows coming from DRAM again: 3/64 of x at 64-row chunks) and every
 row is one coalesced [BD] load along the contiguous D axis: no shifted re-loads, no shared
 memory. Floor reasoning (H200, bf16 [16, 8192, 2048]): x in + y out = 1.07 GB = 0.25 ms at
-the 4.24 TB/s copy ceiling; the loop issues ~15 instructions per element (~0.12 ms) and
-2 MUFU (~0.13 ms), below it, so the kernel has to keep enough bytes in flight: R rows per
-trip loaded before any math, the next trip's rows prefetched into registers, and chunks short
-enough for many programs (`time_chunks`). Measured (H200, 2026-11-30): 87.5% of copy at
-128-row chunks; a one-wave grid of long chunks 79%; Triton's cp.async pipeliner in place of
-the register prefetch at best 83%; a tiled design (row blocks with a halo) 66%.
+the 4.24 TB/s copy ceiling. The loop issues ~17 SASS instructions per element (sm_90a, R=8:
+the conv, the 4-instruction fast sigmoid of `_common.fastmath`, converts, one 64-bit row
+base per trip; tl.sigmoid alone is 13) and 2 MUFU (~0.13 ms), below it, so the kernel has to
+keep enough bytes in flight: R rows per trip loaded before any math, the next trip's rows
+prefetched into registers, and chunks short enough for many programs (`time_chunks`).
+Measured (H200, 2026-11-30): 91.6% of copy (0.273 ms) with R=16 in 64-row chunks, as fast
+as the same kernel at W=1 without silu (its bytes and walk alone: 0.274 ms) and within 2% of
+a flat Triton copy of the same bytes (0.269 ms); 87.5% with tl.sigmoid; a one-wave grid of
+long chunks 79%; Triton's cp.async pipeliner in place of the register prefetch at best 83%;
+a tiled design (row blocks with a halo) 66%.
 
 Packed documents (`cu_seqlens`, B == 1): a program finds the document of its first row by a
 binary search over cu_seqlens, then advances document by document as its rows cross
@@ -39,11 +44,14 @@ _alloc = torch.empty
 
 # Grid sizing (`time_chunks`): chunks of at most `_MAX_ROWS_FWD` rows; more (shorter) ones,
 # down to `_MIN_ROWS_FWD` rows, while the grid has fewer than `_WARPS_PER_SM_FWD` warp-units per
-# SM. Set from scripts/cconv_sweep.py (H200, bf16, W=4, silu, 2026-11-30; record
-# bench/records/raw/2026-11-30-h200-cconv-sweep.json): at B=16 T=8192 D=2048 chunks of 64 or
-# 128 rows 0.2857 ms (87.5% of copy), 256 rows 0.2934, one wave of long chunks (the first
-# sizing) 0.3187; D=4096 and the column slice also best at 128 rows.
-_MAX_ROWS_FWD = 128
+# SM. Set from scripts/cconv_sweep.py (H200, bf16, W=4, silu, 2026-11-30; records
+# bench/records/raw/2026-11-30-h200-cconv-sweep-*.json): with the fast sigmoid, 64-row chunks
+# beat 128 (B=16 T=8192 D=2048: 0.2727-0.2741 ms against 0.2736-0.2751 with R=16, 0.2745
+# against 0.2796 with R=8; D=4096: 0.5336 against 0.5367); 256 rows and one wave of long
+# chunks are slower still. Not kept: the W-1 halo rows read at the chunk's end, when the
+# previous chunk's program reads them (they missed L2: Nsight Compute counted DRAM reads 2.4%
+# over x at 128-row chunks), +2% at 128 rows and nothing at 64; x rows loaded .cg, nothing.
+_MAX_ROWS_FWD = 64
 _WARPS_PER_SM_FWD = 32
 _MIN_ROWS_FWD = 16
 _ROW_ALIGN = 16  # chunk starts: multiples of 16 rows, so Triton sees aligned T-major vectors
@@ -168,20 +176,14 @@ def block_coords(D, T, TC, BD: tl.constexpr):
 
 @triton.jit
 def window_setup(px, weight, bias, cu_seqlens, cols64, cmask, t_begin, T, N_SEQ, N_STEPS, s_xt, s_wd, s_wi,
-                 W: tl.constexpr, HAS_BIAS: tl.constexpr, IS_VARLEN: tl.constexpr, HALO: tl.constexpr):
-    """Taps, bias, the x window before the chunk (zeros without HALO) and the document of its
-    first row: (c0, c1, c2, c3, b, x1, x2, x3, s, start, end), shared by the forward and the
-    backward."""
+                 W: tl.constexpr, HAS_BIAS: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Taps, bias, the x window before the chunk and the document of its first row:
+    (c0, c1, c2, c3, b, x1, x2, x3, s, start, end), shared by the forward and the backward."""
     c0, c1, c2, c3 = load_taps(weight, cols64, cmask, s_wd, s_wi, W)
     b = tl.zeros_like(c0)
     if HAS_BIAS:
         b = tl.load(bias + cols64, mask=cmask, other=0.0).to(tl.float32)
-    if HALO:
-        x1, x2, x3 = load_halo(px, t_begin, s_xt, cmask, W)
-    else:
-        x1 = tl.zeros_like(c0)
-        x2 = tl.zeros_like(c0)
-        x3 = tl.zeros_like(c0)
+    x1, x2, x3 = load_halo(px, t_begin, s_xt, cmask, W)
     s = t_begin * 0
     start = s
     end = s + T
@@ -236,11 +238,8 @@ def load_rows(p, u0, s_t, lim, cmask, R: tl.constexpr, BD: tl.constexpr, T_MAJOR
 
 @triton.jit
 def load_hinted(ptr, mask, STREAM: tl.constexpr):
-    """tl.load (masked-off elements 0); STREAM 1 (True): marked evict_first (read once);
-    2: cached in L2 only (.cg), not L1."""
-    if STREAM == 2:
-        v = tl.load(ptr, mask=mask, other=0.0, cache_modifier=".cg")
-    elif STREAM:
+    """tl.load (masked-off elements 0); STREAM: marked evict_first (read once)."""
+    if STREAM:
         v = tl.load(ptr, mask=mask, other=0.0, eviction_policy="evict_first")
     else:
         v = tl.load(ptr, mask=mask, other=0.0)
@@ -274,9 +273,8 @@ def conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W: tl.constexpr, HAS_BIAS: tl.co
 @triton.jit
 def fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D, cmask, cu_seqlens, s, start, end,
              W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
-             R: tl.constexpr, HINTS: tl.constexpr, FAST: tl.constexpr, SKIP: tl.constexpr):
-    """Rows u0 .. u0+R-1 (already loaded, `xs`) through the window: y stores (but not of the
-    first SKIP rows), the new window."""
+             R: tl.constexpr, HINTS: tl.constexpr, FAST: tl.constexpr):
+    """Rows u0 .. u0+R-1 (already loaded, `xs`) through the window: y stores, the new window."""
     ybase = py + tl.cast(u0, tl.int64) * D
     D64 = tl.cast(D, tl.int64)
     for r in tl.static_range(R):
@@ -292,9 +290,8 @@ def fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D, cmask, cu_s
         acc = conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W, HAS_BIAS)
         if SILU:
             acc = acc * sigmoid(acc, FAST)
-        if r >= SKIP:
-            m = cmask & (u < t_end)
-            store_row(ybase + r * D64, acc.to(py.dtype.element_ty), m, HINTS)
+        m = cmask & (u < t_end)
+        store_row(ybase + r * D64, acc.to(py.dtype.element_ty), m, HINTS)
         x3 = x2
         x2 = x1
         x1 = x0
@@ -302,38 +299,25 @@ def fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D, cmask, cu_s
 
 
 _FWD_CONFIGS = [
-    # BD channels per program, R rows per loop trip; BD / (32 x num_warps) channels per
-    # thread (8 gives 16 B vectors). The sweep's winners (H200, 2026-11-30, ms at B=16 T=8192
-    # D=2048 / D=4096 / B=1 T=2048), registers (ptxas sm_90a, bf16, W=4, silu) in brackets.
-    triton.Config({"BD": 128, "R": 8}, num_warps=1),   # 0.286 / 0.560 [96]
-    triton.Config({"BD": 512, "R": 4}, num_warps=4),   # 0.287 / 0.561 / 0.0122 [72]
-    triton.Config({"BD": 256, "R": 8}, num_warps=2),   # 0.289 / 0.561 [96]
-    triton.Config({"BD": 256, "R": 8}, num_warps=1),   # latency 0.0133 [176]
+    # BD channels per program, R rows per trip; BD / (32 x num_warps) channels per thread
+    # (8 gives 16 B vectors). The sweep's winners (H200, 2026-11-30; ms at B=16 T=8192
+    # D=2048 / D=4096 in 64-row chunks, fast sigmoid; the latency pick from the first sweep),
+    # registers (ptxas sm_90a, bf16, W=4, silu) in brackets.
+    triton.Config({"BD": 128, "R": 16}, num_warps=1),  # 0.2727 / 0.5336 [166]
+    triton.Config({"BD": 128, "R": 8}, num_warps=1),   # 0.2745 / 0.5402 [96]
+    triton.Config({"BD": 256, "R": 8}, num_warps=2),   # 0.2759 / 0.5406 [96]
+    triton.Config({"BD": 512, "R": 4}, num_warps=4),   # 0.2807 / 0.5466 / B=1 T=2048 0.0122 [72]
 ]
-# Not yet timed on a GPU (scripts/cconv_sweep.py forces them; they join the list above only
-# after that): the two best production configs with HINTS, x rows loaded evict_first (each is
-# read once; the W-1 halo rows a neighbouring chunk reads again keep the default policy) and
-# y stored streaming (.cs). Cache hints have bought a few percent in other bandwidth-bound
-# Triton kernels (pytorch/pytorch#91316, #108841, pytorch/helion#660); here the forward is at
-# 87.5% of copy and 1.45x fla needs 93%. And 8 channels per thread (16-byte row loads, the
-# winners load 8 bytes) at 4 rows per trip: 136 registers against the 8-row one's 176+
-# (ptxas sm_90a via scripts/sass_stats.py, no spills), with and without the hints.
+# Timed on the H200 (2026-11-30), not kept: with HINTS (x rows loaded evict_first, each read
+# once, the halo rows a neighbouring chunk reads again keep the default policy; y stored
+# streaming, .cs), 1-3% slower at every config and sizing, although cache hints have bought a
+# few percent in other bandwidth-bound Triton kernels (pytorch/pytorch#91316, #108841,
+# pytorch/helion#660); 8 channels per thread (16-byte row loads, BD 256 on one warp), 4-9%
+# slower. scripts/cconv_sweep.py still forces them.
 _FWD_CANDIDATES = [
     triton.Config({"BD": 128, "R": 8, "HINTS": True}, num_warps=1),
-    triton.Config({"BD": 512, "R": 4, "HINTS": True}, num_warps=4),
     triton.Config({"BD": 256, "R": 4}, num_warps=1),
-    triton.Config({"BD": 256, "R": 4, "HINTS": True}, num_warps=1),
-    triton.Config({"BD": 128, "R": 16}, num_warps=1),
-    # the halo read at the chunk's end (HALO_LATE, see the kernel): the best three above
-    triton.Config({"BD": 128, "R": 8, "HALO_LATE": True}, num_warps=1),
-    # (ptxas gives that one 128 registers, 96 without the late halo; held to 104, its 6 spill
-    # instructions are outside the loop: the first rows kept for the end)
-    triton.Config({"BD": 128, "R": 8, "HALO_LATE": True}, num_warps=1, maxnreg=104),
-    triton.Config({"BD": 128, "R": 16, "HALO_LATE": True}, num_warps=1),
-    triton.Config({"BD": 256, "R": 8, "HALO_LATE": True}, num_warps=2),
-    # x rows loaded .cg (cached in L2 only: read once, they need no L1 line)
-    triton.Config({"BD": 128, "R": 16, "LOAD_CG": True}, num_warps=1),
-    triton.Config({"BD": 128, "R": 8, "LOAD_CG": True}, num_warps=1),
+    triton.Config({"BD": 256, "R": 8}, num_warps=1),
 ]
 
 
@@ -354,47 +338,25 @@ def conv_fwd_kernel(
     BD: tl.constexpr, R: tl.constexpr,
     HINTS: tl.constexpr = False,  # cache hints (see _FWD_CANDIDATES)
     FAST: tl.constexpr = False,  # fastmath.sigmoid's short form (fastmath.FAST_MATH: not interpreted)
-    HALO_LATE: tl.constexpr = False,  # the halo read at the chunk's end (see below)
-    LOAD_CG: tl.constexpr = False,  # x rows loaded .cg (L2 only; see _FWD_CANDIDATES)
 ):
-    LD: tl.constexpr = 2 if LOAD_CG else HINTS  # load_hinted's mode
     pid_b, cols64, cmask, t_begin, t_end = block_coords(D, T, TC, BD)
     px = x + pid_b * s_xb + cols64 * s_xd
     py = y + pid_b * T * D + cols64  # y is contiguous [B, T, D]
-    # LATE: the W-1 halo rows before the chunk are the previous chunk's last rows, which its
-    # program reads at its end; read here at the start they miss L2 (Nsight Compute, H200:
-    # DRAM reads 2.4% over x at 128-row chunks, 3/128). Read at this chunk's end instead, at
-    # about the time the neighbour reads them (same length, launched together), they hit L2;
-    # the chunk's first W-1 rows (kept raw in registers) are then computed last.
-    LATE: tl.constexpr = HALO_LATE and (not IS_VARLEN) and W > 1
     c0, c1, c2, c3, b, x1, x2, x3, s, start, end = window_setup(
         px, weight, bias, cu_seqlens, cols64, cmask, t_begin, T, N_SEQ, N_STEPS, s_xt, s_wd, s_wi,
-        W, HAS_BIAS, IS_VARLEN, not LATE)
+        W, HAS_BIAS, IS_VARLEN)
 
     # Each loop trip loads its R rows before any math: a store between two loads would keep
     # the next load from issuing (y may alias x as far as the compiler knows), and the rows of
     # the next trip are loaded before this trip's math (double buffering in registers), so a
     # warp keeps loads in flight while it computes.
-    nxt = load_rows(px, t_begin, s_xt, t_end, cmask, R, BD, X_TMAJOR, LD)
-    first = t_begin
-    if LATE:  # the first trip on a zero window, its first W-1 rows not stored
+    nxt = load_rows(px, t_begin, s_xt, t_end, cmask, R, BD, X_TMAJOR, HINTS)
+    for u0 in range(t_begin, t_end, R):
         xs = nxt
-        head = xs
-        nxt = load_rows(px, t_begin + R, s_xt, t_end, cmask, R, BD, X_TMAJOR, LD)
-        x1, x2, x3, s, start, end = fwd_trip(xs, t_begin, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D,
-                                             cmask, cu_seqlens, s, start, end,
-                                             W, HAS_BIAS, SILU, IS_VARLEN, R, HINTS, FAST, W - 1)
-        first = t_begin + R
-    for u0 in range(first, t_end, R):
-        xs = nxt
-        nxt = load_rows(px, u0 + R, s_xt, t_end, cmask, R, BD, X_TMAJOR, LD)
+        nxt = load_rows(px, u0 + R, s_xt, t_end, cmask, R, BD, X_TMAJOR, HINTS)
         x1, x2, x3, s, start, end = fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D,
                                              cmask, cu_seqlens, s, start, end,
-                                             W, HAS_BIAS, SILU, IS_VARLEN, R, HINTS, FAST, 0)
-    if LATE:  # the halo, then the first W-1 rows of the chunk through it
-        h1, h2, h3 = load_halo(px, t_begin, s_xt, cmask, W)
-        fwd_trip(head, t_begin, t_end, T, h1, h2, h3, c0, c1, c2, c3, b, py, D, cmask, cu_seqlens, s, start, end,
-                 W, HAS_BIAS, SILU, IS_VARLEN, W - 1, HINTS, FAST, 0)
+                                             W, HAS_BIAS, SILU, IS_VARLEN, R, HINTS, FAST)
 
 
 def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool,
