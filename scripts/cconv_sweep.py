@@ -396,6 +396,8 @@ def main():
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--dirs", default="fwd,bwd", help="forced-config directions to sweep (fwd, bwd)")
     ap.add_argument("--no-defaults", action="store_true", help="skip the autotuned, public and fla rows")
+    ap.add_argument("--fwd-rows", default="", help="forward chunk sizes to force instead of the plan's, e.g. 48,64,96")
+    ap.add_argument("--fwd-only", default="", help="indices into _FWD_CONFIGS + _FWD_CANDIDATES to force, e.g. 0,4,5")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run under TRITON_INTERPRET=1")
     a = ap.parse_args()
     global DEV, SMOKE
@@ -427,6 +429,10 @@ def main():
                 plan = dict(PLANS[name], dirs=tuple(a.dirs.split(",")))
                 if a.no_defaults:
                     plan["defaults"] = False
+                if a.fwd_rows:
+                    plan["fwd_chunks"] = [(int(r), 32, 16) for r in a.fwd_rows.split(",")]
+                if a.fwd_only:
+                    plan["fwd_cfgs"] = [int(i) for i in a.fwd_only.split(",")]
                 sweep_case(c, ceil["copy_TBps"], a.budget, fla, plan)
             except Sticky as e:
                 log(f"sticky CUDA error, stopping: {e}")

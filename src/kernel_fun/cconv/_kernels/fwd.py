@@ -318,6 +318,10 @@ _FWD_CANDIDATES = [
     triton.Config({"BD": 128, "R": 8, "HINTS": True}, num_warps=1),
     triton.Config({"BD": 256, "R": 4}, num_warps=1),
     triton.Config({"BD": 256, "R": 8}, num_warps=1),
+    # not yet timed: the R=16 winner held to 144 registers (14 one-warp programs per SM, not
+    # 12; 2 spill instructions; at 128 it spills 87), and on two warps
+    triton.Config({"BD": 128, "R": 16}, num_warps=1, maxnreg=144),
+    triton.Config({"BD": 256, "R": 16}, num_warps=2),
 ]
 
 
