@@ -313,15 +313,14 @@ _FWD_CONFIGS = [
 # streaming, .cs), 1-3% slower at every config and sizing, although cache hints have bought a
 # few percent in other bandwidth-bound Triton kernels (pytorch/pytorch#91316, #108841,
 # pytorch/helion#660); 8 channels per thread (16-byte row loads, BD 256 on one warp), 4-9%
-# slower. scripts/cconv_sweep.py still forces them.
+# slower; R=16 held to 144 registers (14 one-warp programs per SM instead of 12; one spill
+# pair in the loop) 3% slower, R=16 on two warps and chunks of 48 or 96 rows no faster
+# (bench/records/raw/2026-11-30-h200-cconv-sweep-fwd-ba312f7.json). The sweep still forces
+# the ones listed here.
 _FWD_CANDIDATES = [
     triton.Config({"BD": 128, "R": 8, "HINTS": True}, num_warps=1),
     triton.Config({"BD": 256, "R": 4}, num_warps=1),
     triton.Config({"BD": 256, "R": 8}, num_warps=1),
-    # not yet timed: the R=16 winner held to 144 registers (14 one-warp programs per SM, not
-    # 12; 2 spill instructions; at 128 it spills 87), and on two warps
-    triton.Config({"BD": 128, "R": 16}, num_warps=1, maxnreg=144),
-    triton.Config({"BD": 256, "R": 16}, num_warps=2),
 ]
 
 
