@@ -321,6 +321,12 @@ _FWD_CANDIDATES = [
     triton.Config({"BD": 128, "R": 8, "HINTS": True}, num_warps=1),
     triton.Config({"BD": 256, "R": 4}, num_warps=1),
     triton.Config({"BD": 256, "R": 8}, num_warps=1),
+    # not yet timed: programs spanning whole rows (4 channels per thread as the winners, BD
+    # 1024 on 8 warps and 2048 on 16): each row a program touches is 2-4 KB contiguous, as a
+    # copy's access stream is, instead of 256 B pieces of many rows
+    triton.Config({"BD": 1024, "R": 8}, num_warps=8),
+    triton.Config({"BD": 2048, "R": 8}, num_warps=16),
+    triton.Config({"BD": 512, "R": 16}, num_warps=4),
 ]
 
 
