@@ -315,18 +315,15 @@ _FWD_CONFIGS = [
 # pytorch/helion#660); 8 channels per thread (16-byte row loads, BD 256 on one warp), 4-9%
 # slower; R=16 held to 144 registers (14 one-warp programs per SM instead of 12; one spill
 # pair in the loop) 3% slower, R=16 on two warps and chunks of 48 or 96 rows no faster
-# (bench/records/raw/2026-11-30-h200-cconv-sweep-fwd-ba312f7.json). The sweep still forces
+# (bench/records/raw/2026-11-30-h200-cconv-sweep-fwd-ba312f7.json); programs spanning whole
+# rows (BD 1024 on 8 warps, 2048 on 16: 2-4 KB contiguous per row and program, as a copy
+# streams) 4-11% slower, BD 512 x R16 on 4 warps 1% slower
+# (bench/records/raw/2026-11-30-h200-cconv-sweep-fwd-dedc2fa.json). The sweep still forces
 # the ones listed here.
 _FWD_CANDIDATES = [
     triton.Config({"BD": 128, "R": 8, "HINTS": True}, num_warps=1),
     triton.Config({"BD": 256, "R": 4}, num_warps=1),
     triton.Config({"BD": 256, "R": 8}, num_warps=1),
-    # not yet timed: programs spanning whole rows (4 channels per thread as the winners, BD
-    # 1024 on 8 warps and 2048 on 16): each row a program touches is 2-4 KB contiguous, as a
-    # copy's access stream is, instead of 256 B pieces of many rows
-    triton.Config({"BD": 1024, "R": 8}, num_warps=8),
-    triton.Config({"BD": 2048, "R": 8}, num_warps=16),
-    triton.Config({"BD": 512, "R": 16}, num_warps=4),
 ]
 
 
