@@ -53,7 +53,7 @@ def main():
         row = dict(D=D, pick=pick, ms={k: round(v, 4) for k, v in t.items()})
         rows.append(row)
         print(json.dumps(row, indent=1), flush=True)
-        del x, w, dy, y
+        x = w = dy = y = None  # free before the next shape
         torch.cuda.empty_cache()
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:
