@@ -50,3 +50,37 @@ def test_the_check_catches_what_the_interpreter_misses(tmp_path):
     """), tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "rejected: CompilationError" in r.stdout, r.stdout + r.stderr[-3000:]
+
+
+# `_common.fastmath.sigmoid`'s GPU form (inline PTX) cannot run under the interpreter, which
+# executes its `tl.sigmoid` form: assembled here for sm_90a with the ptxas that ships with
+# Triton and held to what it is for (the PTX carries the approximate instructions, the SASS is
+# shorter than tl.sigmoid's). Its values are checked on the GPU (tests/cconv, every dtype).
+def test_fast_sigmoid_assembles_and_is_shorter(tmp_path):
+    r = _run(textwrap.dedent("""
+        import os, re, subprocess, tempfile
+        import triton, triton.language as tl
+        import sass_stats
+        from kernel_fun._common.fastmath import sigmoid
+
+        @triton.jit
+        def k(x, y, FAST: tl.constexpr):
+            o = tl.arange(0, 128)
+            tl.store(y + o, sigmoid(tl.load(x + o), FAST))
+
+        for fast in (True, False):
+            src = sass_stats._source(k, {"x": "*fp32", "y": "*fp32"}, dict(FAST=fast))
+            c = triton.compile(src, target=sass_stats.TARGET, options=dict(num_warps=1))
+            f = tempfile.NamedTemporaryFile(suffix=".cubin", delete=False)
+            f.write(c.asm["cubin"]); f.close()
+            sass = subprocess.run([os.path.join(sass_stats.TOOLS, "cuobjdump"), "-sass", f.name],
+                                  capture_output=True, text=True).stdout
+            body = [l for l in sass.splitlines() if re.match(r"\\s+/\\*[0-9a-f]{4,6}\\*/", l)]
+            print("fast" if fast else "exact", "ftz" if "ex2.approx.ftz.f32" in c.asm["ptx"] else "-",
+                  "rcp" if "rcp.approx.ftz.f32" in c.asm["ptx"] else "-", len(body))
+    """), tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
+    fast, exact = lines["fast"].split(), lines["exact"].split()
+    assert fast[:2] == ["ftz", "rcp"], lines
+    assert int(fast[2]) < int(exact[2]), lines
