@@ -14,6 +14,7 @@ Variants (each forced to one configuration: no autotuning, so ncu sees the kerne
 * fwd_w1        the same kernel at W=1 without silu: the walk and its bytes, almost no math
 * fwd_hints     the shipped config with the cache hints (see fwd._FWD_CANDIDATES)
 * fwd_exact     the shipped config with tl.sigmoid (fastmath.FAST_MATH off); bwd_exact too
+* fwd_tma       the TMA forward (fwd.conv_fwd_tma_kernel, first config), off by default
 * bwd           the shipped backward config (W=4, silu)
 * bwd_w1        the same at W=1 without silu
 
@@ -70,13 +71,25 @@ def variants(x, w, dy):
     }
     def exact(mod, fn):  # tl.sigmoid in place of fastmath.sigmoid's short form
         def run():
+            saved = mod.FAST_MATH
             mod.FAST_MATH = False
             try:
                 return fn()
             finally:
-                mod.FAST_MATH = True
+                mod.FAST_MATH = saved
         return run
 
+    def tma(fn):  # the TMA forward (fwd._TMA_CONFIGS[0]), off by default
+        def run():
+            saved = F_._USE_TMA, F_.conv_fwd_tma_kernel.configs
+            F_._USE_TMA, F_.conv_fwd_tma_kernel.configs = True, F_._TMA_CONFIGS[:1]
+            try:
+                return fn()
+            finally:
+                F_._USE_TMA, F_.conv_fwd_tma_kernel.configs = saved
+        return run
+
+    out["fwd_tma"] = tma(lambda: F_.conv_fwd(x, w, None, True))
     out["fwd_exact"] = exact(F_, out["fwd"])
     out["bwd_exact"] = exact(B_, out["bwd"])
     if hint:

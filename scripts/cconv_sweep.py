@@ -336,6 +336,19 @@ def sweep_case(c, copy_tbps, budget, fla, plan):
                 with forced(**{f"{d}_cfg": cfg, f"{d}_chunk": chunk}):
                     run_variant(c, d, name, run, chk, nbytes, copy_tbps, budget,
                                 dict(config=cfg_name(cfg), chunk=chunk_desc(d, chunk, B, T, D, dev)))
+        if d == "fwd" and plan.get("tma", True) and F_.tma_ok(x):
+            # the TMA forward (fwd._TMA_CONFIGS, off by default): each config at each sizing
+            for cfg in F_._TMA_CONFIGS:
+                for chunk in plan["fwd_chunks"]:
+                    name = f"tma[{cfg_name(cfg)}] chunk={chunk}"
+                    saved = (F_._USE_TMA, F_.conv_fwd_tma_kernel.configs)
+                    F_._USE_TMA, F_.conv_fwd_tma_kernel.configs = True, [cfg]
+                    try:
+                        with forced(fwd_chunk=chunk):
+                            run_variant(c, d, name, run, chk, nbytes, copy_tbps, budget,
+                                        dict(config="tma:" + cfg_name(cfg), chunk=chunk_desc(d, chunk, B, T, D, dev)))
+                    finally:
+                        F_._USE_TMA, F_.conv_fwd_tma_kernel.configs = saved
 
 
 # Grid sizings per case: (max_rows, warps_per_sm, min_rows) or ONE_WAVE.
@@ -397,6 +410,7 @@ def main():
     ap.add_argument("--dirs", default="fwd,bwd", help="forced-config directions to sweep (fwd, bwd)")
     ap.add_argument("--no-defaults", action="store_true", help="skip the autotuned, public and fla rows")
     ap.add_argument("--fwd-rows", default="", help="forward chunk sizes to force instead of the plan's, e.g. 48,64,96")
+    ap.add_argument("--no-tma", action="store_true", help="skip the TMA forward variants")
     ap.add_argument("--fwd-only", default="", help="indices into _FWD_CONFIGS + _FWD_CANDIDATES to force, e.g. 0,4,5")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run under TRITON_INTERPRET=1")
     a = ap.parse_args()
@@ -431,6 +445,8 @@ def main():
                     plan["defaults"] = False
                 if a.fwd_rows:
                     plan["fwd_chunks"] = [(int(r), 32, 16) for r in a.fwd_rows.split(",")]
+                if a.no_tma:
+                    plan["tma"] = False
                 if a.fwd_only:
                     plan["fwd_cfgs"] = [int(i) for i in a.fwd_only.split(",")]
                 sweep_case(c, ceil["copy_TBps"], a.budget, fla, plan)

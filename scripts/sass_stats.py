@@ -241,6 +241,18 @@ def cconv(full):
                 if not lay["X_TMAJOR"]:
                     c["s_gd"] = 1
             yield f"cconv {name} {lay} {_cfg_label(cfg)}", fn, types, c, cfg
+    # the TMA forward (fwd._TMA_CONFIGS): x read through a [B, T, D] descriptor, box [1, R, BD]
+    fn = fwd.conv_fwd_tma_kernel.fn
+    for cfg in fwd._TMA_CONFIGS:
+        types = dict(ptr, x_desc=f"tensordesc<bf16[1,{cfg.kwargs['R']},{cfg.kwargs['BD']}]>",
+                     **{a: "i32:16" if a in ("D", "s_xb", "s_xt") else "i32"
+                        for a in fn.arg_names if a.startswith("s_") or a in ("D", "TC", "N_SEQ", "N_STEPS")})
+        lays = [dict(IS_VARLEN=False, HAS_BIAS=True, SILU=True, W=4)]
+        if full:
+            lays += [dict(IS_VARLEN=True, HAS_BIAS=False, SILU=False, W=3)]
+        for lay in lays:
+            c = dict(**lay, **cfg.kwargs, s_wi=1, FAST=True)
+            yield f"cconv fwd_tma {lay} {_cfg_label(cfg)}", fn, types, c, cfg
     if full:
         fn = bwd.dw_reduce_kernel
         for has_bias in (False, True):

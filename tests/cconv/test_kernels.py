@@ -222,14 +222,20 @@ def test_outputs_are_fresh(device):
 
 
 @pytest.mark.parametrize("stage,idx", [("fwd", i) for i in range(len(fwd_mod._FWD_CONFIGS + fwd_mod._FWD_CANDIDATES))]
-                         + [("bwd", i) for i in range(len(bwd_mod._BWD_CONFIGS + bwd_mod._BWD_CANDIDATES))])
+                         + [("bwd", i) for i in range(len(bwd_mod._BWD_CONFIGS + bwd_mod._BWD_CANDIDATES))]
+                         + [("tma", i) for i in range(len(fwd_mod._TMA_CONFIGS))])
 def test_every_config(stage, idx, monkeypatch, device):
     """Each autotune candidate computes the same thing (the interpreter otherwise runs only
     the first): pin the kernel to one config, then check fwd + bwd, D-major with several
-    channel blocks, and T-major (transposed x) with packed documents."""
+    channel blocks, and T-major (transposed x) with packed documents. "tma": the forward
+    through a TMA descriptor (fwd._USE_TMA), which takes the D-major inputs."""
     kernel, configs = {"fwd": (fwd_mod.conv_fwd_kernel, fwd_mod._FWD_CONFIGS + fwd_mod._FWD_CANDIDATES),
-                       "bwd": (bwd_mod.conv_bwd_kernel, bwd_mod._BWD_CONFIGS + bwd_mod._BWD_CANDIDATES)}[stage]
+                       "bwd": (bwd_mod.conv_bwd_kernel, bwd_mod._BWD_CONFIGS + bwd_mod._BWD_CANDIDATES),
+                       "tma": (fwd_mod.conv_fwd_tma_kernel, fwd_mod._TMA_CONFIGS)}[stage]
     monkeypatch.setattr(kernel, "configs", [configs[idx]])
+    if stage == "tma":
+        monkeypatch.setattr(fwd_mod, "_USE_TMA", True)
+        n0 = launch_counts("cconv.").get("cconv.fwd_tma", 0)
     monkeypatch.setattr(fwd_mod, "_MIN_ROWS_FWD", 1)
     monkeypatch.setattr(bwd_mod, "_MIN_ROWS_BWD", 1)
     _check(2, 13, 130, 4, device, seed=idx)
@@ -240,6 +246,15 @@ def test_every_config(stage, idx, monkeypatch, device):
     monkeypatch.setattr(bwd_mod, "_MAX_ROWS_BWD", 16)
     _check(2, 50, 40, 4, device, seed=idx)
     _check(1, 34, 24, 2, device, x_layout="transposed", seed=idx)
+    if stage == "tma":
+        # of the five above only [2, 50, 40] has 16-byte aligned rows (the rest took the
+        # pointer kernel); aligned ones here: channels past a box, packed documents, fp16,
+        # W=1, a T-tail shorter than a trip
+        _check(2, 13, 132, 4, device, seed=idx)
+        _check(1, 40, 24, 3, device, cu=_cu([7, 1, 2, 30]), seed=idx)
+        _check(2, 21, 264, 4, device, dtype=torch.float16, seed=idx)
+        _check(3, 5, 8, 1, device, seed=idx)
+        assert launch_counts("cconv.").get("cconv.fwd_tma", 0) == n0 + 5
 
 
 def test_chunking_policy(monkeypatch):

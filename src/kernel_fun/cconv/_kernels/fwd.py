@@ -365,6 +365,68 @@ def conv_fwd_kernel(
                                              W, HAS_BIAS, SILU, IS_VARLEN, R, HINTS, FAST)
 
 
+
+def _tma_block(nargs) -> None:
+    """Autotune pre-hook: the descriptor's box is one config's [1, R, BD] tile."""
+    nargs["x_desc"].block_shape = [1, nargs["R"], nargs["BD"]]
+
+
+# The forward with its rows fetched by the tensor-memory accelerator (TMA, sm_90+): a
+# [1, R, BD] box per trip into shared memory, NS - 1 trips ahead (Triton's loop pipeliner),
+# so the bytes in flight cost no registers; the register-prefetch kernel above holds them in
+# registers (R=16: 166 registers, 12 one-warp programs per SM) and runs no faster than the
+# same walk without math. sm_90a compile: TMA loads pipelined, the tile read from shared
+# memory straight into the per-thread row layout (no layout conversion). Not yet timed:
+# `_USE_TMA` is off, scripts/cconv_sweep.py forces these.
+_TMA_CONFIGS = [
+    triton.Config({"BD": 128, "R": 8, "NS": 4}, num_warps=1, pre_hook=_tma_block),
+    triton.Config({"BD": 128, "R": 8, "NS": 6}, num_warps=1, pre_hook=_tma_block),
+    triton.Config({"BD": 128, "R": 16, "NS": 3}, num_warps=1, pre_hook=_tma_block),
+    triton.Config({"BD": 256, "R": 8, "NS": 4}, num_warps=2, pre_hook=_tma_block),
+]
+_USE_TMA = False
+
+
+def tma_ok(x: torch.Tensor) -> bool:
+    """Whether x can be read through a TMA descriptor: a CUDA tensor on sm_90+ (or under the
+    interpreter), D contiguous, base and the other strides 16-byte aligned."""
+    if x.stride(2) != 1 or x.data_ptr() % 16 or any((s * x.element_size()) % 16 for s in x.stride()[:2]):
+        return False
+    if x.device.type != "cuda":
+        return True  # the interpreter
+    return torch.cuda.get_device_capability(x.device)[0] >= 9
+
+
+@triton.autotune(
+    configs=autotune_configs(_TMA_CONFIGS), **autotune_cache(),
+    key=["D", "TC", "W", "HAS_BIAS", "SILU", "IS_VARLEN"],
+)
+@triton.jit
+def conv_fwd_tma_kernel(
+    x_desc, x, weight, bias, y, cu_seqlens,
+    T, D, TC, N_SEQ, N_STEPS,
+    s_xb, s_xt, s_wd, s_wi,
+    W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
+    BD: tl.constexpr, R: tl.constexpr, NS: tl.constexpr,
+    FAST: tl.constexpr = False,
+):
+    """conv_fwd_kernel's work with x rows fetched through `x_desc` ([B, T, D], box [1, R, BD];
+    rows past T and channels past D arrive as zeros); the halo before the chunk by pointer."""
+    pid_b, cols64, cmask, t_begin, t_end = block_coords(D, T, TC, BD)
+    n_d = tl.cdiv(D, BD)
+    d0 = (tl.program_id(0) % n_d) * BD
+    px = x + pid_b * s_xb + cols64
+    py = y + pid_b * T * D + cols64  # y is contiguous [B, T, D]
+    c0, c1, c2, c3, b, x1, x2, x3, s, start, end = window_setup(
+        px, weight, bias, cu_seqlens, cols64, cmask, t_begin, T, N_SEQ, N_STEPS, s_xt, s_wd, s_wi,
+        W, HAS_BIAS, IS_VARLEN)
+    for u0 in tl.range(t_begin, t_end, R, num_stages=NS):
+        tile = x_desc.load([tl.program_id(1), u0, d0]).reshape(R, BD)
+        xs = split_rows(tl.trans(tile), R, BD)
+        x1, x2, x3, s, start, end = fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D,
+                                             cmask, cu_seqlens, s, start, end,
+                                             W, HAS_BIAS, SILU, IS_VARLEN, R, False, FAST)
+
 def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool,
              cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """y `[B, T, D]` contiguous in x.dtype, computed in fp32.
@@ -382,6 +444,21 @@ def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, s
         return y
     n_seq, n_steps = varlen_args(cu_seqlens)
     n_chunks, rows = time_chunks(B, T, D, x.device, _MAX_ROWS_FWD, _WARPS_PER_SM_FWD, _MIN_ROWS_FWD)
+    if _USE_TMA and tma_ok(x):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        # the box is set per config by the autotune pre-hook (_tma_block)
+        desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 8, 128])
+        conv_fwd_tma_kernel[lambda meta: (triton.cdiv(D, meta["BD"]) * n_chunks, B)](
+            desc, x, weight, bias if bias is not None else weight, y,
+            cu_seqlens if cu_seqlens is not None else weight,
+            T, D, rows, n_seq, n_steps,
+            x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
+            W=W, HAS_BIAS=bias is not None, SILU=bool(silu), IS_VARLEN=cu_seqlens is not None, FAST=FAST_MATH,
+        )
+        record_launch("cconv.fwd_tma")
+        record_launch("cconv.fwd")
+        return y
     conv_fwd_kernel[lambda meta: (triton.cdiv(D, meta["BD"]) * n_chunks, B)](
         x, weight, bias if bias is not None else weight, y,
         cu_seqlens if cu_seqlens is not None else weight,
