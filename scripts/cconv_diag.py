@@ -12,7 +12,6 @@ Variants (each forced to one configuration: no autotuning, so ncu sees the kerne
 * copy_triton   a flat 1-D Triton copy, 16 B per access
 * fwd           the shipped forward config (W=4, silu)
 * fwd_w1        the same kernel at W=1 without silu: the walk and its bytes, almost no math
-* fwd_hints     the shipped config with the cache hints (see fwd._FWD_CANDIDATES)
 * fwd_exact     the shipped config with tl.sigmoid (fastmath.FAST_MATH off); bwd_exact too
 * fwd_tma       the TMA forward (fwd.conv_fwd_tma_kernel, first config), off by default
 * bwd           the shipped backward config (W=4, silu)
@@ -48,7 +47,6 @@ def variants(x, w, dy):
     y = torch.empty_like(x)
     n = x.numel()
     fcfg, bcfg = F_._FWD_CONFIGS[0], B_._BWD_CONFIGS[0]
-    hint = [c for c in F_._FWD_CANDIDATES if c.kwargs.get("HINTS") and c.kwargs["BD"] == fcfg.kwargs["BD"]]
     w1 = w[:, :1].contiguous()
 
     def forced(kernel, cfg, fn):
@@ -69,6 +67,7 @@ def variants(x, w, dy):
         "bwd": forced(B_.conv_bwd_kernel, bcfg, lambda: B_.conv_bwd(x, w, None, dy, True)),
         "bwd_w1": forced(B_.conv_bwd_kernel, bcfg, lambda: B_.conv_bwd(x, w1, None, dy, False)),
     }
+
     def exact(mod, fn):  # tl.sigmoid in place of fastmath.sigmoid's short form
         def run():
             saved = mod.FAST_MATH
@@ -92,8 +91,6 @@ def variants(x, w, dy):
     out["fwd_tma"] = tma(lambda: F_.conv_fwd(x, w, None, True))
     out["fwd_exact"] = exact(F_, out["fwd"])
     out["bwd_exact"] = exact(B_, out["bwd"])
-    if hint:
-        out["fwd_hints"] = forced(F_.conv_fwd_kernel, hint[0], lambda: F_.conv_fwd(x, w, None, True))
     return out
 
 

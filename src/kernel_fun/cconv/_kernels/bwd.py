@@ -35,7 +35,7 @@ from kernel_fun._common.fastmath import FAST_MATH, sigmoid
 from kernel_fun._common.tuning import autotune_cache, autotune_configs
 from kernel_fun._common.witness import record_launch
 
-from .fwd import (aligned16, block_coords, conv_row, load_rows, seq_advance, store_row, t_major, time_chunks,
+from .fwd import (aligned16, block_coords, conv_row, load_rows, seq_advance, t_major, time_chunks,
                   varlen_args, window_setup)
 
 # Test-only hook (see fwd._alloc): tests swap in a NaN-filling allocator.
@@ -69,21 +69,19 @@ _BWD_CONFIGS = [
     triton.Config({"BD": 256, "R": 4, "PF": False, "NS": 4}, num_warps=1),  # - / - / 0.221 [12 KB]
 ]
 # Timed, not kept (2026-11-30, e5fe2db): the first config without the register cap (0.439 /
-# 0.831 at their best sizing), with 6 stages (0.468), with HINTS (x and dy rows loaded
+# 0.831 at their best sizing), with 6 stages (0.468), with cache hints (x and dy rows loaded
 # evict_first; with NS > 1 Triton's pipeliner turns the loads into cp.async, which carries no
-# hint, so only the .cs dx stores change: 0.439), R8 with HINTS (0.496), BD256/R8 on 2 warps.
-# The sweep still forces the hinted ones (scripts/cconv_sweep.py).
+# hint, so only the .cs dx stores change: 0.439; R8: 0.496; the hints are removed), BD256/R8
+# on 2 warps. The sweep still forces the uncapped one (scripts/cconv_sweep.py).
 _BWD_CANDIDATES = [
     triton.Config({"BD": 128, "R": 4, "PF": False, "NS": 4}, num_warps=1),
-    triton.Config({"BD": 128, "R": 4, "PF": False, "NS": 4, "HINTS": True}, num_warps=1),
-    triton.Config({"BD": 128, "R": 8, "PF": True, "NS": 1, "HINTS": True}, num_warps=1),
 ]
 
 @triton.jit
 def bwd_row(x0, g, u, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
             c0, c1, c2, c3, b, prow, cmask, cu_seqlens, s, start, end,
             W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
-            ACC_DW: tl.constexpr, HINTS: tl.constexpr, FAST: tl.constexpr):
+            ACC_DW: tl.constexpr, FAST: tl.constexpr):
     """Lead row u: dpre[u] from the x window, dw/db partial sums (ACC_DW: u is one of the
     chunk's own rows, or past T where dpre is 0), dx[u - (W-1)] (at `prow`, the [BD] pointers
     of that dx row); returns the new state."""
@@ -135,7 +133,7 @@ def bwd_row(x0, g, u, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, 
         gx = c3 * e0 + c2 * e1 + c1 * e2 + c0 * d3
     t = u - (W - 1)
     m = cmask & (t >= t_begin) & (t < t_end)
-    store_row(prow, gx.to(prow.dtype.element_ty), m, HINTS)
+    tl.store(prow, gx.to(prow.dtype.element_ty), mask=m)
     return x0, x1, x2, d0, d1, d2, start, st1, st2, a0, a1, a2, a3, ab, s, start, end
 
 
@@ -143,7 +141,7 @@ def bwd_row(x0, g, u, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, 
 def bwd_trip(xs, gs, u0, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
              c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end,
              W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
-             R: tl.constexpr, HINTS: tl.constexpr, FAST: tl.constexpr):
+             R: tl.constexpr, FAST: tl.constexpr):
     """Lead rows u0 .. u0+R-1 of the chunk (already loaded: `xs`, `gs`) through `bwd_row`."""
     # dx rows addressed from one base per trip (a 64-bit row product per trip, not per row)
     dbase = pdx + tl.cast(u0 - (W - 1), tl.int64) * D
@@ -153,7 +151,7 @@ def bwd_trip(xs, gs, u0, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st
             xs[r].to(tl.float32), gs[r].to(tl.float32), u0 + r, t_begin, t_end, T,
             x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
             c0, c1, c2, c3, b, dbase + r * D64, cmask, cu_seqlens, s, start, end,
-            W, HAS_BIAS, SILU, IS_VARLEN, True, HINTS, FAST)
+            W, HAS_BIAS, SILU, IS_VARLEN, True, FAST)
     return x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end
 
 
@@ -170,7 +168,6 @@ def conv_bwd_kernel(
     X_TMAJOR: tl.constexpr, DY_TMAJOR: tl.constexpr,  # contiguous along T (see fwd.load_rows)
     VEC16: tl.constexpr,  # autotune key only: fwd.aligned16 of x and dy
     BD: tl.constexpr, R: tl.constexpr, PF: tl.constexpr, NS: tl.constexpr,
-    HINTS: tl.constexpr = False,  # cache hints (see _BWD_CANDIDATES)
     FAST: tl.constexpr = False,  # fastmath.sigmoid's short form (fastmath.FAST_MATH: not interpreted)
 ):
     pid_b, cols64, cmask, t_begin, t_end = block_coords(D, T, TC, BD)
@@ -204,36 +201,36 @@ def conv_bwd_kernel(
     lim = tl.minimum(t_end + (W - 1), T)
     u_end = t_begin + tl.cdiv(t_end - t_begin, R) * R
     if PF:
-        nx = load_rows(px, t_begin, s_xt, lim, cmask, R, BD, X_TMAJOR, HINTS)
-        ng = load_rows(pg, t_begin, s_gt, lim, cmask, R, BD, DY_TMAJOR, HINTS)
+        nx = load_rows(px, t_begin, s_xt, lim, cmask, R, BD, X_TMAJOR)
+        ng = load_rows(pg, t_begin, s_gt, lim, cmask, R, BD, DY_TMAJOR)
         for u0 in range(t_begin, t_end, R):
             xs = nx
             gs = ng
-            nx = load_rows(px, u0 + R, s_xt, lim, cmask, R, BD, X_TMAJOR, HINTS)
-            ng = load_rows(pg, u0 + R, s_gt, lim, cmask, R, BD, DY_TMAJOR, HINTS)
+            nx = load_rows(px, u0 + R, s_xt, lim, cmask, R, BD, X_TMAJOR)
+            ng = load_rows(pg, u0 + R, s_gt, lim, cmask, R, BD, DY_TMAJOR)
             x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end = bwd_trip(
                 xs, gs, u0, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
                 c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end, W, HAS_BIAS, SILU, IS_VARLEN, R,
-                HINTS, FAST)
+                FAST)
         tx = nx  # the prefetched trip after the last starts with the tail rows
         tg = ng
     else:
         for u0 in tl.range(t_begin, t_end, R, num_stages=NS):
-            xs = load_rows(px, u0, s_xt, lim, cmask, R, BD, X_TMAJOR, HINTS)
-            gs = load_rows(pg, u0, s_gt, lim, cmask, R, BD, DY_TMAJOR, HINTS)
+            xs = load_rows(px, u0, s_xt, lim, cmask, R, BD, X_TMAJOR)
+            gs = load_rows(pg, u0, s_gt, lim, cmask, R, BD, DY_TMAJOR)
             x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end = bwd_trip(
                 xs, gs, u0, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
                 c0, c1, c2, c3, b, pdx, D, cmask, cu_seqlens, s, start, end, W, HAS_BIAS, SILU, IS_VARLEN, R,
-                HINTS, FAST)
-        tx = load_rows(px, u_end, s_xt, lim, cmask, 4, BD, X_TMAJOR, False)
-        tg = load_rows(pg, u_end, s_gt, lim, cmask, 4, BD, DY_TMAJOR, False)
+                FAST)
+        tx = load_rows(px, u_end, s_xt, lim, cmask, 4, BD, X_TMAJOR)
+        tg = load_rows(pg, u_end, s_gt, lim, cmask, 4, BD, DY_TMAJOR)
     # Tail: rows u_end .. u_end + W-2 (the next chunk's, or past T) complete dx[t_end-(W-1)..].
     for r in tl.static_range(W - 1):
         x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end = bwd_row(
             tx[r].to(tl.float32), tg[r].to(tl.float32), u_end + r, t_begin, t_end, T,
             x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab,
             c0, c1, c2, c3, b, pdx + tl.cast(u_end + r - (W - 1), tl.int64) * D, cmask, cu_seqlens, s, start, end,
-            W, HAS_BIAS, SILU, IS_VARLEN, False, HINTS, FAST)
+            W, HAS_BIAS, SILU, IS_VARLEN, False, FAST)
 
     # Partials: [B x n_chunks, W + HAS_BIAS, D] fp32, row W-1-k holds sum dpre[u] x[u-k].
     NROW: tl.constexpr = W + HAS_BIAS

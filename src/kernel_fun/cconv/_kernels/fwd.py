@@ -209,11 +209,9 @@ def split_rows(tile, R: tl.constexpr, BD: tl.constexpr):
 
 
 @triton.jit
-def load_rows(p, u0, s_t, lim, cmask, R: tl.constexpr, BD: tl.constexpr, T_MAJOR: tl.constexpr,
-              STREAM: tl.constexpr):
+def load_rows(p, u0, s_t, lim, cmask, R: tl.constexpr, BD: tl.constexpr, T_MAJOR: tl.constexpr):
     """R rows u0 .. u0+R-1 (raw dtype; rows >= lim read as 0) from the [BD] channel pointers
-    p, all issued before any is used (STREAM: marked evict_first, read once; see `HINTS`).
-    D-contiguous tensors: one coalesced [BD] load per row.
+    p, all issued before any is used. D-contiguous tensors: one coalesced [BD] load per row.
     T-contiguous ones (a [B, D, T] buffer seen as [B, T, D]): one [BD, R] tile with R
     consecutive time steps per thread (16 B vectors for R=8 bf16), split into rows in
     registers; a row load there would be BD scattered 2-byte reads."""
@@ -222,9 +220,9 @@ def load_rows(p, u0, s_t, lim, cmask, R: tl.constexpr, BD: tl.constexpr, T_MAJOR
         rr = u0 + tl.arange(0, R)
         ptr = p[:, None] + rr.to(tl.int64)[None, :] * s_t
         if u0 + R <= lim:  # a mask constant along T keeps the loads vectorised
-            tile = load_hinted(ptr, cmask[:, None], STREAM)
+            tile = tl.load(ptr, mask=cmask[:, None], other=0.0)
         else:
-            tile = load_hinted(ptr, cmask[:, None] & (rr < lim)[None, :], STREAM)
+            tile = tl.load(ptr, mask=cmask[:, None] & (rr < lim)[None, :], other=0.0)
         rows = split_rows(tile, R, BD)
     else:
         base = p + tl.cast(u0, tl.int64) * s_t
@@ -232,27 +230,8 @@ def load_rows(p, u0, s_t, lim, cmask, R: tl.constexpr, BD: tl.constexpr, T_MAJOR
         for r in tl.static_range(R):
             u = u0 + r
             m = cmask & (u < lim)
-            rows = rows + (load_hinted(base + r * s_t64, m, STREAM),)
+            rows = rows + (tl.load(base + r * s_t64, mask=m, other=0.0),)
     return rows
-
-
-@triton.jit
-def load_hinted(ptr, mask, STREAM: tl.constexpr):
-    """tl.load (masked-off elements 0); STREAM: marked evict_first (read once)."""
-    if STREAM:
-        v = tl.load(ptr, mask=mask, other=0.0, eviction_policy="evict_first")
-    else:
-        v = tl.load(ptr, mask=mask, other=0.0)
-    return v
-
-
-@triton.jit
-def store_row(p, val, mask, STREAM: tl.constexpr):
-    """One output row; STREAM: a streaming store (.cs: written once, not read back here)."""
-    if STREAM:
-        tl.store(p, val, mask=mask, cache_modifier=".cs")
-    else:
-        tl.store(p, val, mask=mask)
 
 
 @triton.jit
@@ -273,7 +252,7 @@ def conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W: tl.constexpr, HAS_BIAS: tl.co
 @triton.jit
 def fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D, cmask, cu_seqlens, s, start, end,
              W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
-             R: tl.constexpr, HINTS: tl.constexpr, FAST: tl.constexpr):
+             R: tl.constexpr, FAST: tl.constexpr):
     """Rows u0 .. u0+R-1 (already loaded, `xs`) through the window: y stores, the new window."""
     ybase = py + tl.cast(u0, tl.int64) * D
     D64 = tl.cast(D, tl.int64)
@@ -291,7 +270,7 @@ def fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D, cmask, cu_s
         if SILU:
             acc = acc * sigmoid(acc, FAST)
         m = cmask & (u < t_end)
-        store_row(ybase + r * D64, acc.to(py.dtype.element_ty), m, HINTS)
+        tl.store(ybase + r * D64, acc.to(py.dtype.element_ty), mask=m)
         x3 = x2
         x2 = x1
         x1 = x0
@@ -308,11 +287,11 @@ _FWD_CONFIGS = [
     triton.Config({"BD": 256, "R": 8}, num_warps=2),   # 0.2759 / 0.5406 [96]
     triton.Config({"BD": 512, "R": 4}, num_warps=4),   # 0.2807 / 0.5466 / B=1 T=2048 0.0122 [72]
 ]
-# Timed on the H200 (2026-11-30), not kept: with HINTS (x rows loaded evict_first, each read
-# once, the halo rows a neighbouring chunk reads again keep the default policy; y stored
-# streaming, .cs), 1-3% slower at every config and sizing, although cache hints have bought a
-# few percent in other bandwidth-bound Triton kernels (pytorch/pytorch#91316, #108841,
-# pytorch/helion#660); 8 channels per thread (16-byte row loads, BD 256 on one warp), 4-9%
+# Timed on the H200 (2026-11-30), not kept: cache hints (x rows loaded evict_first, each read
+# once, the halo rows a neighbouring chunk reads again at the default policy; y stored
+# streaming, .cs), 1-3% slower at every config and sizing (removed), although cache hints
+# have bought a few percent in other bandwidth-bound Triton kernels (pytorch/pytorch#91316,
+# #108841, pytorch/helion#660); 8 channels per thread (16-byte row loads, BD 256 on one warp), 4-9%
 # slower; R=16 held to 144 registers (14 one-warp programs per SM instead of 12; one spill
 # pair in the loop) 3% slower, R=16 on two warps and chunks of 48 or 96 rows no faster
 # (bench/records/raw/2026-11-30-h200-cconv-sweep-fwd-ba312f7.json); programs spanning whole
@@ -321,7 +300,6 @@ _FWD_CONFIGS = [
 # (bench/records/raw/2026-11-30-h200-cconv-sweep-fwd-dedc2fa.json). The sweep still forces
 # the ones listed here.
 _FWD_CANDIDATES = [
-    triton.Config({"BD": 128, "R": 8, "HINTS": True}, num_warps=1),
     triton.Config({"BD": 256, "R": 4}, num_warps=1),
     triton.Config({"BD": 256, "R": 8}, num_warps=1),
 ]
@@ -342,7 +320,6 @@ def conv_fwd_kernel(
     X_TMAJOR: tl.constexpr,  # x contiguous along T, not D (see load_rows)
     VEC16: tl.constexpr,  # autotune key only: aligned16(x)
     BD: tl.constexpr, R: tl.constexpr,
-    HINTS: tl.constexpr = False,  # cache hints (see _FWD_CANDIDATES)
     FAST: tl.constexpr = False,  # fastmath.sigmoid's short form (fastmath.FAST_MATH: not interpreted)
 ):
     pid_b, cols64, cmask, t_begin, t_end = block_coords(D, T, TC, BD)
@@ -356,14 +333,13 @@ def conv_fwd_kernel(
     # the next load from issuing (y may alias x as far as the compiler knows), and the rows of
     # the next trip are loaded before this trip's math (double buffering in registers), so a
     # warp keeps loads in flight while it computes.
-    nxt = load_rows(px, t_begin, s_xt, t_end, cmask, R, BD, X_TMAJOR, HINTS)
+    nxt = load_rows(px, t_begin, s_xt, t_end, cmask, R, BD, X_TMAJOR)
     for u0 in range(t_begin, t_end, R):
         xs = nxt
-        nxt = load_rows(px, u0 + R, s_xt, t_end, cmask, R, BD, X_TMAJOR, HINTS)
+        nxt = load_rows(px, u0 + R, s_xt, t_end, cmask, R, BD, X_TMAJOR)
         x1, x2, x3, s, start, end = fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D,
                                              cmask, cu_seqlens, s, start, end,
-                                             W, HAS_BIAS, SILU, IS_VARLEN, R, HINTS, FAST)
-
+                                             W, HAS_BIAS, SILU, IS_VARLEN, R, FAST)
 
 
 def _tma_block(nargs) -> None:
@@ -425,7 +401,8 @@ def conv_fwd_tma_kernel(
         xs = split_rows(tl.trans(tile), R, BD)
         x1, x2, x3, s, start, end = fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D,
                                              cmask, cu_seqlens, s, start, end,
-                                             W, HAS_BIAS, SILU, IS_VARLEN, R, False, FAST)
+                                             W, HAS_BIAS, SILU, IS_VARLEN, R, FAST)
+
 
 def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool,
              cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
