@@ -10,10 +10,10 @@ Variants (each forced to one configuration: no autotuning, so ncu sees the kerne
 
 * copy_torch    y.copy_(x): the ceiling's kernel at the forward's bytes
 * copy_triton   a flat 1-D Triton copy, 16 B per access
-* fwd           the shipped forward config (W=4, silu)
+* fwd           the pointer forward's first config (W=4, silu)
 * fwd_w1        the same kernel at W=1 without silu: the walk and its bytes, almost no math
 * fwd_exact     the shipped config with tl.sigmoid (fastmath.FAST_MATH off); bwd_exact too
-* fwd_tma       the TMA forward (fwd.conv_fwd_tma_kernel, first config), off by default
+* fwd_tma       the TMA forward (fwd.conv_fwd_tma_kernel, first config): the default for large x
 * bwd           the shipped backward config (W=4, silu)
 * bwd_w1        the same at W=1 without silu
 
@@ -62,8 +62,9 @@ def variants(x, w, dy):
     out = {
         "copy_torch": lambda: y.copy_(x),
         "copy_triton": lambda: flat_copy_kernel[(triton.cdiv(n, 4096),)](x, y, n, BLOCK=4096, num_warps=4),
-        "fwd": forced(F_.conv_fwd_kernel, fcfg, lambda: F_.conv_fwd(x, w, None, True)),
-        "fwd_w1": forced(F_.conv_fwd_kernel, fcfg, lambda: F_.conv_fwd(x, w1, None, False)),
+        "fwd": forced(F_.conv_fwd_kernel, fcfg, lambda: F_.conv_fwd(x, w, None, True, tma=False)),
+        "fwd_w1": forced(F_.conv_fwd_kernel, fcfg, lambda: F_.conv_fwd(x, w1, None, False, tma=False)),
+        "fwd_tma": forced(F_.conv_fwd_tma_kernel, F_._TMA_CONFIGS[0], lambda: F_.conv_fwd(x, w, None, True, tma=True)),
         "bwd": forced(B_.conv_bwd_kernel, bcfg, lambda: B_.conv_bwd(x, w, None, dy, True)),
         "bwd_w1": forced(B_.conv_bwd_kernel, bcfg, lambda: B_.conv_bwd(x, w1, None, dy, False)),
     }
@@ -78,17 +79,6 @@ def variants(x, w, dy):
                 mod.FAST_MATH = saved
         return run
 
-    def tma(fn):  # the TMA forward (fwd._TMA_CONFIGS[0]), off by default
-        def run():
-            saved = F_._USE_TMA, F_.conv_fwd_tma_kernel.configs
-            F_._USE_TMA, F_.conv_fwd_tma_kernel.configs = True, F_._TMA_CONFIGS[:1]
-            try:
-                return fn()
-            finally:
-                F_._USE_TMA, F_.conv_fwd_tma_kernel.configs = saved
-        return run
-
-    out["fwd_tma"] = tma(lambda: F_.conv_fwd(x, w, None, True))
     out["fwd_exact"] = exact(F_, out["fwd"])
     out["bwd_exact"] = exact(B_, out["bwd"])
     return out

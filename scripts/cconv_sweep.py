@@ -90,17 +90,18 @@ def forced(fwd_cfg=None, bwd_cfg=None, fwd_chunk=None, bwd_chunk=None):
     from kernel_fun.cconv._kernels import fwd as F_
 
     saved = dict(fc=F_.conv_fwd_kernel.configs, bc=B_.conv_bwd_kernel.configs,
-                 f=(F_._MAX_ROWS_FWD, F_._WARPS_PER_SM_FWD, F_._MIN_ROWS_FWD),
+                 f=(F_._MAX_ROWS_FWD, F_._WARPS_PER_SM_FWD, F_._MIN_ROWS_FWD, F_._MAX_ROWS_TMA, F_._USE_TMA),
                  b=(B_._MAX_ROWS_BWD, B_._WARPS_PER_SM_BWD, B_._MIN_ROWS_BWD),
                  bv=(B_._VARLEN_MAX_ROWS_BWD, B_._VARLEN_WARPS_PER_SM_BWD))
     try:
-        if fwd_cfg is not None:
-            F_.conv_fwd_kernel.configs = [fwd_cfg]
+        if fwd_cfg is not None:  # a pointer-kernel config: the TMA forward off
+            F_.conv_fwd_kernel.configs, F_._USE_TMA = [fwd_cfg], False
         if bwd_cfg is not None:
             B_.conv_bwd_kernel.configs = [bwd_cfg]
         if fwd_chunk is not None:
             F_._MAX_ROWS_FWD, F_._WARPS_PER_SM_FWD, F_._MIN_ROWS_FWD = (
                 (10 ** 9, 16, 16) if fwd_chunk == ONE_WAVE else fwd_chunk)
+            F_._MAX_ROWS_TMA = F_._MAX_ROWS_FWD
         if bwd_chunk is not None:
             B_._MAX_ROWS_BWD, B_._WARPS_PER_SM_BWD, B_._MIN_ROWS_BWD = (
                 (10 ** 9, 8, 32) if bwd_chunk == ONE_WAVE else bwd_chunk)
@@ -108,17 +109,18 @@ def forced(fwd_cfg=None, bwd_cfg=None, fwd_chunk=None, bwd_chunk=None):
         yield
     finally:
         F_.conv_fwd_kernel.configs, B_.conv_bwd_kernel.configs = saved["fc"], saved["bc"]
-        F_._MAX_ROWS_FWD, F_._WARPS_PER_SM_FWD, F_._MIN_ROWS_FWD = saved["f"]
+        (F_._MAX_ROWS_FWD, F_._WARPS_PER_SM_FWD, F_._MIN_ROWS_FWD, F_._MAX_ROWS_TMA,
+         F_._USE_TMA) = saved["f"]
         B_._MAX_ROWS_BWD, B_._WARPS_PER_SM_BWD, B_._MIN_ROWS_BWD = saved["b"]
         B_._VARLEN_MAX_ROWS_BWD, B_._VARLEN_WARPS_PER_SM_BWD = saved["bv"]
 
 
-def chunk_desc(kind, chunk, B, T, D, device):
+def chunk_desc(kind, chunk, B, T, D, device, tma=False):
     from kernel_fun.cconv._kernels import bwd as B_
     from kernel_fun.cconv._kernels import fwd as F_
 
     if chunk is None:
-        chunk = ((F_._MAX_ROWS_FWD, F_._WARPS_PER_SM_FWD, F_._MIN_ROWS_FWD) if kind == "fwd"
+        chunk = ((F_._MAX_ROWS_TMA if tma else F_._MAX_ROWS_FWD, F_._WARPS_PER_SM_FWD, F_._MIN_ROWS_FWD) if kind == "fwd"
                  else (B_._MAX_ROWS_BWD, B_._WARPS_PER_SM_BWD, B_._MIN_ROWS_BWD))
     if chunk == ONE_WAVE:
         chunk = (10 ** 9, 16, 16) if kind == "fwd" else (10 ** 9, 8, 32)
@@ -280,8 +282,8 @@ def sweep_case(c, copy_tbps, budget, fla, plan):
     if plan.get("defaults", True):
         # 1. defaults: autotuned (compiles every config), public entry, fla.
         run_variant(c, "fwd", "default(autotuned)", fwd, chk_y, fb, copy_tbps, budget,
-                    dict(chunk=chunk_desc("fwd", None, B, T, D, dev)))
-        best = getattr(F_.conv_fwd_kernel, "best_config", None)
+                    dict(chunk=chunk_desc("fwd", None, B, T, D, dev, tma=F_.use_tma(x))))
+        best = getattr(F_.conv_fwd_tma_kernel if F_.use_tma(x) else F_.conv_fwd_kernel, "best_config", None)
         ROWS[-1]["autotune_pick"] = cfg_name(best) if best is not None else None
         run_variant(c, "bwd", "default(autotuned)", bwd, chk_b, bb, copy_tbps, budget,
                     dict(chunk=chunk_desc("bwd", None, B, T, D, dev)))
@@ -337,18 +339,20 @@ def sweep_case(c, copy_tbps, budget, fla, plan):
                     run_variant(c, d, name, run, chk, nbytes, copy_tbps, budget,
                                 dict(config=cfg_name(cfg), chunk=chunk_desc(d, chunk, B, T, D, dev)))
         if d == "fwd" and plan.get("tma", True) and F_.tma_ok(x):
-            # the TMA forward (fwd._TMA_CONFIGS, off by default): each config at each sizing
-            for cfg in F_._TMA_CONFIGS:
+            # the TMA forward (fwd._TMA_CONFIGS + _TMA_CANDIDATES): each config at each sizing
+            for i, cfg in enumerate(F_._TMA_CONFIGS + F_._TMA_CANDIDATES):
+                if plan.get("tma_cfgs") is not None and i not in plan["tma_cfgs"]:
+                    continue
                 for chunk in plan["fwd_chunks"]:
                     name = f"tma[{cfg_name(cfg)}] chunk={chunk}"
-                    saved = (F_._USE_TMA, F_.conv_fwd_tma_kernel.configs)
-                    F_._USE_TMA, F_.conv_fwd_tma_kernel.configs = True, [cfg]
+                    saved = (F_._USE_TMA, F_._TMA_MIN_BYTES, F_.conv_fwd_tma_kernel.configs)
+                    F_._USE_TMA, F_._TMA_MIN_BYTES, F_.conv_fwd_tma_kernel.configs = True, 0, [cfg]
                     try:
                         with forced(fwd_chunk=chunk):
                             run_variant(c, d, name, run, chk, nbytes, copy_tbps, budget,
                                         dict(config="tma:" + cfg_name(cfg), chunk=chunk_desc(d, chunk, B, T, D, dev)))
                     finally:
-                        F_._USE_TMA, F_.conv_fwd_tma_kernel.configs = saved
+                        F_._USE_TMA, F_._TMA_MIN_BYTES, F_.conv_fwd_tma_kernel.configs = saved
 
 
 # Grid sizings per case: (max_rows, warps_per_sm, min_rows) or ONE_WAVE.
@@ -411,6 +415,7 @@ def main():
     ap.add_argument("--no-defaults", action="store_true", help="skip the autotuned, public and fla rows")
     ap.add_argument("--fwd-rows", default="", help="forward chunk sizes to force instead of the plan's, e.g. 48,64,96")
     ap.add_argument("--no-tma", action="store_true", help="skip the TMA forward variants")
+    ap.add_argument("--tma-only", default="", help="indices into _TMA_CONFIGS + _TMA_CANDIDATES to force")
     ap.add_argument("--fwd-only", default="", help="indices into _FWD_CONFIGS + _FWD_CANDIDATES to force, e.g. 0,4,5")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run under TRITON_INTERPRET=1")
     a = ap.parse_args()
@@ -447,6 +452,8 @@ def main():
                     plan["fwd_chunks"] = [(int(r), 32, 16) for r in a.fwd_rows.split(",")]
                 if a.no_tma:
                     plan["tma"] = False
+                if a.tma_only:
+                    plan["tma_cfgs"] = [int(i) for i in a.tma_only.split(",")]
                 if a.fwd_only:
                     plan["fwd_cfgs"] = [int(i) for i in a.fwd_only.split(",")]
                 sweep_case(c, ceil["copy_TBps"], a.budget, fla, plan)

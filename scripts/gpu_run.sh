@@ -5,6 +5,7 @@
 #        kda_stage_bench, kda_tests, kda_bench, kda_ab, candidates, candidates_chain, cconv_sweep,
 #        cconv_diag (scripts/cconv_diag.py timed, then under Nsight Compute), cconv_pick (the
 #        autotuner's picks beside each shipped config, scripts/cconv_pick.py),
+#        cconv_host (host cost against device time of the two forwards, scripts/cconv_host.py),
 #        ncu_kda (Nsight Compute on our kda stage kernels, scripts/kda_ncu.py), kda_variants (the
 #        backward variants against fla's own chunk_kda and fp64; the one-anchor, score-gradient
 #        and dv-from-A stage tests; the chain with dv made in our dhu)
@@ -62,6 +63,7 @@ for step in "$@"; do
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       timeout "$T" "$NCU" --clock-control none --kernel-name-base demangled -k regex:'copy|conv_fwd|conv_bwd|dw_reduce' --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_read.sum,smsp__inst_executed.sum,lts__t_sector_hit_rate.pct python3 scripts/cconv_diag.py --once > "$OUT/ncu_cconv.txt" 2>&1
       grep -E "launched|==ERR|  [a-z_]*(kernel|copy)|Duration|DRAM Throughput|dram__bytes|Registers Per|Achieved Occupancy|Theoretical Occupancy|Issued Warp|Eligible Warps|No Eligible|Stall|inst_executed|hit_rate" "$OUT/ncu_cconv.txt" | head -150 ;;
+    cconv_host) timeout "$T" python3 scripts/cconv_host.py "$OUT/cconv_host.json" 2>&1 | tee "$OUT/cconv_host.log" | tail -30 ;;
     cconv_pick) timeout "$T" python3 scripts/cconv_pick.py "$OUT/cconv_pick.json" 2>&1 | tee "$OUT/cconv_pick.log" | tail -60 ;;
     cconv_sweep) timeout "$T" python3 scripts/cconv_sweep.py "$OUT/cconv_sweep.json" ${CCONV_SWEEP_ARGS:-} 2>&1 | tee "$OUT/cconv_sweep.log" | tail -60 ;;
     *) echo "unknown step $step" ;;

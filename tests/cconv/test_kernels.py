@@ -223,7 +223,7 @@ def test_outputs_are_fresh(device):
 
 @pytest.mark.parametrize("stage,idx", [("fwd", i) for i in range(len(fwd_mod._FWD_CONFIGS + fwd_mod._FWD_CANDIDATES))]
                          + [("bwd", i) for i in range(len(bwd_mod._BWD_CONFIGS + bwd_mod._BWD_CANDIDATES))]
-                         + [("tma", i) for i in range(len(fwd_mod._TMA_CONFIGS))])
+                         + [("tma", i) for i in range(len(fwd_mod._TMA_CONFIGS + fwd_mod._TMA_CANDIDATES))])
 def test_every_config(stage, idx, monkeypatch, device):
     """Each autotune candidate computes the same thing (the interpreter otherwise runs only
     the first): pin the kernel to one config, then check fwd + bwd, D-major with several
@@ -231,10 +231,13 @@ def test_every_config(stage, idx, monkeypatch, device):
     through a TMA descriptor (fwd._USE_TMA), which takes the D-major inputs."""
     kernel, configs = {"fwd": (fwd_mod.conv_fwd_kernel, fwd_mod._FWD_CONFIGS + fwd_mod._FWD_CANDIDATES),
                        "bwd": (bwd_mod.conv_bwd_kernel, bwd_mod._BWD_CONFIGS + bwd_mod._BWD_CANDIDATES),
-                       "tma": (fwd_mod.conv_fwd_tma_kernel, fwd_mod._TMA_CONFIGS)}[stage]
+                       "tma": (fwd_mod.conv_fwd_tma_kernel, fwd_mod._TMA_CONFIGS + fwd_mod._TMA_CANDIDATES)}[stage]
     monkeypatch.setattr(kernel, "configs", [configs[idx]])
+    # "tma": every 16-byte aligned x, whatever its size, through the TMA forward; else none
+    monkeypatch.setattr(fwd_mod, "_USE_TMA", stage == "tma")
+    monkeypatch.setattr(fwd_mod, "_TMA_MIN_BYTES", 0)
     if stage == "tma":
-        monkeypatch.setattr(fwd_mod, "_USE_TMA", True)
+        monkeypatch.setattr(fwd_mod, "_MAX_ROWS_TMA", 10 ** 9)
         n0 = launch_counts("cconv.").get("cconv.fwd_tma", 0)
     monkeypatch.setattr(fwd_mod, "_MIN_ROWS_FWD", 1)
     monkeypatch.setattr(bwd_mod, "_MIN_ROWS_BWD", 1)
@@ -243,6 +246,7 @@ def test_every_config(stage, idx, monkeypatch, device):
     # several 16-row chunks per sequence: the halo between chunks, a last chunk shorter than
     # the window, one shorter than a trip
     monkeypatch.setattr(fwd_mod, "_MAX_ROWS_FWD", 16)
+    monkeypatch.setattr(fwd_mod, "_MAX_ROWS_TMA", 16)
     monkeypatch.setattr(bwd_mod, "_MAX_ROWS_BWD", 16)
     _check(2, 50, 40, 4, device, seed=idx)
     _check(1, 34, 24, 2, device, x_layout="transposed", seed=idx)
@@ -255,6 +259,36 @@ def test_every_config(stage, idx, monkeypatch, device):
         _check(2, 21, 264, 4, device, dtype=torch.float16, seed=idx)
         _check(3, 5, 8, 1, device, seed=idx)
         assert launch_counts("cconv.").get("cconv.fwd_tma", 0) == n0 + 5
+
+
+def test_tma_policy(monkeypatch, device):
+    """use_tma: the TMA forward for x of at least _TMA_MIN_BYTES that a descriptor can read (D
+    contiguous, base and strides 16-byte aligned), the pointer forward for the rest; conv_fwd
+    follows it and its `tma` override."""
+    big = 1 + fwd_mod._TMA_MIN_BYTES // (2 * 4096)  # rows of a bf16 x [1, rows, 4096] over the bar
+    x = torch.empty(1, big, 4096, dtype=torch.bfloat16)
+    assert fwd_mod.use_tma(x)
+    assert not fwd_mod.use_tma(x[:, : big // 4])  # small: host cost not hidden
+    assert fwd_mod.use_tma(torch.empty(1, big, 3 * 4096, dtype=torch.bfloat16)[..., 4096:8192])  # column slice
+    assert not fwd_mod.use_tma(x.view(1, 4096, big).transpose(1, 2))  # T-major
+    assert not fwd_mod.use_tma(torch.empty(1, big, 4096 + 1, dtype=torch.bfloat16)[..., 1:])  # base off 16 B
+    assert not fwd_mod.use_tma(torch.empty(1, big, 4097, dtype=torch.bfloat16)[..., :4096])  # row stride off 16 B
+    monkeypatch.setattr(fwd_mod, "_USE_TMA", False)
+    assert not fwd_mod.use_tma(x)
+    # conv_fwd dispatch: the launch witness names the path
+    monkeypatch.setattr(fwd_mod, "_USE_TMA", True)
+    monkeypatch.setattr(fwd_mod, "_TMA_MIN_BYTES", 0)
+    xs = torch.randn(2, 20, 16, device=device)
+    w = torch.randn(16, 4, device=device)
+    for tma, expect in ((None, 1), (False, 0), (True, 1)):
+        n0 = launch_counts("cconv.")
+        y = conv_fwd(xs, w, None, True, tma=tma)
+        n1 = launch_counts("cconv.")
+        assert n1.get("cconv.fwd_tma", 0) - n0.get("cconv.fwd_tma", 0) == expect, tma
+        assert n1.get("cconv.fwd", 0) - n0.get("cconv.fwd", 0) == 1
+        assert rel_err(y, conv_ref(xs, w, None, True)) < TOL[torch.float32]
+    with pytest.raises(AssertionError):
+        conv_fwd(xs.transpose(1, 2).contiguous().transpose(1, 2), w, None, True, tma=True)
 
 
 def test_chunking_policy(monkeypatch):

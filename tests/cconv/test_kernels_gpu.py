@@ -52,6 +52,15 @@ def _assert_close(name, out, ref, dtype):
     assert err < limit, f"{name} rel err {err:.3e} >= {limit:.0e}"
 
 
+@pytest.fixture(params=["tma", "ptr"])
+def fwd_path(request, monkeypatch):
+    """Both forwards on every case: "tma" sends each x a descriptor can read (fwd.tma_ok)
+    through the TMA forward whatever its size, "ptr" none."""
+    monkeypatch.setattr(fwd_mod, "_USE_TMA", request.param == "tma")
+    monkeypatch.setattr(fwd_mod, "_TMA_MIN_BYTES", 0)
+    return request.param
+
+
 def _check_all(x, w, b, dy, silu, cu=None):
     n0 = launch_counts("cconv.")
     y = conv_fwd(x, w, b, silu, cu)
@@ -60,6 +69,8 @@ def _check_all(x, w, b, dy, silu, cu=None):
     n1 = launch_counts("cconv.")
     for stage in ("cconv.fwd", "cconv.bwd", "cconv.dw_reduce"):
         assert n1.get(stage, 0) == n0.get(stage, 0) + 1, stage
+    tma = n1.get("cconv.fwd_tma", 0) - n0.get("cconv.fwd_tma", 0)
+    assert tma == int(fwd_mod.use_tma(x)), "the forward took the other path"
     _assert_close("y", y, conv_ref(x, w, b, silu, cu), x.dtype)
     rdx, rdw, rdb = conv_ref_bwd(x, w, b, dy, silu, cu)
     _assert_close("dx", dx, rdx, x.dtype)
@@ -79,14 +90,14 @@ PARITY = [
 
 
 @pytest.mark.parametrize("B,T,D,W,dtype", PARITY)
-def test_parity_real_shapes(B, T, D, W, dtype):
+def test_parity_real_shapes(B, T, D, W, dtype, fwd_path):
     x, w, b, dy = _inputs(B, T, D, W, dtype, seed=B + T + D + W)
     _check_all(x, w, b, dy, silu=True)
 
 
 @pytest.mark.parametrize("layout", ["slice", "transposed"])
 @pytest.mark.parametrize("silu,bias", [(True, False), (False, True)])
-def test_parity_strided(layout, silu, bias):
+def test_parity_strided(layout, silu, bias, fwd_path):
     x, w, b, dy = _inputs(2, 3000, 1024, 4, torch.bfloat16, layout=layout, bias=bias, seed=5)
     _check_all(x, w, b, dy, silu=silu)
     # dy in a transposed layout too (the backward takes any strides)
@@ -106,7 +117,7 @@ def _random_cu(T, seed, max_len=700):
 
 @pytest.mark.parametrize("W", [3, 4])
 @pytest.mark.parametrize("layout", ["contig", "slice"])
-def test_parity_varlen(W, layout):
+def test_parity_varlen(W, layout, fwd_path):
     T = 40000
     cu = _random_cu(T, seed=W)
     x, w, b, dy = _inputs(1, T, 768, W, torch.bfloat16, layout=layout, seed=W)
@@ -114,9 +125,10 @@ def test_parity_varlen(W, layout):
 
 
 @pytest.mark.parametrize("max_rows", [16, 10 ** 9])
-def test_chunk_extremes(max_rows, monkeypatch):
+def test_chunk_extremes(max_rows, monkeypatch, fwd_path):
     """Shortest chunks (most dw partials, most halo re-reads) and one wave of long chunks."""
     monkeypatch.setattr(fwd_mod, "_MAX_ROWS_FWD", max_rows)
+    monkeypatch.setattr(fwd_mod, "_MAX_ROWS_TMA", max_rows)
     monkeypatch.setattr(bwd_mod, "_MAX_ROWS_BWD", max_rows)
     x, w, b, dy = _inputs(4, 4099, 1024, 4, torch.bfloat16, seed=6)
     _check_all(x, w, b, dy, silu=True)
@@ -179,7 +191,7 @@ def test_over_2_31_elements(B, T):
     D, W = 2048, 4
     assert B * T * D > 2 ** 31
     x, w, b, dy = _inputs(B, T, D, W, torch.bfloat16, seed=B)
-    y = conv_fwd(x, w, b, True)
+    ys = {tma: conv_fwd(x, w, b, True, tma=tma) for tma in (True, False)}  # both forwards
     dx, dw, db = conv_bwd(x, w, b, dy, True)
     torch.cuda.synchronize()
     for bi in (0, B - 1):
@@ -187,7 +199,8 @@ def test_over_2_31_elements(B, T):
             lo = max(0, t0 - (W - 1))
             sl = slice(lo, min(T, t0 + 200))
             ry = conv_ref(x[bi:bi + 1, sl], w, b, True)[:, t0 - lo:]
-            _assert_close(f"y[{bi}, {t0}:]", y[bi:bi + 1, t0:sl.stop], ry, x.dtype)
+            for tma, y in ys.items():
+                _assert_close(f"y[{bi}, {t0}:] tma={tma}", y[bi:bi + 1, t0:sl.stop], ry, x.dtype)
             # dx rows t0 .. t0+190 depend on dy up to t0+193: the window is wide enough
             hi = min(T, t0 + 200)
             rdx, _, _ = conv_ref_bwd(x[bi:bi + 1, lo:hi], w, b, dy[bi:bi + 1, lo:hi], True)

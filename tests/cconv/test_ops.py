@@ -156,6 +156,9 @@ def test_capture_gate_routes_cold_signature(fla_calls, monkeypatch):
     assert cconv.is_supported(x, w, b, activation="silu") == (True, "")
     with torch.no_grad():
         assert cconv.is_supported(x, w, b, activation="silu")[0]
+    # same shape and strides, base off 16 bytes: other kernels and configs, so still cold
+    x_off = torch.randn(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape)
+    assert not cconv.is_supported(x_off, w, b, activation="silu")[0]
 
 
 def test_drift_routes_under_fallback(fla_calls, monkeypatch):

@@ -24,6 +24,17 @@ def _inputs(B, T, D, W, dtype=torch.bfloat16, seed=0):
     return x, w, b
 
 
+@pytest.fixture(params=["tma", "ptr"])
+def fwd_path(request, monkeypatch):
+    """Both forwards: "tma" sends every 16-byte aligned D-major x, whatever its size, through
+    the TMA forward (fwd.use_tma), "ptr" none."""
+    from kernel_fun.cconv._kernels import fwd as fwd_mod
+
+    monkeypatch.setattr(fwd_mod, "_USE_TMA", request.param == "tma")
+    monkeypatch.setattr(fwd_mod, "_TMA_MIN_BYTES", 0)
+    return request.param
+
+
 def _fla():
     return compat.fla_symbol("fla.modules.causal_conv1d", "causal_conv1d")
 
@@ -49,7 +60,7 @@ def test_parity_with_reference_and_fla_at_production_shape():
     assert _rel(dw, dw_f) < 1e-3 and _rel(db, db_f) < 1e-3
 
 
-def test_profiler_witness_ours_ran_not_fla():
+def test_profiler_witness_ours_ran_not_fla(fwd_path):
     x, w, b = _inputs(2, 1024, 512, 4)
     cconv.causal_conv1d(x, w, b, activation="silu")[0].sum().backward()  # compile outside
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -57,12 +68,13 @@ def test_profiler_witness_ours_ran_not_fla():
         y.sum().backward()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert any(n.startswith("conv_fwd_kernel") for n in names), names
+    fwd_kernel = "conv_fwd_tma_kernel" if fwd_path == "tma" else "conv_fwd_kernel"
+    assert any(n.startswith(fwd_kernel) for n in names), names
     assert any(n.startswith("conv_bwd_kernel") for n in names), names
     assert not any(n.startswith("causal_conv1d") for n in names), names  # fla's did not run
 
 
-def test_cuda_graph_capture_replay_bit_identical():
+def test_cuda_graph_capture_replay_bit_identical(fwd_path):
     x, w, b = _inputs(4, 2048, 1024, 4)
     dy = torch.randn(4, 2048, 1024, device="cuda", dtype=torch.bfloat16)
 
@@ -100,7 +112,7 @@ def test_cold_signature_under_capture_goes_to_fla():
     assert not ok and "capture" in reason
 
 
-def test_no_memory_growth_and_no_aliasing():
+def test_no_memory_growth_and_no_aliasing(fwd_path):
     x, w, b = _inputs(4, 4096, 1024, 4)
     dy = torch.randn(4, 4096, 1024, device="cuda", dtype=torch.bfloat16)
     outs = []
@@ -121,7 +133,7 @@ def test_no_memory_growth_and_no_aliasing():
     assert torch.cuda.memory_allocated() <= base
 
 
-def test_non_default_stream():
+def test_non_default_stream(fwd_path):
     x, w, b = _inputs(4, 2048, 1024, 4)
     ref = cconv.causal_conv1d(x, w, b, activation="silu")[0].detach().clone()
     s = torch.cuda.Stream()

@@ -349,18 +349,35 @@ def _tma_block(nargs) -> None:
 
 # The forward with its rows fetched by the tensor-memory accelerator (TMA, sm_90+): a
 # [1, R, BD] box per trip into shared memory, NS - 1 trips ahead (Triton's loop pipeliner),
-# so the bytes in flight cost no registers; the register-prefetch kernel above holds them in
-# registers (R=16: 166 registers, 12 one-warp programs per SM) and runs no faster than the
-# same walk without math. sm_90a compile: TMA loads pipelined, the tile read from shared
-# memory straight into the per-thread row layout (no layout conversion). Not yet timed:
-# `_USE_TMA` is off, scripts/cconv_sweep.py forces these.
+# so the bytes in flight cost no registers (64 against the register-prefetch kernel's 166 at
+# R=16), and short chunks (`_MAX_ROWS_TMA`) whose programs request their whole chunk at once.
+# The tile is read from shared memory straight into the per-thread row layout. Timed with
+# scripts/cconv_sweep.py (H200, bf16, W=4, silu, 2026-11-30; records
+# bench/records/raw/2026-11-30-h200-cconv-sweep-tma*-da0b68e.json), ms at B=16 T=8192
+# D=2048 / D=4096 / packed (B=1 T=131072 D=2048, 16 documents) in 32-row chunks, against the
+# pointer kernel's best 0.2733 / 0.5321 / 0.2771 (64-row chunks; 0.2788 / 0.5500 at 32 rows):
 _TMA_CONFIGS = [
-    triton.Config({"BD": 128, "R": 8, "NS": 4}, num_warps=1, pre_hook=_tma_block),
-    triton.Config({"BD": 128, "R": 8, "NS": 6}, num_warps=1, pre_hook=_tma_block),
-    triton.Config({"BD": 128, "R": 16, "NS": 3}, num_warps=1, pre_hook=_tma_block),
-    triton.Config({"BD": 256, "R": 8, "NS": 4}, num_warps=2, pre_hook=_tma_block),
+    triton.Config({"BD": 128, "R": 32, "NS": 3}, num_warps=1, pre_hook=_tma_block),  # 0.2593 / 0.5108 / 0.2696
+    triton.Config({"BD": 128, "R": 8, "NS": 8}, num_warps=1, pre_hook=_tma_block),   # 0.2588 / 0.5114 / 0.2828
+    triton.Config({"BD": 128, "R": 16, "NS": 4}, num_warps=1, pre_hook=_tma_block),  # 0.2600 / 0.5224 / 0.2757
+    triton.Config({"BD": 256, "R": 32, "NS": 3}, num_warps=2, pre_hook=_tma_block),  # 0.2651 / 0.5238 / 0.2747
 ]
-_USE_TMA = False
+# Timed and not kept (same records): R=8 with 3 or 5 trips in flight, 0.2604-0.2688 at D=2048
+# in 32-row chunks; R=32 with one buffer (NS=2) 0.2624; R=16 on two warps 0.2616; four warps
+# 0.3019; 64-row chunks 0.2661 at best, 16-row ones 0.2652, 48-row ones 0.2628. The sweep still
+# forces these.
+_TMA_CANDIDATES = [
+    triton.Config({"BD": 128, "R": 8, "NS": 6}, num_warps=1, pre_hook=_tma_block),
+    triton.Config({"BD": 128, "R": 32, "NS": 2}, num_warps=1, pre_hook=_tma_block),
+    triton.Config({"BD": 128, "R": 16, "NS": 4}, num_warps=2, pre_hook=_tma_block),
+    triton.Config({"BD": 256, "R": 16, "NS": 3}, num_warps=2, pre_hook=_tma_block),
+]
+_USE_TMA = True
+_MAX_ROWS_TMA = 32
+# Below this many bytes of x the pointer kernel runs instead: a TMA launch costs more host time
+# (a TensorDescriptor per call, Triton encoding the tensor map per launch, the autotune
+# pre-hook), which a small call does not hide (scripts/cconv_host.py).
+_TMA_MIN_BYTES = 32 << 20
 
 
 def tma_ok(x: torch.Tensor) -> bool:
@@ -371,6 +388,11 @@ def tma_ok(x: torch.Tensor) -> bool:
     if x.device.type != "cuda":
         return True  # the interpreter
     return torch.cuda.get_device_capability(x.device)[0] >= 9
+
+
+def use_tma(x: torch.Tensor) -> bool:
+    """Whether conv_fwd takes the TMA forward for x by default."""
+    return _USE_TMA and x.numel() * x.element_size() >= _TMA_MIN_BYTES and tma_ok(x)
 
 
 @triton.autotune(
@@ -405,12 +427,13 @@ def conv_fwd_tma_kernel(
 
 
 def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool,
-             cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+             cu_seqlens: torch.Tensor | None = None, tma: bool | None = None) -> torch.Tensor:
     """y `[B, T, D]` contiguous in x.dtype, computed in fp32.
 
     x `[B, T, D]` any strides (a column slice of a wider projection, a transposed `[B, D, T]`
     buffer); weight `[D, W]` (W in 1..4) any float dtype and strides; bias `[D]` or None;
-    cu_seqlens int32/int64 `[N+1]` with B == 1 for packed documents.
+    cu_seqlens int32/int64 `[N+1]` with B == 1 for packed documents. `tma`: force the TMA
+    forward (x must pass `tma_ok`) or the pointer one; None picks (`use_tma`).
     """
     B, T, D = x.shape
     W = weight.shape[1]
@@ -420,10 +443,13 @@ def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, s
     if y.numel() == 0:
         return y
     n_seq, n_steps = varlen_args(cu_seqlens)
-    n_chunks, rows = time_chunks(B, T, D, x.device, _MAX_ROWS_FWD, _WARPS_PER_SM_FWD, _MIN_ROWS_FWD)
-    if _USE_TMA and tma_ok(x):
+    if tma is None:
+        tma = use_tma(x)
+    if tma:
+        assert tma_ok(x), "the TMA forward needs a D-contiguous, 16-byte aligned x on sm_90+"
         from triton.tools.tensor_descriptor import TensorDescriptor
 
+        n_chunks, rows = time_chunks(B, T, D, x.device, _MAX_ROWS_TMA, _WARPS_PER_SM_FWD, _MIN_ROWS_FWD)
         # the box is set per config by the autotune pre-hook (_tma_block)
         desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 8, 128])
         conv_fwd_tma_kernel[lambda meta: (triton.cdiv(D, meta["BD"]) * n_chunks, B)](
@@ -436,6 +462,7 @@ def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, s
         record_launch("cconv.fwd_tma")
         record_launch("cconv.fwd")
         return y
+    n_chunks, rows = time_chunks(B, T, D, x.device, _MAX_ROWS_FWD, _WARPS_PER_SM_FWD, _MIN_ROWS_FWD)
     conv_fwd_kernel[lambda meta: (triton.cdiv(D, meta["BD"]) * n_chunks, B)](
         x, weight, bias if bias is not None else weight, y,
         cu_seqlens if cu_seqlens is not None else weight,

@@ -1,0 +1,78 @@
+#!/usr/bin/env python
+"""Host cost against device time of the two cconv forwards (the pointer kernel and the TMA
+one), to place the size below which the TMA forward's extra host work (a TensorDescriptor
+per call, Triton's tensor-map encoding per launch, the autotune pre-hook) outweighs its
+faster walk.
+
+    python scripts/cconv_host.py out.json
+
+Per shape and path: host_us, the wall time per call of 300 back-to-back calls with the queue
+kept short (the host's cost when it, not the GPU, is the bottleneck); gpu_us, the device time
+per call from a CUDA graph of 20 calls replayed (no host work at all); and call_us, do_bench's
+median per call (what the sweep and the bench see). Timing helpers from cconv_sweep.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+SHAPES = [(1, 2048, 2048), (2, 4096, 2048), (4, 4096, 2048), (8, 4096, 2048), (4, 8192, 2048),
+          (16, 8192, 2048)]
+
+
+def measure(fn):
+    from cconv_sweep import bench, graph_ms
+
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    # host: bursts of 10 calls from an idle GPU, so the launch queue never fills and blocks
+    t_host = 0.0
+    for _ in range(30):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            fn()
+        t_host += time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return dict(host_us=t_host * 1e6 / 300, gpu_us=graph_ms(fn) * 1e3, call_us=bench(fn) * 1e3)
+
+
+def main():
+    from kernel_fun.cconv._kernels import fwd as F_
+
+    out = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+               git_sha=os.environ.get("KERNEL_FUN_GIT_SHA", "unknown"), rows=[])
+    print(out, flush=True)
+    for B, T, D in SHAPES:
+        x = torch.randn(B, T, D, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(D, 4, device="cuda") / 4
+        for path in ("ptr", "tma"):
+            r = measure(lambda: F_.conv_fwd(x, w, None, True, tma=path == "tma"))
+            r.update(B=B, T=T, D=D, path=path, x_MB=x.numel() * 2 / 2**20)
+            out["rows"].append(r)
+            print(f"[{B},{T},{D}] {path}: host {r['host_us']:.1f} us  gpu {r['gpu_us']:.1f} us  "
+                  f"do_bench {r['call_us']:.1f} us", flush=True)
+    # what a TensorDescriptor costs to build on the host
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    x = torch.randn(16, 8192, 2048, device="cuda", dtype=torch.bfloat16)
+    t0 = time.perf_counter()
+    for _ in range(1000):
+        TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 32, 128])
+    out["descriptor_us"] = (time.perf_counter() - t0) * 1e3
+    print(f"TensorDescriptor(): {out['descriptor_us']:.2f} us", flush=True)
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
