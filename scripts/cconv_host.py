@@ -4,7 +4,7 @@ one), to place the size below which the TMA forward's extra host work (a TensorD
 per call, Triton's tensor-map encoding per launch, the autotune pre-hook) outweighs its
 faster walk.
 
-    python scripts/cconv_host.py out.json
+    python scripts/cconv_host.py out.json [--public-only]
 
 Per shape and path: host_us, the wall time per call of 300 back-to-back calls with the queue
 kept short (the host's cost when it, not the GPU, is the bottleneck); gpu_us, the device time
@@ -24,6 +24,7 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+PUBLIC = (16, 8192, 2048)
 SHAPES = [(1, 2048, 2048), (2, 4096, 2048), (4, 4096, 2048), (8, 4096, 2048), (4, 8192, 2048),
           (16, 8192, 2048)]
 
@@ -52,7 +53,7 @@ def main():
     out = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                git_sha=os.environ.get("KERNEL_FUN_GIT_SHA", "unknown"), rows=[])
     print(out, flush=True)
-    for B, T, D in SHAPES:
+    for B, T, D in ([] if "--public-only" in sys.argv else SHAPES):
         x = torch.randn(B, T, D, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(D, 4, device="cuda") / 4
         for path in ("ptr", "tma"):
@@ -61,6 +62,39 @@ def main():
             out["rows"].append(r)
             print(f"[{B},{T},{D}] {path}: host {r['host_us']:.1f} us  gpu {r['gpu_us']:.1f} us  "
                   f"do_bench {r['call_us']:.1f} us", flush=True)
+    # the public op, as the bench times it (x and weight require grad: an autograd node per
+    # call), per path: do_bench, host burst, and where the host time goes (cProfile)
+    import cProfile
+    import io
+    import pstats
+
+    from kernel_fun import cconv
+
+    B, T, D = PUBLIC
+    x = torch.randn(B, T, D, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    w = (torch.randn(D, 4, device="cuda") / 4).requires_grad_()
+    for path in ("ptr", "tma"):
+        saved = F_._USE_TMA
+        F_._USE_TMA = path == "tma"
+        try:
+            fn = lambda: cconv.causal_conv1d(x, w, activation="silu")[0]  # noqa: E731
+            r = measure(fn)
+            prof = cProfile.Profile()
+            torch.cuda.synchronize()
+            prof.enable()
+            for _ in range(100):
+                fn()
+            prof.disable()
+            torch.cuda.synchronize()
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(22)
+        finally:
+            F_._USE_TMA = saved
+        r.update(B=B, T=T, D=D, path="public_" + path, profile=buf.getvalue())
+        out["rows"].append(r)
+        print(f"public [{B},{T},{D}] {path}: host {r['host_us']:.1f} us  gpu {r['gpu_us']:.1f} us  "
+              f"do_bench {r['call_us']:.1f} us", flush=True)
+        print(buf.getvalue()[:5000], flush=True)
     # what a TensorDescriptor costs to build on the host
     from triton.tools.tensor_descriptor import TensorDescriptor
     x = torch.randn(16, 8192, 2048, device="cuda", dtype=torch.bfloat16)
@@ -69,8 +103,9 @@ def main():
         TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 32, 128])
     out["descriptor_us"] = (time.perf_counter() - t0) * 1e3
     print(f"TensorDescriptor(): {out['descriptor_us']:.2f} us", flush=True)
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
+    paths = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if paths:
+        with open(paths[0], "w") as f:
             json.dump(out, f, indent=1)
 
 
