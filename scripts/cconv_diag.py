@@ -13,7 +13,7 @@ Variants (each forced to one configuration: no autotuning, so ncu sees the kerne
 * fwd           the pointer forward's first config (W=4, silu)
 * fwd_w1        the same kernel at W=1 without silu: the walk and its bytes, almost no math
 * fwd_exact     the shipped config with tl.sigmoid (fastmath.FAST_MATH off); bwd_exact too
-* fwd_tma       the TMA forward (fwd.conv_fwd_tma_kernel, first config): the default for large x
+* fwd_tma       the TMA forward (fwd.conv_fwd_tma_kernel, fwd._TMA_CONFIG): the default for large x
 * bwd           the shipped backward config (W=4, silu)
 * bwd_w1        the same at W=1 without silu
 
@@ -64,7 +64,7 @@ def variants(x, w, dy):
         "copy_triton": lambda: flat_copy_kernel[(triton.cdiv(n, 4096),)](x, y, n, BLOCK=4096, num_warps=4),
         "fwd": forced(F_.conv_fwd_kernel, fcfg, lambda: F_.conv_fwd(x, w, None, True, tma=False)),
         "fwd_w1": forced(F_.conv_fwd_kernel, fcfg, lambda: F_.conv_fwd(x, w1, None, False, tma=False)),
-        "fwd_tma": forced(F_.conv_fwd_tma_kernel, F_._TMA_CONFIGS[0], lambda: F_.conv_fwd(x, w, None, True, tma=True)),
+        "fwd_tma": lambda: F_.conv_fwd(x, w, None, True, tma=True),
         "bwd": forced(B_.conv_bwd_kernel, bcfg, lambda: B_.conv_bwd(x, w, None, dy, True)),
         "bwd_w1": forced(B_.conv_bwd_kernel, bcfg, lambda: B_.conv_bwd(x, w1, None, dy, False)),
     }

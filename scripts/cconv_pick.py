@@ -35,15 +35,14 @@ def main():
         y = cconv.causal_conv1d(x, w, activation="silu")[0]
         torch.autograd.grad(y, (x, w), dy, retain_graph=True)
         torch.cuda.synchronize()
-        fk = F_.conv_fwd_tma_kernel if F_.use_tma(x) else F_.conv_fwd_kernel
-        pick = dict(fwd=str(fk.best_config), bwd=str(B_.conv_bwd_kernel.best_config))
+        pick = dict(fwd=str(F_._TMA_CONFIG if F_.use_tma(x) else F_.conv_fwd_kernel.best_config),
+                    bwd=str(B_.conv_bwd_kernel.best_config))
         t = dict(public_fwd=triton.testing.do_bench(lambda: cconv.causal_conv1d(x, w, activation="silu"),
                                                     warmup=25, rep=200, return_mode="median"),
                  public_bwd=triton.testing.do_bench(lambda: torch.autograd.grad(y, (x, w), dy, retain_graph=True),
                                                     warmup=25, rep=200, return_mode="median"))
         for kind, kernel, configs, fn in (
                 ("fwd", F_.conv_fwd_kernel, F_._FWD_CONFIGS, lambda: F_.conv_fwd(x, w, None, True, tma=False)),
-                ("fwd_tma", F_.conv_fwd_tma_kernel, F_._TMA_CONFIGS, lambda: F_.conv_fwd(x, w, None, True, tma=True)),
                 ("bwd", B_.conv_bwd_kernel, B_._BWD_CONFIGS, lambda: B_.conv_bwd(x, w, None, dy, True))):
             saved = kernel.configs
             for i, c in enumerate(configs):

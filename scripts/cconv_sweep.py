@@ -283,7 +283,7 @@ def sweep_case(c, copy_tbps, budget, fla, plan):
         # 1. defaults: autotuned (compiles every config), public entry, fla.
         run_variant(c, "fwd", "default(autotuned)", fwd, chk_y, fb, copy_tbps, budget,
                     dict(chunk=chunk_desc("fwd", None, B, T, D, dev, tma=F_.use_tma(x))))
-        best = getattr(F_.conv_fwd_tma_kernel if F_.use_tma(x) else F_.conv_fwd_kernel, "best_config", None)
+        best = F_._TMA_CONFIG if F_.use_tma(x) else getattr(F_.conv_fwd_kernel, "best_config", None)
         ROWS[-1]["autotune_pick"] = cfg_name(best) if best is not None else None
         run_variant(c, "bwd", "default(autotuned)", bwd, chk_b, bb, copy_tbps, budget,
                     dict(chunk=chunk_desc("bwd", None, B, T, D, dev)))
@@ -339,20 +339,20 @@ def sweep_case(c, copy_tbps, budget, fla, plan):
                     run_variant(c, d, name, run, chk, nbytes, copy_tbps, budget,
                                 dict(config=cfg_name(cfg), chunk=chunk_desc(d, chunk, B, T, D, dev)))
         if d == "fwd" and plan.get("tma", True) and F_.tma_ok(x):
-            # the TMA forward (fwd._TMA_CONFIGS + _TMA_CANDIDATES): each config at each sizing
-            for i, cfg in enumerate(F_._TMA_CONFIGS + F_._TMA_CANDIDATES):
+            # the TMA forward (fwd._TMA_CONFIG, then _TMA_CANDIDATES): each config at each sizing
+            for i, cfg in enumerate([F_._TMA_CONFIG] + F_._TMA_CANDIDATES):
                 if plan.get("tma_cfgs") is not None and i not in plan["tma_cfgs"]:
                     continue
                 for chunk in plan["fwd_chunks"]:
                     name = f"tma[{cfg_name(cfg)}] chunk={chunk}"
-                    saved = (F_._USE_TMA, F_._TMA_MIN_BYTES, F_.conv_fwd_tma_kernel.configs)
-                    F_._USE_TMA, F_._TMA_MIN_BYTES, F_.conv_fwd_tma_kernel.configs = True, 0, [cfg]
+                    saved = (F_._USE_TMA, F_._TMA_MIN_BYTES, F_._TMA_CONFIG)
+                    F_._USE_TMA, F_._TMA_MIN_BYTES, F_._TMA_CONFIG = True, 0, cfg
                     try:
                         with forced(fwd_chunk=chunk):
                             run_variant(c, d, name, run, chk, nbytes, copy_tbps, budget,
                                         dict(config="tma:" + cfg_name(cfg), chunk=chunk_desc(d, chunk, B, T, D, dev)))
                     finally:
-                        F_._USE_TMA, F_._TMA_MIN_BYTES, F_.conv_fwd_tma_kernel.configs = saved
+                        F_._USE_TMA, F_._TMA_MIN_BYTES, F_._TMA_CONFIG = saved
 
 
 # Grid sizings per case: (max_rows, warps_per_sm, min_rows) or ONE_WAVE.
@@ -415,7 +415,7 @@ def main():
     ap.add_argument("--no-defaults", action="store_true", help="skip the autotuned, public and fla rows")
     ap.add_argument("--fwd-rows", default="", help="forward chunk sizes to force instead of the plan's, e.g. 48,64,96")
     ap.add_argument("--no-tma", action="store_true", help="skip the TMA forward variants")
-    ap.add_argument("--tma-only", default="", help="indices into _TMA_CONFIGS + _TMA_CANDIDATES to force")
+    ap.add_argument("--tma-only", default="", help="indices into [_TMA_CONFIG] + _TMA_CANDIDATES to force")
     ap.add_argument("--fwd-only", default="", help="indices into _FWD_CONFIGS + _FWD_CANDIDATES to force, e.g. 0,4,5")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run under TRITON_INTERPRET=1")
     a = ap.parse_args()

@@ -241,9 +241,9 @@ def cconv(full):
                 if not lay["X_TMAJOR"]:
                     c["s_gd"] = 1
             yield f"cconv {name} {lay} {_cfg_label(cfg)}", fn, types, c, cfg
-    # the TMA forward (fwd._TMA_CONFIGS): x read through a [B, T, D] descriptor, box [1, R, BD]
-    fn = fwd.conv_fwd_tma_kernel.fn
-    for cfg in fwd._TMA_CONFIGS + fwd._TMA_CANDIDATES:
+    # the TMA forward (fwd._TMA_CONFIG, then the candidates): x read through a [B, T, D] descriptor, box [1, R, BD]
+    fn = fwd.conv_fwd_tma_kernel  # a JITFunction (no autotuner)
+    for cfg in [fwd._TMA_CONFIG] + fwd._TMA_CANDIDATES:
         types = dict(ptr, x_desc=f"tensordesc<bf16[1,{cfg.kwargs['R']},{cfg.kwargs['BD']}]>",
                      **{a: "i32:16" if a in ("D", "s_xb", "s_xt") else "i32"
                         for a in fn.arg_names if a.startswith("s_") or a in ("D", "TC", "N_SEQ", "N_STEPS")})

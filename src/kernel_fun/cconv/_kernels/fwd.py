@@ -30,6 +30,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernel_fun._common.fastmath import FAST_MATH, sigmoid
 from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
@@ -342,11 +343,6 @@ def conv_fwd_kernel(
                                              W, HAS_BIAS, SILU, IS_VARLEN, R, FAST)
 
 
-def _tma_block(nargs) -> None:
-    """Autotune pre-hook: the descriptor's box is one config's [1, R, BD] tile."""
-    nargs["x_desc"].block_shape = [1, nargs["R"], nargs["BD"]]
-
-
 # The forward with its rows fetched by the tensor-memory accelerator (TMA, sm_90+): a
 # [1, R, BD] box per trip into shared memory, NS - 1 trips ahead (Triton's loop pipeliner),
 # so the bytes in flight cost no registers (64 against the register-prefetch kernel's 166 at
@@ -354,30 +350,37 @@ def _tma_block(nargs) -> None:
 # The tile is read from shared memory straight into the per-thread row layout. Timed with
 # scripts/cconv_sweep.py (H200, bf16, W=4, silu, 2026-11-30; records
 # bench/records/raw/2026-11-30-h200-cconv-sweep-tma*-da0b68e.json), ms at B=16 T=8192
-# D=2048 / D=4096 / packed (B=1 T=131072 D=2048, 16 documents) in 32-row chunks, against the
-# pointer kernel's best 0.2733 / 0.5321 / 0.2771 (64-row chunks; 0.2788 / 0.5500 at 32 rows):
-_TMA_CONFIGS = [
-    triton.Config({"BD": 128, "R": 32, "NS": 3}, num_warps=1, pre_hook=_tma_block),  # 0.2593 / 0.5108 / 0.2696
-    triton.Config({"BD": 128, "R": 8, "NS": 8}, num_warps=1, pre_hook=_tma_block),   # 0.2588 / 0.5114 / 0.2828
-    triton.Config({"BD": 128, "R": 16, "NS": 4}, num_warps=1, pre_hook=_tma_block),  # 0.2600 / 0.5224 / 0.2757
-    triton.Config({"BD": 256, "R": 32, "NS": 3}, num_warps=2, pre_hook=_tma_block),  # 0.2651 / 0.5238 / 0.2747
-]
-# Timed and not kept (same records): R=8 with 3 or 5 trips in flight, 0.2604-0.2688 at D=2048
-# in 32-row chunks; R=32 with one buffer (NS=2) 0.2624; R=16 on two warps 0.2616; four warps
-# 0.3019; 64-row chunks 0.2661 at best, 16-row ones 0.2652, 48-row ones 0.2628. The sweep still
-# forces these.
+# D=2048 / D=4096 / packed (B=1 T=131072 D=2048, 16 documents) / column slice ([8, 8192, 6144]
+# [..., 2048:4096]) in 32-row chunks, against the pointer kernel's best 0.2733 / 0.5321 /
+# 0.2771 / 0.1394 (0.2788 / 0.5500 at 32-row chunks): R=32 with NS=3, 0.2593 / 0.5108 / 0.2696
+# / 0.1352, the fastest or within 0.3% of it in every case, so it is the one config (no
+# autotuning: a launch without the autotuner and its box pre-hook costs less host time).
+_TMA_CONFIG = triton.Config({"BD": 128, "R": 32, "NS": 3}, num_warps=1)
+# Timed and not kept (same records; D=2048 / D=4096 / packed / slice): R=8 with 7 trips ahead,
+# 0.2588 / 0.5114 / 0.2828 / 0.1352; R=16 with 3, 0.2600 / 0.5224 / 0.2757 / 0.1355; BD=256 on
+# two warps, 0.2651 / 0.5238 / 0.2747 / 0.1349; R=8 with 5 trips ahead 0.2604 at D=2048, 3 trips
+# 0.2688; R=32 with one buffer (NS=2) 0.2624; R=16 on two warps 0.2616; four warps 0.3019;
+# 64-row chunks 0.2661 at best, 16-row ones 0.2652, 48-row ones 0.2628. The sweep forces these.
 _TMA_CANDIDATES = [
-    triton.Config({"BD": 128, "R": 8, "NS": 6}, num_warps=1, pre_hook=_tma_block),
-    triton.Config({"BD": 128, "R": 32, "NS": 2}, num_warps=1, pre_hook=_tma_block),
-    triton.Config({"BD": 128, "R": 16, "NS": 4}, num_warps=2, pre_hook=_tma_block),
-    triton.Config({"BD": 256, "R": 16, "NS": 3}, num_warps=2, pre_hook=_tma_block),
+    triton.Config({"BD": 128, "R": 8, "NS": 8}, num_warps=1),
+    triton.Config({"BD": 128, "R": 16, "NS": 4}, num_warps=1),
+    triton.Config({"BD": 256, "R": 32, "NS": 3}, num_warps=2),
+    triton.Config({"BD": 128, "R": 8, "NS": 6}, num_warps=1),
+    triton.Config({"BD": 128, "R": 32, "NS": 2}, num_warps=1),
+    triton.Config({"BD": 128, "R": 16, "NS": 4}, num_warps=2),
+    triton.Config({"BD": 256, "R": 16, "NS": 3}, num_warps=2),
 ]
 _USE_TMA = True
 _MAX_ROWS_TMA = 32
 # Below this many bytes of x the pointer kernel runs instead: a TMA launch costs more host time
-# (a TensorDescriptor per call, Triton encoding the tensor map per launch, the autotune
-# pre-hook), which a small call does not hide (scripts/cconv_host.py).
+# (a TensorDescriptor per call, Triton encoding the tensor map per launch), which a small call
+# does not hide (scripts/cconv_host.py).
 _TMA_MIN_BYTES = 32 << 20
+
+
+@functools.lru_cache(maxsize=None)
+def _has_tma(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def tma_ok(x: torch.Tensor) -> bool:
@@ -387,7 +390,7 @@ def tma_ok(x: torch.Tensor) -> bool:
         return False
     if x.device.type != "cuda":
         return True  # the interpreter
-    return torch.cuda.get_device_capability(x.device)[0] >= 9
+    return _has_tma(x.device.index if x.device.index is not None else torch.cuda.current_device())
 
 
 def use_tma(x: torch.Tensor) -> bool:
@@ -395,10 +398,6 @@ def use_tma(x: torch.Tensor) -> bool:
     return _USE_TMA and x.numel() * x.element_size() >= _TMA_MIN_BYTES and tma_ok(x)
 
 
-@triton.autotune(
-    configs=autotune_configs(_TMA_CONFIGS), **autotune_cache(),
-    key=["D", "TC", "W", "HAS_BIAS", "SILU", "IS_VARLEN"],
-)
 @triton.jit
 def conv_fwd_tma_kernel(
     x_desc, x, weight, bias, y, cu_seqlens,
@@ -445,19 +444,20 @@ def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, s
     n_seq, n_steps = varlen_args(cu_seqlens)
     if tma is None:
         tma = use_tma(x)
-    if tma:
+    elif tma:
         assert tma_ok(x), "the TMA forward needs a D-contiguous, 16-byte aligned x on sm_90+"
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
+    if tma:
         n_chunks, rows = time_chunks(B, T, D, x.device, _MAX_ROWS_TMA, _WARPS_PER_SM_FWD, _MIN_ROWS_FWD)
-        # the box is set per config by the autotune pre-hook (_tma_block)
-        desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 8, 128])
-        conv_fwd_tma_kernel[lambda meta: (triton.cdiv(D, meta["BD"]) * n_chunks, B)](
+        cfg = _TMA_CONFIG
+        BD, R = cfg.kwargs["BD"], cfg.kwargs["R"]
+        desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [1, R, BD])
+        conv_fwd_tma_kernel[(triton.cdiv(D, BD) * n_chunks, B)](
             desc, x, weight, bias if bias is not None else weight, y,
             cu_seqlens if cu_seqlens is not None else weight,
             T, D, rows, n_seq, n_steps,
             x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
-            W=W, HAS_BIAS=bias is not None, SILU=bool(silu), IS_VARLEN=cu_seqlens is not None, FAST=FAST_MATH,
+            W=W, HAS_BIAS=bias is not None, SILU=bool(silu), IS_VARLEN=cu_seqlens is not None,
+            BD=BD, R=R, NS=cfg.kwargs["NS"], FAST=FAST_MATH, num_warps=cfg.num_warps,
         )
         record_launch("cconv.fwd_tma")
         record_launch("cconv.fwd")
