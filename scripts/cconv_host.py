@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 PUBLIC = (16, 8192, 2048)
-SHAPES = [(1, 2048, 2048), (2, 4096, 2048), (4, 4096, 2048), (8, 4096, 2048), (4, 8192, 2048),
+SHAPES = [(1, 2048, 2048), (2, 4096, 2048), (4, 4096, 2048), (8, 4096, 2048), (8, 8192, 2048),
           (16, 8192, 2048)]
 
 

@@ -18,6 +18,12 @@ a flat Triton copy of the same bytes (0.269 ms); 87.5% with tl.sigmoid; a one-wa
 long chunks 79%; Triton's cp.async pipeliner in place of the register prefetch at best 83%;
 a tiled design (row blocks with a halo) 66%.
 
+Two kernels walk this layout. `conv_fwd_kernel` loads rows by pointer into registers (any
+strides, T-major x included). `conv_fwd_tma_kernel` has the tensor-memory accelerator fetch
+[R, BD] boxes into shared memory, in 32-row chunks: 96.6% of copy (0.259 ms) at the shape
+above, past the flat Triton copy. It is the default (`use_tma`) for x of 32 MB and up that a
+descriptor can read (sm_90+, D contiguous, 16-byte aligned base and strides).
+
 Packed documents (`cu_seqlens`, B == 1): a program finds the document of its first row by a
 binary search over cu_seqlens, then advances document by document as its rows cross
 boundaries (scalar, per row, uniform across the program); the x window is zeroed for rows
@@ -372,9 +378,12 @@ _TMA_CANDIDATES = [
 ]
 _USE_TMA = True
 _MAX_ROWS_TMA = 32
-# Below this many bytes of x the pointer kernel runs instead: a TMA launch costs more host time
-# (a TensorDescriptor per call, Triton encoding the tensor map per launch), which a small call
-# does not hide (scripts/cconv_host.py).
+# Below this many bytes of x the pointer kernel runs instead: it is faster on small grids
+# (scripts/cconv_host.py, H200, bf16 [B, T, 2048], device time of the forward: 8 MB 6.9 us
+# against 10.8, 32 MB 21.0 against 20.4, 64 MB 39.4 against 36.0, 512 MB 274.6 against 257.0;
+# record bench/records/raw/2026-11-30-h200-cconv-host-3363462.json). The two launches cost the
+# same host time (61-96 us per call on that machine's host): the TMA one builds a
+# TensorDescriptor (2.2 us) but skips the autotuner.
 _TMA_MIN_BYTES = 32 << 20
 
 
