@@ -275,6 +275,11 @@ def test_tma_policy(monkeypatch, device):
     assert not fwd_mod.use_tma(x.view(1, 4096, big).transpose(1, 2))  # T-major
     assert not fwd_mod.use_tma(torch.empty(1, big, 4096 + 1, dtype=torch.bfloat16)[..., 1:])  # base off 16 B
     assert not fwd_mod.use_tma(torch.empty(1, big, 4097, dtype=torch.bfloat16)[..., :4096])  # row stride off 16 B
+    monkeypatch.setenv("KERNEL_FUN_CCONV_TMA", "0")  # the switch, read per call
+    assert not fwd_mod.use_tma(x)
+    monkeypatch.setenv("KERNEL_FUN_CCONV_TMA", "1")
+    assert fwd_mod.use_tma(x)
+    monkeypatch.delenv("KERNEL_FUN_CCONV_TMA")
     monkeypatch.setattr(fwd_mod, "_USE_TMA", False)
     assert not fwd_mod.use_tma(x)
     # conv_fwd dispatch: the launch witness names the path

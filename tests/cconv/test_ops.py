@@ -159,6 +159,20 @@ def test_capture_gate_routes_cold_signature(fla_calls, monkeypatch):
     # same shape and strides, base off 16 bytes: other kernels and configs, so still cold
     x_off = torch.randn(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape)
     assert not cconv.is_supported(x_off, w, b, activation="silu")[0]
+    # the forward's kernel changes with the TMA switch: a TMA-sized x warmed with it on is
+    # cold with it off
+    from kernel_fun.cconv._kernels import fwd as fwd_mod
+
+    monkeypatch.setattr(fwd_mod, "_TMA_MIN_BYTES", 0)
+    x2, w2, b2 = _inputs(T=17)
+    assert fwd_mod.use_tma(x2)
+    monkeypatch.setattr(support, "_capturing", lambda: False)
+    y, _ = cconv.causal_conv1d(x2, w2, b2, activation="silu")
+    y.backward(torch.ones_like(y))
+    monkeypatch.setattr(support, "_capturing", lambda: True)
+    assert cconv.is_supported(x2, w2, b2, activation="silu")[0]
+    monkeypatch.setenv("KERNEL_FUN_CCONV_TMA", "0")
+    assert not cconv.is_supported(x2, w2, b2, activation="silu")[0]
 
 
 def test_drift_routes_under_fallback(fla_calls, monkeypatch):

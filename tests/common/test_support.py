@@ -67,8 +67,18 @@ def test_debug_and_fallback_flags(monkeypatch):
 
 def test_unknown_family_switch_is_ignored(monkeypatch):
     monkeypatch.setenv("KERNEL_FUN_KDAA_DISABLE", "1")
+    monkeypatch.setenv("KERNEL_FUN_CCONV_TMA", "0")  # known
     assert support.disabled_reason("kda") is None
     assert support.unknown_variables() == ["KERNEL_FUN_KDAA_DISABLE"]
+
+
+def test_cconv_tma_switch(monkeypatch):
+    assert support.cconv_tma()  # default on
+    monkeypatch.setenv("KERNEL_FUN_CCONV_TMA", "off")
+    assert not support.cconv_tma()
+    monkeypatch.setenv("KERNEL_FUN_CCONV_TMA", "maybe")
+    with pytest.warns(RuntimeWarning, match="KERNEL_FUN_CCONV_TMA"):
+        assert support.cconv_tma()  # malformed: the default
 
 
 # ----------------------------------------------------------------------------- probes

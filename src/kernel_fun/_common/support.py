@@ -11,6 +11,7 @@ Environment switches, read on every call (never at import):
 | ``KERNEL_FUN_DEBUG=1`` | log every call's decision at DEBUG (a stderr handler is attached) |
 | ``KERNEL_FUN_FALLBACK=1`` | fla drift becomes a warning plus fallback to fla, not an error |
 | ``KERNEL_FUN_<FAMILY>_MIN_CTAS=<n>`` | a family's grid-size gate, where it has one |
+| ``KERNEL_FUN_CCONV_TMA=0`` | cconv's forward never takes its TMA kernel (the pointer one runs) |
 
 A malformed value is warned about once and the default is used: a launcher typo costs
 throughput, never the run. A variable naming no known family is ignored (``doctor`` lists it).
@@ -91,9 +92,14 @@ def min_ctas(family: str, default: int) -> int:
     return env_int(f"KERNEL_FUN_{family.upper()}_MIN_CTAS", default)
 
 
+def cconv_tma() -> bool:
+    """cconv's TMA forward allowed (``KERNEL_FUN_CCONV_TMA``, default on)."""
+    return env_flag("KERNEL_FUN_CCONV_TMA", True)
+
+
 def unknown_variables() -> list[str]:
     """``KERNEL_FUN_*`` variables set in the environment that no switch reads."""
-    known = {"KERNEL_FUN_DISABLE", "KERNEL_FUN_DEBUG", "KERNEL_FUN_FALLBACK"}
+    known = {"KERNEL_FUN_DISABLE", "KERNEL_FUN_DEBUG", "KERNEL_FUN_FALLBACK", "KERNEL_FUN_CCONV_TMA"}
     for fam in FAMILIES:
         known |= {f"KERNEL_FUN_{fam.upper()}_DISABLE", f"KERNEL_FUN_{fam.upper()}_MIN_CTAS"}
     return sorted(k for k in os.environ if k.startswith("KERNEL_FUN_") and k not in known)

@@ -57,9 +57,13 @@ def _validate(x, weight, bias) -> None:
 
 
 def _signature(x, weight, bias, silu, cu_seqlens):
-    # x's 16-byte alignment picks kernels and configs too (the TMA forward, 16 B vector loads)
-    return (tuple(x.shape), tuple(x.stride()), x.dtype, x.data_ptr() % 16 == 0, weight.shape[1],
-            weight.dtype, None if bias is None else bias.dtype, silu, cu_seqlens is not None)
+    # x's 16-byte alignment and the TMA switch pick kernels and configs too (the TMA forward,
+    # 16 B vector loads)
+    from ._kernels.fwd import use_tma
+
+    return (tuple(x.shape), tuple(x.stride()), x.dtype, x.data_ptr() % 16 == 0, use_tma(x),
+            weight.shape[1], weight.dtype, None if bias is None else bias.dtype, silu,
+            cu_seqlens is not None)
 
 
 def _box(x, weight, bias, cu_seqlens, cu_seqlens_cpu):

@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernel_fun._common import support
 from kernel_fun._common.fastmath import FAST_MATH, sigmoid
 from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
@@ -381,9 +382,10 @@ _MAX_ROWS_TMA = 32
 # Below this many bytes of x the pointer kernel runs instead: it is faster on small grids
 # (scripts/cconv_host.py, H200, bf16 [B, T, 2048], device time of the forward: 8 MB 6.9 us
 # against 10.8, 32 MB 21.0 against 20.4, 64 MB 39.4 against 36.0, 512 MB 274.6 against 257.0;
-# record bench/records/raw/2026-11-30-h200-cconv-host-3363462.json). The two launches cost the
-# same host time (61-96 us per call on that machine's host): the TMA one builds a
-# TensorDescriptor (2.2 us) but skips the autotuner.
+# record bench/records/raw/2026-11-30-h200-cconv-host-3363462.json). Host time per launch: the
+# same as the pointer one's in that run (61-96 us per call on that machine's host; the TMA one
+# builds a TensorDescriptor, 2.2 us, but skips the autotuner), 234 against 148 us per public
+# call in another (-host-public-3363462.json): noisy.
 _TMA_MIN_BYTES = 32 << 20
 
 
@@ -403,8 +405,9 @@ def tma_ok(x: torch.Tensor) -> bool:
 
 
 def use_tma(x: torch.Tensor) -> bool:
-    """Whether conv_fwd takes the TMA forward for x by default."""
-    return _USE_TMA and x.numel() * x.element_size() >= _TMA_MIN_BYTES and tma_ok(x)
+    """Whether conv_fwd takes the TMA forward for x by default (KERNEL_FUN_CCONV_TMA=0: never)."""
+    return (_USE_TMA and x.numel() * x.element_size() >= _TMA_MIN_BYTES and tma_ok(x)
+            and support.cconv_tma())
 
 
 @triton.jit
