@@ -76,8 +76,8 @@ def main():
     x = torch.randn(B, T, D, device="cuda", dtype=torch.bfloat16).requires_grad_()
     w = (torch.randn(D, 4, device="cuda") / 4).requires_grad_()
     for path in ("ptr", "tma"):
-        saved = F_._USE_TMA
-        F_._USE_TMA = path == "tma"
+        saved = os.environ.get("KERNEL_FUN_CCONV_TMA")
+        os.environ["KERNEL_FUN_CCONV_TMA"] = "1" if path == "tma" else "0"  # the user's switch
         try:
             fn = lambda: cconv.causal_conv1d(x, w, activation="silu")[0]  # noqa: E731
             r = measure(fn, graph=False)
@@ -91,7 +91,10 @@ def main():
             buf = io.StringIO()
             pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(22)
         finally:
-            F_._USE_TMA = saved
+            if saved is None:
+                del os.environ["KERNEL_FUN_CCONV_TMA"]
+            else:
+                os.environ["KERNEL_FUN_CCONV_TMA"] = saved
         r.update(B=B, T=T, D=D, path="public_" + path, profile=buf.getvalue())
         out["rows"].append(r)
         print(f"public [{B},{T},{D}] {path}: host {r['host_us']:.1f} us  gpu {r['gpu_us']:.1f} us  "

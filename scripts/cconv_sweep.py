@@ -90,12 +90,12 @@ def forced(fwd_cfg=None, bwd_cfg=None, fwd_chunk=None, bwd_chunk=None):
     from kernel_fun.cconv._kernels import fwd as F_
 
     saved = dict(fc=F_.conv_fwd_kernel.configs, bc=B_.conv_bwd_kernel.configs,
-                 f=(F_._MAX_ROWS_FWD, F_._WARPS_PER_SM_FWD, F_._MIN_ROWS_FWD, F_._MAX_ROWS_TMA, F_._USE_TMA),
+                 f=(F_._MAX_ROWS_FWD, F_._WARPS_PER_SM_FWD, F_._MIN_ROWS_FWD, F_._MAX_ROWS_TMA),
                  b=(B_._MAX_ROWS_BWD, B_._WARPS_PER_SM_BWD, B_._MIN_ROWS_BWD),
                  bv=(B_._VARLEN_MAX_ROWS_BWD, B_._VARLEN_WARPS_PER_SM_BWD))
     try:
-        if fwd_cfg is not None:  # a pointer-kernel config: the TMA forward off
-            F_.conv_fwd_kernel.configs, F_._USE_TMA = [fwd_cfg], False
+        if fwd_cfg is not None:
+            F_.conv_fwd_kernel.configs = [fwd_cfg]
         if bwd_cfg is not None:
             B_.conv_bwd_kernel.configs = [bwd_cfg]
         if fwd_chunk is not None:
@@ -109,8 +109,7 @@ def forced(fwd_cfg=None, bwd_cfg=None, fwd_chunk=None, bwd_chunk=None):
         yield
     finally:
         F_.conv_fwd_kernel.configs, B_.conv_bwd_kernel.configs = saved["fc"], saved["bc"]
-        (F_._MAX_ROWS_FWD, F_._WARPS_PER_SM_FWD, F_._MIN_ROWS_FWD, F_._MAX_ROWS_TMA,
-         F_._USE_TMA) = saved["f"]
+        F_._MAX_ROWS_FWD, F_._WARPS_PER_SM_FWD, F_._MIN_ROWS_FWD, F_._MAX_ROWS_TMA = saved["f"]
         B_._MAX_ROWS_BWD, B_._WARPS_PER_SM_BWD, B_._MIN_ROWS_BWD = saved["b"]
         B_._VARLEN_MAX_ROWS_BWD, B_._VARLEN_WARPS_PER_SM_BWD = saved["bv"]
 
@@ -275,7 +274,9 @@ def sweep_case(c, copy_tbps, budget, fla, plan):
         ex, ew = rel(dx, dx_ref), rel(dw, dw_ref)
         return dict(err_dx=ex, err_dw=ew, bad=ex > 8e-3 or ew > 1e-3)
 
-    fwd = lambda: conv_fwd(x, w, None, True, cu)  # noqa: E731
+    fwd = lambda: conv_fwd(x, w, None, True, cu)  # noqa: E731  (the default pick, fwd.use_tma)
+    fwd_ptr = lambda: conv_fwd(x, w, None, True, cu, tma=False)  # noqa: E731
+    fwd_tma = lambda: conv_fwd(x, w, None, True, cu, tma=True)  # noqa: E731
     bwd = lambda: conv_bwd(x, w, None, dy, True, cu)  # noqa: E731
     dev = x.device
 
@@ -326,7 +327,7 @@ def sweep_case(c, copy_tbps, budget, fla, plan):
             log(f"latency host/GPU split: {info}")
 
     # 2. forced scan configs x grid sizings.
-    for d, configs, run, chk, nbytes in (("fwd", F_._FWD_CONFIGS + F_._FWD_CANDIDATES, fwd, chk_y, fb),
+    for d, configs, run, chk, nbytes in (("fwd", F_._FWD_CONFIGS + F_._FWD_CANDIDATES, fwd_ptr, chk_y, fb),
                                          ("bwd", B_._BWD_CONFIGS + B_._BWD_CANDIDATES, bwd, chk_b, bb)):
         if d not in plan.get("dirs", ("fwd", "bwd")):
             continue
@@ -345,14 +346,14 @@ def sweep_case(c, copy_tbps, budget, fla, plan):
                     continue
                 for chunk in plan["fwd_chunks"]:
                     name = f"tma[{cfg_name(cfg)}] chunk={chunk}"
-                    saved = (F_._USE_TMA, F_._TMA_MIN_BYTES, F_._TMA_CONFIG)
-                    F_._USE_TMA, F_._TMA_MIN_BYTES, F_._TMA_CONFIG = True, 0, cfg
+                    saved = F_._TMA_CONFIG
+                    F_._TMA_CONFIG = cfg
                     try:
                         with forced(fwd_chunk=chunk):
-                            run_variant(c, d, name, run, chk, nbytes, copy_tbps, budget,
+                            run_variant(c, d, name, fwd_tma, chk, nbytes, copy_tbps, budget,
                                         dict(config="tma:" + cfg_name(cfg), chunk=chunk_desc(d, chunk, B, T, D, dev)))
                     finally:
-                        F_._USE_TMA, F_._TMA_MIN_BYTES, F_._TMA_CONFIG = saved
+                        F_._TMA_CONFIG = saved
 
 
 # Grid sizings per case: (max_rows, warps_per_sm, min_rows) or ONE_WAVE.

@@ -228,7 +228,7 @@ def test_every_config(stage, idx, monkeypatch, device):
     """Each autotune candidate computes the same thing (the interpreter otherwise runs only
     the first): pin the kernel to one config, then check fwd + bwd, D-major with several
     channel blocks, and T-major (transposed x) with packed documents. "tma": the forward
-    through a TMA descriptor (fwd._USE_TMA), which takes the D-major inputs."""
+    through a TMA descriptor (fwd.use_tma), which takes the D-major inputs."""
     if stage == "tma":  # one config, no autotuner
         monkeypatch.setattr(fwd_mod, "_TMA_CONFIG", ([fwd_mod._TMA_CONFIG] + fwd_mod._TMA_CANDIDATES)[idx])
     else:
@@ -236,7 +236,7 @@ def test_every_config(stage, idx, monkeypatch, device):
                            "bwd": (bwd_mod.conv_bwd_kernel, bwd_mod._BWD_CONFIGS + bwd_mod._BWD_CANDIDATES)}[stage]
         monkeypatch.setattr(kernel, "configs", [configs[idx]])
     # "tma": every 16-byte aligned x, whatever its size, through the TMA forward; else none
-    monkeypatch.setattr(fwd_mod, "_USE_TMA", stage == "tma")
+    monkeypatch.setenv("KERNEL_FUN_CCONV_TMA", "1" if stage == "tma" else "0")
     monkeypatch.setattr(fwd_mod, "_TMA_MIN_BYTES", 0)
     if stage == "tma":
         monkeypatch.setattr(fwd_mod, "_MAX_ROWS_TMA", 10 ** 9)
@@ -267,6 +267,7 @@ def test_tma_policy(monkeypatch, device):
     """use_tma: the TMA forward for x of at least _TMA_MIN_BYTES that a descriptor can read (D
     contiguous, base and strides 16-byte aligned), the pointer forward for the rest; conv_fwd
     follows it and its `tma` override."""
+    monkeypatch.delenv("KERNEL_FUN_CCONV_TMA", raising=False)
     big = 1 + fwd_mod._TMA_MIN_BYTES // (2 * 4096)  # rows of a bf16 x [1, rows, 4096] over the bar
     x = torch.empty(1, big, 4096, dtype=torch.bfloat16)
     assert fwd_mod.use_tma(x)
@@ -280,10 +281,8 @@ def test_tma_policy(monkeypatch, device):
     monkeypatch.setenv("KERNEL_FUN_CCONV_TMA", "1")
     assert fwd_mod.use_tma(x)
     monkeypatch.delenv("KERNEL_FUN_CCONV_TMA")
-    monkeypatch.setattr(fwd_mod, "_USE_TMA", False)
-    assert not fwd_mod.use_tma(x)
+    assert fwd_mod.use_tma(x)  # unset: on
     # conv_fwd dispatch: the launch witness names the path
-    monkeypatch.setattr(fwd_mod, "_USE_TMA", True)
     monkeypatch.setattr(fwd_mod, "_TMA_MIN_BYTES", 0)
     xs = torch.randn(2, 20, 16, device=device)
     w = torch.randn(16, 4, device=device)
@@ -294,6 +293,10 @@ def test_tma_policy(monkeypatch, device):
         assert n1.get("cconv.fwd_tma", 0) - n0.get("cconv.fwd_tma", 0) == expect, tma
         assert n1.get("cconv.fwd", 0) - n0.get("cconv.fwd", 0) == 1
         assert rel_err(y, conv_ref(xs, w, None, True)) < TOL[torch.float32]
+    monkeypatch.setenv("KERNEL_FUN_CCONV_TMA", "0")  # the switch reaches conv_fwd's own pick
+    n0 = launch_counts("cconv.").get("cconv.fwd_tma", 0)
+    conv_fwd(xs, w, None, True)
+    assert launch_counts("cconv.").get("cconv.fwd_tma", 0) == n0
     with pytest.raises(AssertionError):
         conv_fwd(xs.transpose(1, 2).contiguous().transpose(1, 2), w, None, True, tma=True)
 

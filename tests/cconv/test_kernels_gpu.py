@@ -52,15 +52,6 @@ def _assert_close(name, out, ref, dtype):
     assert err < limit, f"{name} rel err {err:.3e} >= {limit:.0e}"
 
 
-@pytest.fixture(params=["tma", "ptr"])
-def fwd_path(request, monkeypatch):
-    """Both forwards on every case: "tma" sends each x a descriptor can read (fwd.tma_ok)
-    through the TMA forward whatever its size, "ptr" none."""
-    monkeypatch.setattr(fwd_mod, "_USE_TMA", request.param == "tma")
-    monkeypatch.setattr(fwd_mod, "_TMA_MIN_BYTES", 0)
-    return request.param
-
-
 def _check_all(x, w, b, dy, silu, cu=None):
     n0 = launch_counts("cconv.")
     y = conv_fwd(x, w, b, silu, cu)

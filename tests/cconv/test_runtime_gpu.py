@@ -24,17 +24,6 @@ def _inputs(B, T, D, W, dtype=torch.bfloat16, seed=0):
     return x, w, b
 
 
-@pytest.fixture(params=["tma", "ptr"])
-def fwd_path(request, monkeypatch):
-    """Both forwards: "tma" sends every 16-byte aligned D-major x, whatever its size, through
-    the TMA forward (fwd.use_tma), "ptr" none."""
-    from kernel_fun.cconv._kernels import fwd as fwd_mod
-
-    monkeypatch.setattr(fwd_mod, "_USE_TMA", request.param == "tma")
-    monkeypatch.setattr(fwd_mod, "_TMA_MIN_BYTES", 0)
-    return request.param
-
-
 def _fla():
     return compat.fla_symbol("fla.modules.causal_conv1d", "causal_conv1d")
 

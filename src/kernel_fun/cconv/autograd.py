@@ -14,8 +14,8 @@ from ._kernels.fwd import conv_fwd
 
 class CausalConv1dFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, silu: bool, cu_seqlens, signature):
-        y = conv_fwd(x, weight, bias, silu, cu_seqlens)
+    def forward(ctx, x, weight, bias, silu: bool, cu_seqlens, signature, tma: bool):
+        y = conv_fwd(x, weight, bias, silu, cu_seqlens, tma=tma)
         ctx.save_for_backward(x, weight, bias, cu_seqlens)
         ctx.silu = silu
         ctx.signature = signature
@@ -31,4 +31,4 @@ class CausalConv1dFunction(torch.autograd.Function):
             support.mark_warm("cconv", ctx.signature, "bwd")
         need = ctx.needs_input_grad
         return (dx if need[0] else None, dw if need[1] else None,
-                db if (bias is not None and need[2]) else None, None, None, None)
+                db if (bias is not None and need[2]) else None, None, None, None, None)

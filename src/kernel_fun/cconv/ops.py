@@ -56,12 +56,10 @@ def _validate(x, weight, bias) -> None:
             raise ValueError(f"cconv: {name} must be a float tensor, got {t.dtype}")
 
 
-def _signature(x, weight, bias, silu, cu_seqlens):
-    # x's 16-byte alignment and the TMA switch pick kernels and configs too (the TMA forward,
-    # 16 B vector loads)
-    from ._kernels.fwd import use_tma
-
-    return (tuple(x.shape), tuple(x.stride()), x.dtype, x.data_ptr() % 16 == 0, use_tma(x),
+def _signature(x, weight, bias, silu, cu_seqlens, tma):
+    # x's 16-byte alignment and the forward's kernel (`tma`: fwd.use_tma(x)) pick kernels and
+    # configs too (the TMA forward, 16 B vector loads)
+    return (tuple(x.shape), tuple(x.stride()), x.dtype, x.data_ptr() % 16 == 0, tma,
             weight.shape[1], weight.dtype, None if bias is None else bias.dtype, silu,
             cu_seqlens is not None)
 
@@ -87,9 +85,11 @@ def _decide(call: dict, extra: dict) -> tuple[bool, str]:
     cu = call["cu_seqlens"]
 
     def describe():
+        from ._kernels.fwd import use_tma
+
         needs_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, weight, bias))
-        return _signature(x, weight, bias, call["activation"] is not None, cu), needs_grad
+        return _signature(x, weight, bias, call["activation"] is not None, cu, use_tma(x)), needs_grad
 
     return support.decide(
         FAMILY,
@@ -142,9 +142,11 @@ def causal_conv1d(
     support.report(FAMILY, ok, reason, detail=f"x {tuple(x.shape)} {x.dtype}" if hasattr(x, "shape") else "")
     if not ok:
         return fla_symbol("fla.modules.causal_conv1d", "causal_conv1d")(**call, **kwargs)
+    from ._kernels.fwd import use_tma
     from .autograd import CausalConv1dFunction
 
     silu = activation is not None
-    sig = _signature(x, weight, bias, silu, cu_seqlens)
-    y = CausalConv1dFunction.apply(x, weight, bias, silu, cu_seqlens, sig)
+    tma = use_tma(x)  # decided once: the forward's kernel and the signature both take it
+    sig = _signature(x, weight, bias, silu, cu_seqlens, tma)
+    y = CausalConv1dFunction.apply(x, weight, bias, silu, cu_seqlens, sig, tma)
     return y, None
