@@ -8,6 +8,7 @@ import torch
 from kernel_fun import kda
 from kernel_fun._common import compat
 from kernel_fun._common.classify import signature_problems
+from kernel_fun._common.witness import launch_counts
 from kernel_fun.kda import ops
 
 
@@ -59,13 +60,12 @@ def test_production_call_is_in_the_box():
 @pytest.mark.parametrize("kwargs,needle", [
     (dict(safe_gate=True, lower_bound=-5.0), "safe_gate"),
     (dict(lower_bound=-5.0), "lower_bound"),
-    (dict(state_v_first=True), "state_v_first"),
     (dict(disable_recompute=True), "disable_recompute"),
     (dict(return_intermediate_states=True), "return_intermediate_states"),
     (dict(cp_context="CP"), "cp_context"),
     (dict(use_graph=True), "use_graph"),
     (dict(chunk_size=32), "chunk_size=32"),
-    (dict(transpose_state_layout=True), "transpose_state_layout"),
+    (dict(state_v_first=True, transpose_state_layout=True), "both state_v_first and transpose_state_layout"),
     (dict(mystery=1), "'mystery' is not classified"),
 ])
 def test_routed_arguments_fall_back_with_reason(fla_calls, caplog, kwargs, needle):
@@ -123,3 +123,40 @@ def test_every_path_of_the_box_runs_ours(change):
         ok, reason = kda.is_supported(*_inputs(K=K, V=V), A_log=torch.randn(4), dt_bias=torch.randn(4 * K),
                                       use_gate_in_kernel=True)
         assert ok, (K, V, reason)
+
+
+def test_layer_call_with_state_v_first_is_in_the_box():
+    """The exact flags fla 0.6.0's KimiDeltaAttention passes in training and prefill."""
+    q, k, v, g, beta = _inputs()
+    kw = dict(A_log=torch.randn(4), dt_bias=torch.randn(4 * 128), use_qk_l2norm_in_kernel=True,
+              use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=False,
+              safe_gate=False, lower_bound=None, state_v_first=True, cu_seqlens=None)
+    assert kda.is_supported(q, k, v, g, beta, initial_state=None, output_final_state=False, **kw) == (True, "")
+    h0 = torch.zeros(1, 4, 128, 128)  # [N, HV, V, K]
+    assert kda.is_supported(q, k, v, g, beta, initial_state=h0, output_final_state=True, **kw) == (True, "")
+
+
+GATE = dict(use_gate_in_kernel=True, A_log=torch.randn(4), dt_bias=torch.randn(4 * 128))
+
+
+@pytest.mark.parametrize("name,change,needle", [
+    ("g", dict(g=torch.ones(1, 70, 4, 128, dtype=torch.int64)), "g must be a floating-point tensor"),
+    ("beta", dict(beta=torch.ones(1, 70, 4, dtype=torch.int64)), "beta must be a floating-point tensor"),
+    ("q", dict(q=torch.ones(1, 70, 2, 128, dtype=torch.int32)), "q must be a floating-point tensor"),
+    ("A_log_len", dict(A_log=torch.randn(2)), r"A_log must have 4 elements .*got shape \(2,\)"),
+    ("A_log_int", dict(A_log=torch.ones(4, dtype=torch.int64)), "A_log must be a floating-point tensor"),
+    ("dt_bias_len", dict(dt_bias=torch.randn(128)), r"dt_bias must have 512 elements .*got shape \(128,\)"),
+    ("T0", dict(T=0), "empty input"),
+    ("H0", dict(H=0), "empty input"),
+])
+def test_bad_input_raises_before_any_launch(fla_calls, name, change, needle):
+    shape = {k: change.pop(k) for k in ("T", "H") if k in change}
+    q, k, v, g, beta = _inputs(**shape) if "H" not in shape else _inputs(H=0, HV=0)
+    t = dict(q=q, k=k, v=v, g=g, beta=beta, **GATE)
+    t.update(change)
+    if "q" in change:
+        t["k"] = change["q"]
+    before = launch_counts()
+    with pytest.raises(ValueError, match=needle):
+        kda.chunk_kda(t.pop("q"), t.pop("k"), t.pop("v"), t.pop("g"), t.pop("beta"), **t)
+    assert launch_counts() == before and not fla_calls

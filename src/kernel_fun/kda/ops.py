@@ -4,6 +4,8 @@ Drop-in for fla 0.6.0 ``fla.ops.kda.chunk_kda``; returns ``(o, final_state)``.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .._common import classify as C
@@ -17,6 +19,13 @@ _HALF = (torch.bfloat16, torch.float16)
 
 def _chunk_size(value, call):
     return None if value == 64 else f"chunk_size={value!r} (ours: 64)"
+
+
+def _transpose_state_layout(value, call):
+    # fla's deprecated alias of state_v_first: fla raises when both are set, so that goes there
+    if call["state_v_first"]:
+        return "both state_v_first and transpose_state_layout (fla raises)"
+    return None
 
 
 # One rule per parameter of fla's signature and per keyword fla reads from **kwargs.
@@ -33,7 +42,9 @@ RULES = {
     "lower_bound": C.only(None, "lower_bound (a different gate function)"),
     "disable_recompute": C.only(False, "disable_recompute"),
     "return_intermediate_states": C.only(False, "return_intermediate_states"),
-    "state_v_first": C.only(False, "state_v_first"),
+    # fla's layers always pass state_v_first=True: states are [N, HV, V, K] there, which ours
+    # serves by transposing views around the chain (the states are small next to q, k, v).
+    "state_v_first": C.ours(),
     "cu_seqlens": C.ours(),
     "cu_seqlens_cpu": C.ours(),
     "cp_context": C.only(None, "cp_context"),
@@ -43,7 +54,7 @@ RULES = {
     "A_log": C.ours(),
     "dt_bias": C.ours(),
     "chunk_size": C.check(_chunk_size),
-    "transpose_state_layout": C.check(lambda v, call: "transpose_state_layout (deprecated alias of state_v_first)"),
+    "transpose_state_layout": C.check(_transpose_state_layout),
 }
 
 
@@ -57,11 +68,27 @@ def _box(call: dict, extra: dict):
     HV, V = v.shape[2], v.shape[3]
     if tuple(k.shape) != tuple(q.shape) or v.shape[:2] != q.shape[:2]:
         raise ValueError(f"kda: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} disagree")
+    if 0 in (B, T, H, K, HV, V):
+        raise ValueError(f"kda: empty input: q {tuple(q.shape)}, v {tuple(v.shape)} (B, T, H, K, HV, V must be >= 1)")
     if HV % H:
         raise ValueError(f"kda: HV={HV} value heads must be a multiple of H={H}")
     if tuple(g.shape) != (B, T, HV, K) or tuple(beta.shape) != (B, T, HV):
         raise ValueError(f"kda: g must be [B, T, HV, K]={[B, T, HV, K]} and beta [B, T, HV]; "
                          f"got g {tuple(g.shape)}, beta {tuple(beta.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if not t.dtype.is_floating_point:
+            raise ValueError(f"kda: {name} must be a floating-point tensor, got {t.dtype}")
+    A_log, dt_bias = extra.get("A_log"), extra.get("dt_bias")
+    if call["use_gate_in_kernel"]:
+        for name, t, n in (("A_log", A_log, HV), ("dt_bias", dt_bias, HV * K)):
+            if t is None:
+                continue
+            if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
+                raise ValueError(f"kda: {name} must be a floating-point tensor, got "
+                                 f"{getattr(t, 'dtype', type(t).__name__)}")
+            if t.numel() != n:
+                raise ValueError(f"kda: {name} must have {n} elements ({'[HV]' if name == 'A_log' else '[HV * K]'}"
+                                 f" with HV={HV}, K={K}), got shape {tuple(t.shape)}")
     if call["allow_neg_eigval"] and not call["use_beta_sigmoid_in_kernel"]:
         return False, "allow_neg_eigval without use_beta_sigmoid_in_kernel (fla raises)"
     if call["use_gate_in_kernel"] and extra.get("A_log") is None:
@@ -75,8 +102,6 @@ def _box(call: dict, extra: dict):
         return False, f"K={K} (ours: 64, 128)"
     if V not in (64, 128, 256):
         return False, f"V={V} (ours: 64, 128, 256)"
-    if T == 0 or B == 0:
-        return False, "empty input"
     cu = call["cu_seqlens"]
     N = B
     if cu is not None:
@@ -88,9 +113,15 @@ def _box(call: dict, extra: dict):
     if h0 is not None:
         if h0.dtype != torch.float32:
             return False, f"initial_state dtype {h0.dtype} (fla asserts float32)"
-        if tuple(h0.shape) != (N, HV, K, V):
-            raise ValueError(f"kda: initial_state must be [N, HV, K, V]={[N, HV, K, V]}, got {tuple(h0.shape)}")
+        want = (N, HV, V, K) if _state_v_first(call, extra) else (N, HV, K, V)
+        if tuple(h0.shape) != want:
+            layout = "[N, HV, V, K]" if _state_v_first(call, extra) else "[N, HV, K, V]"
+            raise ValueError(f"kda: initial_state must be {layout}={list(want)}, got {tuple(h0.shape)}")
     return True, ""
+
+
+def _state_v_first(call: dict, extra: dict) -> bool:
+    return bool(call["state_v_first"] or extra.get("transpose_state_layout", False))
 
 
 def _signature(call: dict, extra: dict):
@@ -100,7 +131,8 @@ def _signature(call: dict, extra: dict):
                                           "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
                                           "allow_neg_eigval"))
     return (tuple(q.shape), tuple(v.shape), q.dtype, call["g"].dtype, call["beta"].dtype,
-            None if cu is None else cu.numel(), call["initial_state"] is not None, flags)
+            None if cu is None else cu.numel(), call["initial_state"] is not None, flags,
+            _state_v_first(call, extra))
 
 
 def _decide(call: dict, extra: dict):
@@ -168,8 +200,9 @@ def chunk_kda(
     Args: q, k ``[B, T, H, K]``; v ``[B, T, HV, V]`` (HV a multiple of H); g ``[B, T, HV, K]``
     (log-space decay, or the raw gate input with ``use_gate_in_kernel`` and ``A_log [HV]``,
     ``dt_bias [HV*K]`` passed as keywords); beta ``[B, T, HV]``; initial_state fp32
-    ``[N, HV, K, V]``; cu_seqlens ``[N+1]`` for packed documents (B == 1).
-    Returns ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``. Calls outside our box go
+    ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``, as fla's layers pass);
+    cu_seqlens ``[N+1]`` for packed documents (B == 1).
+    Returns ``(o [B, T, HV, V], final_state in initial_state's layout or None)``. Calls outside our box go
     to fla's ``chunk_kda`` verbatim (see ``is_supported`` and the INFO log for why).
     """
     call = dict(locals())
@@ -181,10 +214,20 @@ def chunk_kda(
         return fla_symbol("fla.ops.kda", "chunk_kda")(**call, **kwargs)
     from .autograd import ChunkKDAFunction
 
+    if "transpose_state_layout" in kwargs:
+        warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
+                      DeprecationWarning, stacklevel=2)
+    v_first = _state_v_first(call, kwargs)
+    if v_first and initial_state is not None:
+        # the chain keeps states [N, HV, K, V]; autograd carries dh0 back through the transpose
+        initial_state = initial_state.transpose(-1, -2).contiguous()
     K = q.shape[-1]
-    return ChunkKDAFunction.apply(
+    o, final_state = ChunkKDAFunction.apply(
         q, k, v, g, beta, kwargs.get("A_log") if use_gate_in_kernel else None,
         kwargs.get("dt_bias") if use_gate_in_kernel else None, initial_state,
         K ** -0.5 if scale is None else scale, output_final_state, use_qk_l2norm_in_kernel,
         use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
         cu_seqlens_cpu, _signature(call, kwargs))
+    if v_first and final_state is not None:
+        final_state = final_state.transpose(-1, -2).contiguous()  # fla returns [N, HV, V, K]
+    return o, final_state
