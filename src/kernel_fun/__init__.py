@@ -1,13 +1,35 @@
 """kernel-fun: fast GPU kernels for the linear-attention layers of hybrid language models.
 
 Each family is a drop-in for its flash-linear-attention (fla) counterpart:
-``kernel_fun.cconv``, ``kernel_fun.kda`` (and, as they land, ``gdn``, ``gnorm``).
+``kernel_fun.cconv``, ``kernel_fun.kda``, ``kernel_fun.gnorm`` (and, as it lands, ``gdn``);
+``kernel_fun.patch_fla()`` routes fla's own layers through them.
 Importing this package imports none of torch, triton or fla; the families import what
 they need when they are imported.
 """
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+
+def patch_fla(modules=()):
+    """Route fla's layers through kernel-fun (see ``kernel_fun.patch``); returns what it rebound."""
+    from .patch import patch_fla as _patch
+
+    return _patch(modules)
+
+
+def unpatch_fla():
+    """Undo ``patch_fla()``; returns what it restored."""
+    from .patch import unpatch_fla as _unpatch
+
+    return _unpatch()
+
+
+def patched_fla(modules=()):
+    """Context manager: ``with kernel_fun.patched_fla(): ...``."""
+    from .patch import patched_fla as _patched
+
+    return _patched(modules)
 
 
 def _dist_version(name: str) -> str | None:

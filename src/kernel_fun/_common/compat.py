@@ -204,4 +204,8 @@ def fla_symbol(module: str, symbol: str):
         if _fla_version() is None:
             raise FlaMissingError(f"kernel-fun needs fla (flash-linear-attention): {INSTALL_HINT}") from exc
         raise
-    return getattr(mod, symbol)
+    obj = getattr(mod, symbol)
+    # patch_fla() may have rebound this name to our drop-in: the fallback must reach fla's own
+    from .. import patch
+
+    return patch.original(module, symbol, obj) if patch.is_patched() else obj

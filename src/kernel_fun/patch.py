@@ -1,0 +1,160 @@
+"""``patch_fla()``: route fla's layers through kernel-fun, reversibly.
+
+fla's layers call their ops through names their modules bound at import
+(``fla.layers.kda`` did ``from fla.ops.kda import chunk_kda``; ``ShortConvolution.forward``
+reads its module's ``causal_conv1d``; ``FusedRMSNormGated.forward`` its module's
+``rms_norm_gated``). The patch rebinds exactly those names to kernel-fun's drop-ins. The names
+are read when a layer runs, not when it is built, so a model built before the patch gets it as
+well as one built after. fla's functions themselves are not touched: each drop-in's fallback
+calls the original, which ``compat.fla_symbol`` returns even where a name was rebound here.
+
+Modeling code that imports fla's ops itself (``from fla.ops.kda import chunk_kda`` in a model
+file) is patched by naming its module: ``patch_fla(modules=[my_model_module])`` rebinds every
+global of that module that *is* one of fla's replaced functions.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+from dataclasses import dataclass
+from types import ModuleType
+
+logger = logging.getLogger("kernel_fun")
+
+
+@dataclass(frozen=True)
+class Target:
+    """``module.name`` (a name an fla layer calls through) becomes ``ours`` (``pkg:attr``)."""
+
+    module: str
+    name: str
+    ours: str
+
+
+TARGETS: tuple = (
+    Target("fla.layers.kda", "chunk_kda", "kernel_fun.kda:chunk_kda"),
+    # ShortConvolution.forward (every q/k/v conv of KimiDeltaAttention and GatedDeltaNet)
+    Target("fla.modules.causal_conv1d.ops", "causal_conv1d", "kernel_fun.cconv:causal_conv1d"),
+    # GatedDeltaNet's fused q/k/v conv: one call over the three concatenated projections
+    Target("fla.layers.gated_deltanet", "causal_conv1d", "kernel_fun.cconv:causal_conv1d"),
+    # FusedRMSNormGated.forward (the layers' output norm)
+    Target("fla.modules.norm.fused_norm_gate", "rms_norm_gated", "kernel_fun.gnorm:rms_norm_gated"),
+    Target("fla.layers.gated_deltanet", "chunk_gated_delta_rule", "kernel_fun.gdn:chunk_gated_delta_rule"),
+)
+
+# (module name, attribute) -> (the module, fla's object), for every name rebound now
+_originals: dict = {}
+
+
+def _resolve(spec: str):
+    mod, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(mod), attr)
+
+
+def _family_available(target: Target):
+    """Our drop-in, or None when that family is not in this build of kernel-fun."""
+    try:
+        return _resolve(target.ours)
+    except (ImportError, AttributeError):
+        return None
+
+
+def original(module: str, name: str, current):
+    """fla's object behind ``module.name`` (``current`` unless this patch rebound it)."""
+    entry = _originals.get((module, name))
+    return current if entry is None else entry[1]
+
+
+def is_patched() -> bool:
+    return bool(_originals)
+
+
+def _is_fla(obj) -> bool:
+    return (getattr(obj, "__module__", None) or "").split(".")[0] == "fla"
+
+
+def _rebind(mod: ModuleType, name: str, ours) -> bool:
+    key = (mod.__name__, name)
+    if key in _originals:
+        return False  # already ours: patch_fla() is idempotent
+    current = getattr(mod, name)
+    if not _is_fla(current):
+        # someone else rebound it (another patcher, a user's wrapper): do not stack on it
+        logger.warning("kernel-fun patch: %s.%s is not fla's (it is %r); left as it is",
+                       mod.__name__, name, current)
+        return False
+    _originals[key] = (mod, current)
+    setattr(mod, name, ours)
+    return True
+
+
+def patch_fla(modules=()) -> list[str]:
+    """Route fla's layers (``KimiDeltaAttention``, ``GatedDeltaNet``, ``ShortConvolution``,
+    ``FusedRMSNormGated``) through kernel-fun. Idempotent; undone by ``unpatch_fla()``.
+
+    ``modules``: further modules (objects or dotted names) whose globals bind fla's replaced
+    functions directly (modeling code that imports fla's ops): those globals are rebound too.
+    Returns the names rebound by this call; logs them once at INFO.
+    A target fla no longer has raises ``FlaDriftError`` (a warning under
+    ``KERNEL_FUN_FALLBACK=1``): a patch that silently did nothing would read as 1.00x.
+    """
+    from ._common import compat, support
+
+    done, missing = [], []
+    replaced = {}  # id(fla's function behind a target) -> our drop-in
+    for t in TARGETS:
+        ours = _family_available(t)
+        if ours is None:
+            continue  # the family is not built yet (e.g. gdn): its layers keep fla's op
+        try:
+            mod = importlib.import_module(t.module)
+        except ImportError as exc:
+            missing.append(f"{t.module}.{t.name} ({type(exc).__name__}: {exc})")
+            continue
+        if not hasattr(mod, t.name):
+            missing.append(f"{t.module}.{t.name} (no such name)")
+            continue
+        replaced[id(original(t.module, t.name, getattr(mod, t.name)))] = ours
+        if _rebind(mod, t.name, ours):
+            done.append(f"{t.module}.{t.name}")
+    for m in modules:
+        mod = importlib.import_module(m) if isinstance(m, str) else m
+        for name, value in list(vars(mod).items()):
+            ours = replaced.get(id(value))
+            if ours is not None and _rebind(mod, name, ours):
+                done.append(f"{mod.__name__}.{name}")
+    if missing:
+        msg = "kernel-fun patch: fla drift: " + "; ".join(missing)
+        if not support.fallback_on_drift():
+            raise compat.FlaDriftError(msg + " (set KERNEL_FUN_FALLBACK=1 to go on with fla's op there)")
+        logger.warning("%s; KERNEL_FUN_FALLBACK=1: those layers keep fla's op", msg)
+    if done:
+        support.log_once(("patch", tuple(done)), "kernel-fun patch_fla: routed " + ", ".join(done))
+    return done
+
+
+def unpatch_fla() -> list[str]:
+    """Put back every name ``patch_fla()`` rebound; returns them."""
+    undone = []
+    for (module, name), (mod, obj) in list(_originals.items()):
+        setattr(mod, name, obj)
+        del _originals[(module, name)]
+        undone.append(f"{module}.{name}")
+    if undone:
+        logger.info("kernel-fun unpatch_fla: restored %s", ", ".join(undone))
+    return undone
+
+
+@contextlib.contextmanager
+def patched_fla(modules=()):
+    """``with patched_fla(): ...``: patched inside, restored after (only what this call rebound)."""
+    done = patch_fla(modules)
+    try:
+        yield done
+    finally:
+        for key in done:
+            module, _, name = key.rpartition(".")
+            entry = _originals.pop((module, name), None)
+            if entry is not None:
+                setattr(entry[0], name, entry[1])
