@@ -1,0 +1,341 @@
+"""`kernel-fun bench --model kda`: the model-level A/B, the number users are judged by.
+
+A small stack of fla's real layers (``KimiDeltaAttention``; fla 0.6.0 defaults: hidden 2048,
+16 heads, head_dim 128) with pre-norm residuals, an embedding and an LM head, trained for a few
+steps in one process on one GPU, bf16 autocast, AdamW, fixed seed and the same initial weights
+in every arm:
+
+- ``fla``: fla as installed;
+- ``ours``: ``kernel_fun.patch_fla()``;
+- ``disabled``: patched, with ``KERNEL_FUN_DISABLE=1`` (must equal ``fla`` bitwise);
+- ``fla_ulp``: fla with the embedding perturbed by one bf16 ulp: the noise floor that ours'
+  difference from fla is judged against (not zero).
+
+Reported per arm: median step time after warmup, first-step time (compile + autotune; whether
+Triton's on-disk cache was warm is recorded), peak memory, loss per step, step-0 gradient
+difference from fla per parameter group, launches of our kernels per family (the witness), and
+a per-kernel profile of one step (ours / fla's / torch GEMM / other).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import statistics
+import time
+
+LAYERS = {"kda": "KimiDeltaAttention"}
+DEFAULTS = dict(layers=4, hidden=2048, heads=16, head_dim=128, B=4, T=4096, vocab=8192, steps=12,
+                warmup=3, lr=3e-4, seed=0)
+ARMS = ("fla", "ours", "disabled", "fla_ulp")
+FAMILIES = ("cconv", "kda", "delta", "gnorm", "gdn")  # launch-counter prefixes of ours
+
+
+def parse(overrides: dict) -> dict:
+    """The shape and schedule from ``--shape`` overrides; an unknown key is an error."""
+    cfg = dict(DEFAULTS)
+    for key, value in overrides.items():
+        if key not in cfg:
+            raise SystemExit(f"kernel-fun bench --model: unknown key {key!r} (keys: {', '.join(cfg)})")
+        cfg[key] = type(DEFAULTS[key])(value)
+    return cfg
+
+
+def structured_tokens(B: int, T: int, vocab: int, seed: int):
+    """Tokens with learnable structure (so the loss falls): each sequence follows
+    ``x[t+1] = (a * x[t] + c) mod vocab`` with its own (a, c), 10% of positions replaced by
+    noise. [B, T+1] int64 on the GPU (inputs are [:, :-1], targets [:, 1:])."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randint(1, 8, (B, 1), generator=gen)
+    c = torch.randint(0, vocab, (B, 1), generator=gen)
+    x = torch.empty(B, T + 1, dtype=torch.int64)
+    x[:, :1] = torch.randint(0, vocab, (B, 1), generator=gen)
+    for t in range(T):
+        x[:, t + 1: t + 2] = (a * x[:, t: t + 1] + c) % vocab
+    noise = torch.rand(B, T + 1, generator=gen) < 0.1
+    x[noise] = torch.randint(0, vocab, (int(noise.sum()),), generator=gen)
+    return x
+
+
+def build(cfg: dict, layer: str = "kda"):
+    """The stack (fp32 parameters; the step runs under bf16 autocast)."""
+    import torch
+    import torch.nn as nn
+
+    import fla.layers as fla_layers
+
+    Layer = getattr(fla_layers, LAYERS[layer])
+
+    class Block(nn.Module):
+        def __init__(self, i):
+            super().__init__()
+            self.norm = nn.RMSNorm(cfg["hidden"], eps=1e-6)
+            self.attn = Layer(hidden_size=cfg["hidden"], num_heads=cfg["heads"], head_dim=cfg["head_dim"],
+                              layer_idx=i)
+
+        def forward(self, x):
+            return x + self.attn(self.norm(x))[0]
+
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(cfg["vocab"], cfg["hidden"])
+            self.blocks = nn.ModuleList(Block(i) for i in range(cfg["layers"]))
+            self.norm = nn.RMSNorm(cfg["hidden"], eps=1e-6)
+            self.head = nn.Linear(cfg["hidden"], cfg["vocab"], bias=False)
+
+        def forward(self, tokens):
+            x = self.embed(tokens)
+            for b in self.blocks:
+                x = b(x)
+            return self.head(self.norm(x))
+
+    torch.manual_seed(cfg["seed"])
+    return Stack().cuda()
+
+
+def group_of(name: str) -> str:
+    """The parameter group a gradient is reported under (the layer's parameter kind)."""
+    parts = name.split(".")
+    if parts[0] == "blocks":
+        rest = parts[2:]
+        if rest[0] == "attn":
+            return rest[1] if rest[1] in ("A_log", "dt_bias") else rest[1]
+        return "block_norm"
+    return parts[0]
+
+
+def perturb_one_ulp(w, seed: int):
+    """``w`` moved by one bf16 ulp per element, random sign (in place, no grad)."""
+    import torch
+
+    gen = torch.Generator(device=w.device).manual_seed(seed)
+    with torch.no_grad():
+        e = torch.floor(torch.log2(w.abs().clamp_min(1e-30)))
+        ulp = torch.exp2(e - 7)
+        sign = torch.randint(0, 2, w.shape, generator=gen, device=w.device) * 2 - 1
+        w.add_(ulp * sign)
+
+
+def classify_kernel(name: str, ours: set, fla: set) -> str:
+    low = name.lower()
+    if any(k in name for k in ours):
+        return "ours"
+    if any(k in name for k in fla):
+        return "fla"
+    if any(s in low for s in ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "wgmma")):
+        return "torch_gemm"
+    return "torch_other"
+
+
+def _jit_names(prefix: str) -> set:
+    """Names of the Triton kernels defined in loaded modules under ``prefix`` (profiler rows
+    carry the kernel's function name)."""
+    import sys
+
+    names = set()
+    for mname, mod in list(sys.modules.items()):
+        if not mname.startswith(prefix) or mod is None:
+            continue
+        for obj in list(vars(mod).values()):
+            fn, seen = obj, 0
+            while fn is not None and seen < 6 and not hasattr(fn, "arg_names"):
+                fn, seen = getattr(fn, "fn", None), seen + 1
+            if fn is not None and hasattr(fn, "arg_names") and getattr(fn, "__name__", None):
+                names.add(fn.__name__)
+    return names
+
+
+def _profile_step(step) -> list:
+    import torch
+
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t:
+            rows.append((e.key, t / 1e3, e.count))
+    return rows
+
+
+def _triton_cache_entries() -> int:
+    try:
+        from triton import knobs
+
+        root = knobs.cache.dir
+    except Exception:
+        root = os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    n = 0
+    for _, _, files in os.walk(root):
+        n += sum(f.endswith(".autotune.json") for f in files)
+    return n
+
+
+@contextlib.contextmanager
+def _arm_env(arm: str):
+    import kernel_fun
+
+    saved = os.environ.get("KERNEL_FUN_DISABLE")
+    if arm in ("ours", "disabled"):
+        kernel_fun.patch_fla()
+    if arm == "disabled":
+        os.environ["KERNEL_FUN_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        kernel_fun.unpatch_fla()
+        if saved is None:
+            os.environ.pop("KERNEL_FUN_DISABLE", None)
+        else:
+            os.environ["KERNEL_FUN_DISABLE"] = saved
+
+
+def run_arm(arm: str, cfg: dict, init_state: dict, tokens, layer: str) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from .._common.witness import launch_counts
+
+    model = build(cfg, layer)
+    model.load_state_dict(init_state)
+    if arm == "fla_ulp":
+        perturb_one_ulp(model.embed.weight, cfg["seed"] + 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=0.01)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    out = {"arm": arm, "loss": [], "step_ms": []}
+
+    def step(record_grads=False):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(inputs)
+        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+        loss.backward()
+        grads = None
+        if record_grads:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        opt.step()
+        return loss, grads
+
+    with _arm_env(arm):
+        before = launch_counts()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        for i in range(cfg["steps"]):
+            t0 = time.perf_counter()
+            loss, grads = step(record_grads=(i == 0))
+            out["loss"].append(float(loss))  # a sync: the step is done
+            torch.cuda.synchronize()
+            out["step_ms"].append((time.perf_counter() - t0) * 1e3)
+            if i == 0:
+                out["grads0"] = grads
+        out["peak_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        after = launch_counts()
+        launched = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+        out["launches"] = {fam: sum(v for k, v in launched.items() if k.startswith(fam + "."))
+                           for fam in FAMILIES}
+        out["profile"] = _profile_step(lambda: step())
+    del model, opt
+    torch.cuda.empty_cache()
+    return out
+
+
+def _rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def grad_diffs(grads: dict, ref: dict) -> dict:
+    """Relative RMS difference per parameter group (all of a group's tensors together)."""
+    import torch
+
+    groups: dict = {}
+    for name, g in grads.items():
+        groups.setdefault(group_of(name), []).append((g.flatten(), ref[name].flatten()))
+    return {grp: round(_rel(torch.cat([a for a, _ in pairs]), torch.cat([b for _, b in pairs])), 6)
+            for grp, pairs in sorted(groups.items())}
+
+
+def summarize_profile(rows: list, ours: set, fla: set) -> dict:
+    by = {"ours": 0.0, "fla": 0.0, "torch_gemm": 0.0, "torch_other": 0.0}
+    kernels = []
+    for name, ms, count in rows:
+        kind = classify_kernel(name, ours, fla)
+        by[kind] += ms
+        kernels.append({"kernel": name[:120], "kind": kind, "ms": round(ms, 4), "calls": count})
+    kernels.sort(key=lambda r: -r["ms"])
+    return {"by_kind_ms": {k: round(v, 3) for k, v in by.items()}, "kernels": kernels[:40]}
+
+
+def main(layer: str, overrides: dict, json_path: str | None) -> int:
+    import torch
+
+    from . import harness
+
+    if layer not in LAYERS:
+        raise SystemExit(f"kernel-fun bench --model: unknown layer {layer!r} (layers: {', '.join(LAYERS)})")
+    cfg = parse(overrides)
+    if not torch.cuda.is_available():
+        print("kernel-fun bench --model: the model A/B needs a CUDA GPU; none here.")
+        return 2
+    cache_entries = _triton_cache_entries()
+    print(f"model A/B: {cfg['layers']} x fla {LAYERS[layer]}, hidden {cfg['hidden']}, {cfg['heads']} heads x "
+          f"{cfg['head_dim']}, B={cfg['B']} T={cfg['T']}, {cfg['steps']} steps, lr {cfg['lr']} "
+          f"(on-disk autotune entries at start: {cache_entries})", flush=True)
+    init_state = {k: v.detach().clone() for k, v in build(cfg, layer).state_dict().items()}
+    tokens = structured_tokens(cfg["B"], cfg["T"], cfg["vocab"], cfg["seed"]).cuda()
+    arms = {}
+    for arm in ARMS:
+        t0 = time.perf_counter()
+        arms[arm] = run_arm(arm, cfg, init_state, tokens, layer)
+        a = arms[arm]
+        timed = a["step_ms"][cfg["warmup"]:]
+        a["median_step_ms"] = round(statistics.median(timed), 3)
+        a["first_step_s"] = round(a["step_ms"][0] / 1e3, 2)
+        print(f"  {arm:9s} median step {a['median_step_ms']:9.2f} ms  first step {a['first_step_s']:7.2f} s  "
+              f"peak {a['peak_mb']:9.1f} MB  launches {a['launches']}  ({time.perf_counter() - t0:.0f} s)",
+              flush=True)
+    ours_names, fla_names = _jit_names("kernel_fun"), _jit_names("fla")
+    ref = arms["fla"]
+    for arm in ARMS:
+        a = arms[arm]
+        a["grad_rel_diff_vs_fla"] = grad_diffs(a.pop("grads0"), ref["grads0"]) if arm != "fla" else {}
+        a["loss_abs_diff_vs_fla"] = [round(abs(x - y), 6) for x, y in zip(a["loss"], ref["loss"])]
+        a["profile"] = summarize_profile(a["profile"], ours_names, fla_names)
+    ref.pop("grads0")
+    bitwise = arms["disabled"]["loss"] == ref["loss"] and all(
+        v == 0 for v in arms["disabled"]["grad_rel_diff_vs_fla"].values())
+    o, f = arms["ours"], ref
+    replaced_ours = o["profile"]["by_kind_ms"]["ours"] + o["profile"]["by_kind_ms"]["fla"]
+    replaced_fla = f["profile"]["by_kind_ms"]["fla"]
+    summary = {
+        "step_speedup": round(f["median_step_ms"] / o["median_step_ms"], 3),
+        "replaced_kernels_speedup": round(replaced_fla / replaced_ours, 3) if replaced_ours else None,
+        "replaced_kernels_ms": {"fla": round(replaced_fla, 3), "ours": round(replaced_ours, 3)},
+        "peak_mb": {"fla": f["peak_mb"], "ours": o["peak_mb"]},
+        "first_step_s": {"fla": f["first_step_s"], "ours": o["first_step_s"]},
+        "disabled_equals_fla_bitwise": bitwise,
+        "engaged": {fam: n > 0 for fam, n in o["launches"].items()},
+        "grad_diff_over_noise_floor": {
+            g: round(o["grad_rel_diff_vs_fla"][g] / max(arms["fla_ulp"]["grad_rel_diff_vs_fla"][g], 1e-12), 2)
+            for g in o["grad_rel_diff_vs_fla"]},
+        "max_loss_diff": {"ours": max(o["loss_abs_diff_vs_fla"]),
+                          "fla_ulp": max(arms["fla_ulp"]["loss_abs_diff_vs_fla"])},
+    }
+    print(f"step speedup {summary['step_speedup']}x; replaced kernels {summary['replaced_kernels_ms']} ms "
+          f"({summary['replaced_kernels_speedup']}x); peak {summary['peak_mb']} MB; disabled == fla bitwise: "
+          f"{bitwise}; engaged {summary['engaged']}", flush=True)
+    print(f"loss fla    {[round(x, 4) for x in f['loss']]}", flush=True)
+    print(f"loss ours   {[round(x, 4) for x in o['loss']]}", flush=True)
+    print(f"step-0 grad diff / noise floor per group: {summary['grad_diff_over_noise_floor']}", flush=True)
+    rows = [{"family": "model", "case": f"{layer}_x{cfg['layers']}", "shape": cfg, "direction": "step",
+             "ours_ms": o["median_step_ms"], "fla_ms": f["median_step_ms"], "speedup": summary["step_speedup"],
+             "engaged": all(summary["engaged"][fam] for fam in ("cconv", "kda", "gnorm"))}]
+    rec = harness.record(rows, {}, extra={"model": {"config": cfg, "autotune_cache_entries_at_start": cache_entries,
+                                                    "summary": summary, "arms": arms}})
+    harness.write_record(rec, json_path)
+    return 0 if rows[0]["engaged"] and bitwise else 3

@@ -1,0 +1,96 @@
+"""fla's own ``KimiDeltaAttention`` layer, patched, forward and backward on the CPU: our conv,
+kda and gnorm kernels through the interpreter (fla's remaining kda stages as the plain-torch
+stand-ins of tests/kda), each family's launch witnessed, built before and after the patch; and
+the layer's output and gradients with our chunk_kda against the same layer whose chunk_kda is
+the fp64 reference (the exact call the layer makes: state_v_first, the gate, beta sigmoid)."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernel_fun
+from kernel_fun._common.witness import launch_counts
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "kda"))
+import fla_standins  # noqa: E402
+
+CFG = dict(hidden_size=128, num_heads=2, head_dim=64)  # K = V = 64: the box's smallest heads
+B, T = 1, 40
+
+
+@pytest.fixture(autouse=True)
+def _cpu_tier(monkeypatch, clean_state):
+    if torch.cuda.is_available():
+        pytest.skip("the CPU tier; on the GPU the model A/B (kernel-fun bench --model) runs the layers")
+    fla_standins.install(monkeypatch)
+    kernel_fun.unpatch_fla()
+    yield
+    kernel_fun.unpatch_fla()
+
+
+def _layer(seed=0):
+    from fla.layers import KimiDeltaAttention
+
+    torch.manual_seed(seed)
+    return KimiDeltaAttention(**CFG, layer_idx=0).to(torch.float16)
+
+
+def _step(layer, x):
+    out = layer(x)[0]
+    grads = torch.autograd.grad(out.float().square().mean(), [x] + list(layer.parameters()), allow_unused=True)
+    return out, grads
+
+
+@pytest.mark.parametrize("order", ["built_before_patch", "built_after_patch"])
+def test_kda_layer_engages_every_family(order):
+    x = (torch.randn(B, T, CFG["hidden_size"]) * 0.5).to(torch.float16).requires_grad_(True)
+    if order == "built_before_patch":
+        layer = _layer()
+        kernel_fun.patch_fla()
+    else:
+        kernel_fun.patch_fla()
+        layer = _layer()
+    before = launch_counts()
+    out, grads = _step(layer, x)
+    ran = {k: n - before.get(k, 0) for k, n in launch_counts().items() if n != before.get(k, 0)}
+    fams = {k.split(".")[0] for k in ran}
+    assert {"cconv", "kda", "delta", "gnorm"} <= fams, ran
+    assert torch.isfinite(out).all() and all(g is None or torch.isfinite(g).all() for g in grads)
+
+
+def _reference_chunk_kda(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None,
+                         output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                         use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False,
+                         lower_bound=None, state_v_first=False, cu_seqlens=None, **kw):
+    from kernel_fun.kda.reference import chunk_kda_ref
+
+    assert not kw and not safe_gate and lower_bound is None and initial_state is None
+    o, ht = chunk_kda_ref(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, output_final_state=output_final_state,
+                          use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
+                          use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                          cu_seqlens=cu_seqlens)
+    return o.to(q.dtype), (None if ht is None else ht.transpose(-1, -2) if state_v_first else ht)
+
+
+def test_kda_layer_matches_the_layer_on_the_reference():
+    import fla.layers.kda as kda_layer
+
+    from kernel_fun._common.numerics import rel_rms
+
+    x = (torch.randn(B, T, CFG["hidden_size"]) * 0.5).to(torch.float16).requires_grad_(True)
+    kernel_fun.patch_fla()
+    layer = _layer()
+    out, grads = _step(layer, x)
+    ours = kda_layer.chunk_kda
+    kda_layer.chunk_kda = _reference_chunk_kda  # conv and norm stay ours (by hand: see _cpu_tier)
+    try:
+        ref_out, ref_grads = _step(layer, x)
+    finally:
+        kda_layer.chunk_kda = ours
+    assert rel_rms(out, ref_out) < 5e-3
+    names = ["x"] + [n for n, _ in layer.named_parameters()]
+    errs = {n: rel_rms(a, b) for n, a, b in zip(names, grads, ref_grads) if b is not None}
+    assert set(errs) >= {"x", "A_log", "dt_bias", "q_proj.weight", "q_conv1d.weight", "o_norm.weight"}
+    bad = {n: e for n, e in errs.items() if not e < 1e-2}
+    assert not bad, errs
