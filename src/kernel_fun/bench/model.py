@@ -5,8 +5,8 @@ A small stack of fla's real layers (``KimiDeltaAttention``; fla 0.6.0 defaults: 
 steps in one process on one GPU, bf16 autocast, AdamW, fixed seed and the same initial weights
 in every arm:
 
-- ``fla``: fla as installed;
 - ``ours``: ``kernel_fun.patch_fla()``;
+- ``fla``: fla as installed (the reference of every comparison);
 - ``disabled``: patched, with ``KERNEL_FUN_DISABLE=1`` (must equal ``fla`` bitwise);
 - ``fla_ulp``: fla with the embedding perturbed by one bf16 ulp: the noise floor that ours'
   difference from fla is judged against (not zero).
@@ -26,8 +26,11 @@ import time
 
 LAYERS = {"kda": "KimiDeltaAttention"}
 DEFAULTS = dict(layers=4, hidden=2048, heads=16, head_dim=128, B=4, T=4096, vocab=8192, steps=12,
-                warmup=3, lr=3e-4, seed=0)
-ARMS = ("fla", "ours", "disabled", "fla_ulp")
+                warmup=3, lr=5e-4, seed=0)
+# ours first: its first step then also tunes the fla stages our chain still calls, as a user's
+# first step would (fla's arm finds those warm); a second run of the bench, with Triton's
+# on-disk cache warm, gives both arms' first step on equal terms.
+ARMS = ("ours", "fla", "disabled", "fla_ulp")
 FAMILIES = ("cconv", "kda", "delta", "gnorm", "gdn")  # launch-counter prefixes of ours
 
 
@@ -113,17 +116,18 @@ def perturb_one_ulp(w, seed: int):
 
     gen = torch.Generator(device=w.device).manual_seed(seed)
     with torch.no_grad():
-        e = torch.floor(torch.log2(w.abs().clamp_min(1e-30)))
-        ulp = torch.exp2(e - 7)
+        _, e = torch.frexp(w)  # |w| in [2^(e-1), 2^e): bf16's 7 mantissa bits give ulp 2^(e-8)
+        ulp = torch.ldexp(torch.ones_like(w), e - 8)
         sign = torch.randint(0, 2, w.shape, generator=gen, device=w.device) * 2 - 1
         w.add_(ulp * sign)
 
 
 def classify_kernel(name: str, ours: set, fla: set) -> str:
+    # a Triton kernel's profiler row is its function's name, exactly
     low = name.lower()
-    if any(k in name for k in ours):
+    if name in ours:
         return "ours"
-    if any(k in name for k in fla):
+    if name in fla:
         return "fla"
     if any(s in low for s in ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "wgmma")):
         return "torch_gemm"

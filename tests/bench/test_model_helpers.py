@@ -1,0 +1,51 @@
+"""The model A/B's pieces that need no GPU: the config parser, the structured tokens, the
+noise-floor perturbation, parameter groups and the kernel classifier."""
+import pytest
+import torch
+
+from kernel_fun.bench import model
+
+
+def test_parse_overrides_and_rejects_unknown_keys():
+    cfg = model.parse({"layers": "2", "T": "1024", "lr": "1e-3"})
+    assert cfg["layers"] == 2 and cfg["T"] == 1024 and cfg["lr"] == 1e-3 and cfg["hidden"] == 2048
+    with pytest.raises(SystemExit, match="unknown key 'D'"):
+        model.parse({"D": "4"})
+
+
+def test_structured_tokens_follow_their_recurrence_mostly():
+    x = model.structured_tokens(3, 500, 1000, seed=0)
+    assert x.shape == (3, 501) and x.dtype == torch.int64 and int(x.min()) >= 0 and int(x.max()) < 1000
+    assert torch.equal(x, model.structured_tokens(3, 500, 1000, seed=0))  # seeded
+    # most steps follow x[t+1] = (a x[t] + c) mod V for one (a, c) per sequence: the loss can fall
+    for row in x:
+        best = max(((row[1:] == (a * row[:-1] + c) % 1000).float().mean().item(), a)
+                   for a in range(1, 8) for c in [int((row[1] - a * row[0]) % 1000)])
+        assert best[0] > 0.7
+
+
+def test_one_ulp_perturbation_is_one_bf16_ulp():
+    """bf16 values move to a bf16 neighbour one ulp of their binade away, up or down."""
+    w = (torch.randn(1000, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16).float()
+    w[:3] = torch.tensor([1.0, -2.0, 0.75])  # binade edges
+    p = w.clone()
+    model.perturb_one_ulp(p, seed=1)
+    assert torch.equal(p.to(torch.bfloat16).float(), p)  # still a bf16 value
+    _, e = torch.frexp(w)
+    assert torch.equal((p - w).abs(), torch.ldexp(torch.ones_like(w), e - 8))
+    assert (p > w).any() and (p < w).any()
+
+
+def test_parameter_groups():
+    assert model.group_of("blocks.3.attn.A_log") == "A_log"
+    assert model.group_of("blocks.0.attn.q_conv1d.weight") == "q_conv1d"
+    assert model.group_of("blocks.1.norm.weight") == "block_norm"
+    assert model.group_of("embed.weight") == "embed"
+
+
+def test_kernel_classifier():
+    ours, fla = {"state_scan_fwd_kernel"}, {"chunk_kda_fwd_kernel_intra_token_parallel"}
+    assert model.classify_kernel("state_scan_fwd_kernel", ours, fla) == "ours"
+    assert model.classify_kernel("chunk_kda_fwd_kernel_intra_token_parallel", ours, fla) == "fla"
+    assert model.classify_kernel("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_TNT", ours, fla) == "torch_gemm"
+    assert model.classify_kernel("vectorized_elementwise_kernel", ours, fla) == "torch_other"
