@@ -25,7 +25,7 @@ def doctor() -> int:
     Exit 0 on a healthy machine (GPU or not); 1 when fla is missing; 2 when fla drifted.
     """
     from . import versions
-    from ._common import support
+    from ._common import gate, hardware, switches
 
     v = versions()
     print(f"kernel-fun {v['kernel_fun']}")
@@ -58,7 +58,7 @@ def doctor() -> int:
             print(f"  {fam:6s} would fall back: fla unusable (see above)")
             continue
         try:
-            ok, reason = support.decide(fam, support.machine_gate)
+            ok, reason = gate.decide(fam, hardware.machine_gate)
         except Exception as exc:  # doctor reports, it does not crash
             ok, reason = False, f"{type(exc).__name__}: {exc}"
         verdict = "would engage" if ok else f"would fall back to fla: {reason}"
@@ -68,7 +68,7 @@ def doctor() -> int:
     switches = {k: v for k, v in os.environ.items() if k.startswith("KERNEL_FUN_")}
     if switches:
         print("switches: " + ", ".join(f"{k}={v}" for k, v in sorted(switches.items())))
-    unknown = support.unknown_variables()
+    unknown = switches.unknown_variables()
     if unknown:
         print("ignored (no such switch): " + ", ".join(unknown))
     if status:
