@@ -5,6 +5,7 @@ per call, Triton's tensor-map encoding per launch, the autotune pre-hook) outwei
 faster walk.
 
     python scripts/cconv_host.py out.json [--public-only]
+    python scripts/cconv_host.py --cpu     # no GPU: the public entry's own Python, launch stubbed
 
 Per shape and path: host_us, the wall time per call of 300 back-to-back calls with the queue
 kept short (the host's cost when it, not the GPU, is the bottleneck); gpu_us, the device time
@@ -49,7 +50,39 @@ def measure(fn, graph=True):
                 call_us=bench(fn) * 1e3)
 
 
+def cpu_entry_cost(N=5000, R=15):
+    """The Python the public forward adds around its kernel, on this CPU, no GPU needed: the
+    public call with conv_fwd stubbed to torch.empty_like, minus the autograd Function's apply
+    alone with the same stub (gates, classifier, validation, signature, report). Best of R
+    loops of N calls (a shared machine adds noise, never removes it)."""
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU tensors pass the tensor gate
+    from kernel_fun import cconv
+    from kernel_fun.cconv import autograd as A
+
+    A.conv_fwd = lambda x, w, b, silu, cu, tma=None: torch.empty_like(x)
+    x = torch.randn(2, 64, 32, requires_grad=True)
+    w = torch.randn(32, 4, requires_grad=True)
+
+    def best_us(fn):
+        for _ in range(300):
+            fn()
+        best = float("inf")
+        for _ in range(R):
+            t0 = time.perf_counter()
+            for _ in range(N):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / N * 1e6)
+        return best
+
+    public = best_us(lambda: cconv.causal_conv1d(x, w, activation="silu"))
+    apply = best_us(lambda: A.CausalConv1dFunction.apply(x, w, None, True, None, ("s",), False))
+    print(f"CPU host: public forward {public:.1f} us, Function.apply alone {apply:.1f} us, "
+          f"entry overhead {public - apply:.1f} us per call (launch stubbed)")
+
+
 def main():
+    if "--cpu" in sys.argv:
+        return cpu_entry_cost()
     from kernel_fun.cconv._kernels import fwd as F_
 
     out = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,

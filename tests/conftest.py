@@ -39,15 +39,15 @@ def device():
 def clean_state(monkeypatch):
     """No KERNEL_FUN_* switches, and the per-process caches (log-once, warm signatures, fla
     drift status) forgotten before and after the test."""
-    from kernel_fun._common import compat, support
+    from kernel_fun._common import capture, compat, report
 
     for k in list(os.environ):
         if k.startswith("KERNEL_FUN_"):
             monkeypatch.delenv(k)
-    for reset in (support.reset_logged, support.reset_warm, compat.reset):
+    for reset in (report.reset_logged, capture.reset_warm, compat.reset):
         reset()
     yield
-    for reset in (support.reset_logged, support.reset_warm, compat.reset):
+    for reset in (report.reset_logged, capture.reset_warm, compat.reset):
         reset()
 
 

@@ -25,7 +25,7 @@ def doctor() -> int:
     Exit 0 on a healthy machine (GPU or not); 1 when fla is missing; 2 when fla drifted.
     """
     from . import versions
-    from ._common import support
+    from ._common import gate, hardware, switches
 
     v = versions()
     print(f"kernel-fun {v['kernel_fun']}")
@@ -58,17 +58,17 @@ def doctor() -> int:
             print(f"  {fam:6s} would fall back: fla unusable (see above)")
             continue
         try:
-            ok, reason = support.decide(fam, support.machine_gate)
+            ok, reason = gate.decide(fam, hardware.machine_gate)
         except Exception as exc:  # doctor reports, it does not crash
             ok, reason = False, f"{type(exc).__name__}: {exc}"
         verdict = "would engage" if ok else f"would fall back to fla: {reason}"
         if ok and reason:
             verdict += f" ({reason})"
         print(f"  {fam:6s} {verdict}")
-    switches = {k: v for k, v in os.environ.items() if k.startswith("KERNEL_FUN_")}
-    if switches:
-        print("switches: " + ", ".join(f"{k}={v}" for k, v in sorted(switches.items())))
-    unknown = support.unknown_variables()
+    set_vars = {k: v for k, v in os.environ.items() if k.startswith("KERNEL_FUN_")}
+    if set_vars:
+        print("switches: " + ", ".join(f"{k}={v}" for k, v in sorted(set_vars.items())))
+    unknown = switches.unknown_variables()
     if unknown:
         print("ignored (no such switch): " + ", ".join(unknown))
     if status:
@@ -88,29 +88,42 @@ def _has_cuda() -> bool:
 
 def check(families: list[str]) -> int:
     """The interpreted correctness check of every family present, at small shapes, against
-    the references. Exit 0 when all pass."""
+    the references: one line per kernel. Exit 0 when all pass."""
     import importlib
 
     device = "cuda" if _has_cuda() else "cpu"
     if device == "cpu":
         # Before any kernel module is imported: triton.jit reads it at decoration time.
         os.environ["TRITON_INTERPRET"] = "1"
+    from .bench.harness import check_family
+
     failures = []
     for fam in families:
-        mod = importlib.import_module(f"kernel_fun.bench.{fam}")
-        fails = mod.check(device)
-        print(f"check {fam}: {'ok' if not fails else 'FAILED'} ({device}"
-              f"{', interpreted' if device == 'cpu' else ''})")
-        for f in fails:
-            print(f"  {f}")
-        failures += fails
+        failures += check_family(fam, importlib.import_module(f"kernel_fun.bench.{fam}"), device)
     return 1 if failures else 0
 
 
-def bench(families: list[str], overrides: dict, json_path: str | None, only: list[str] | None = None) -> int:
-    """Ours and fla's side by side on this GPU; on a machine without CUDA, the check instead."""
+def _selected_cases(families, overrides, only):
+    """[(family, module, [(name, build)])] for the request; ``UsageError`` when it does not fit."""
     import importlib
 
+    from .bench.harness import check_cases, check_request
+
+    out, known = [], {}
+    for fam in families:
+        mod = importlib.import_module(f"kernel_fun.bench.{fam}")
+        check_request(fam, mod, overrides)
+        cases = mod.cases(overrides)
+        known[fam] = [n for n, _ in cases]
+        out.append((fam, mod, [(n, b) for n, b in cases if not only or n in only]))
+    check_cases(known, only)
+    return out
+
+
+def bench(families: list[str], overrides: dict, json_path: str | None, only: list[str] | None = None) -> int:
+    """Ours and fla's side by side on this GPU; on a machine without CUDA, the check instead.
+    A request that does not fit a family is refused before anything runs."""
+    selected = _selected_cases(families, overrides, only)
     if not _has_cuda():
         print("kernel-fun bench: timings need a CUDA GPU; none here, so running `kernel-fun check` "
               "(the interpreted correctness check) instead.")
@@ -125,38 +138,58 @@ def bench(families: list[str], overrides: dict, json_path: str | None, only: lis
     print(harness.header(), flush=True)
     rows = []
     rec = harness.record(rows, ceilings)  # rows fill in place; rewritten after every case, so
-    for fam in families:                  # an interrupted run keeps what it measured
-        mod = importlib.import_module(f"kernel_fun.bench.{fam}")
-        for name, build in mod.cases(overrides):
-            if only and name not in only:
-                continue
+    for fam, mod, cases in selected:      # an interrupted run keeps what it measured
+        for name, build in cases:
             rows += harness.run_case(build(), ceilings)
             torch.cuda.empty_cache()
             json_path = harness.write_record(rec, json_path)
-    if not rows:  # no case selected: still leave the (empty) record with its ceilings
-        harness.write_record(rec, json_path)
     return 0 if all(r["engaged"] for r in rows) else 3
 
 
 def _parse_shape(text: str | None) -> dict:
+    from .bench.harness import UsageError
+
     if not text:
         return {}
     out = {}
     for part in text.split(","):
         key, _, value = part.partition("=")
-        if not key or not value:
-            raise SystemExit(f"--shape: expected KEY=VALUE[,KEY=VALUE...], got {text!r}")
+        if not key.strip() or not value.strip():
+            raise UsageError(f"--shape: expected KEY=VALUE[,KEY=VALUE...], got {text!r}")
         out[key.strip()] = value.strip()
     return out
 
 
+def _families_help() -> str:
+    """The cases and --shape keys of each family, for --help (builds nothing)."""
+    import importlib
+
+    from .bench.harness import case_names
+
+    lines = ["families, their cases (--case) and shape keys (--shape):"]
+    for fam in BENCH_FAMILIES:
+        try:
+            mod = importlib.import_module(f"kernel_fun.bench.{fam}")
+            names = ", ".join(case_names(mod))
+            keys = getattr(mod, "SHAPE_KEYS", None)
+            keys = ", ".join(f"{k} ({v})" for k, v in keys.items()) if keys else "none declared"
+        except Exception as exc:  # help must print even where a family cannot be imported
+            names, keys = f"unavailable ({type(exc).__name__}: {exc})", "-"
+        lines += [f"  {fam}:", f"    cases: {names}", f"    shape keys: {keys}"]
+    lines.append("  (--shape replaces the production shape's keys and runs one 'custom' case)")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from .bench.harness import UsageError
+
     parser = argparse.ArgumentParser(prog="kernel-fun", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="versions, device, which families would engage here, fla drift")
     for name, text in (("bench", "ours vs fla side by side on the GPU (the check without one)"),
                        ("check", "interpreted correctness check of every family, small shapes")):
-        p = sub.add_parser(name, help=text)
+        p = sub.add_parser(name, help=text, epilog=_families_help(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--family", action="append", choices=BENCH_FAMILIES,
                        help="restrict to a family (repeatable); default: all present")
         if name == "bench":
@@ -170,7 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         return check(families)
     if args.command == "bench":
-        return bench(families, _parse_shape(args.shape), args.json, args.case)
+        try:
+            return bench(families, _parse_shape(args.shape), args.json, args.case)
+        except UsageError as exc:
+            print(f"kernel-fun bench: {exc}", file=sys.stderr)
+            return 2
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernel_fun import cconv
-from kernel_fun._common import compat, support
+from kernel_fun._common import capture, compat
 from kernel_fun._common.classify import signature_problems
 from kernel_fun._common.witness import launches
 from kernel_fun.cconv import ops
@@ -73,7 +73,8 @@ def test_swish_is_silu_and_varlen_through_entry():
     (dict(residual="R"), "residual"),
     (dict(initial_state="S"), "initial_state"),
     (dict(output_final_state=True), "output_final_state=True"),
-    (dict(backend="cuda"), "backend='cuda'"),
+    (dict(backend=None), "backend=None"),
+    (dict(backend="gluon"), "backend='gluon'"),
     (dict(cp_context="CP"), "cp_context"),
     (dict(activation="relu"), "activation='relu'"),
     (dict(seq_idx="S"), "'seq_idx' is not classified"),
@@ -81,6 +82,9 @@ def test_swish_is_silu_and_varlen_through_entry():
 def test_routed_arguments_fall_back_with_reason(fla_calls, caplog, kwargs, needle):
     caplog.set_level(logging.INFO, logger="kernel_fun")
     x, w, b = _inputs()
+    # valid tensors for the tensor arguments (their shapes are checked before routing)
+    stand_in = {"R": torch.randn_like(x), "S": torch.randn(x.shape[0], x.shape[2], w.shape[1])}
+    kwargs = {k: stand_in.get(v, v) if isinstance(v, str) else v for k, v in kwargs.items()}
     ok, reason = cconv.is_supported(x, w, b, **kwargs)
     assert not ok and needle in reason
     before = launches("cconv.")
@@ -89,7 +93,7 @@ def test_routed_arguments_fall_back_with_reason(fla_calls, caplog, kwargs, needl
     assert launches("cconv.") == before
     assert fla_calls[-1]["x"] is x
     for k, v in kwargs.items():
-        assert fla_calls[-1][k] == v  # forwarded verbatim
+        assert fla_calls[-1][k] is v  # forwarded verbatim
     assert f"falling back to fla: {reason}" in caplog.text
 
 
@@ -121,15 +125,101 @@ def test_cpu_tensor_without_interpreter_routes(fla_calls, monkeypatch):
 
 
 @pytest.mark.parametrize("make,match", [
-    (lambda: (torch.randn(2, 9, 12), torch.randn(10, 4)), "disagree on D"),
-    (lambda: (torch.randn(2, 9, 12), torch.randn(12, 4, 1)), r"weight must be \[D, W\]"),
-    (lambda: (torch.randint(0, 5, (2, 9, 12)), torch.randn(12, 4)), "float tensor"),
-    (lambda: (torch.randn(9, 12), torch.randn(12, 4)), r"x must be \[B, T, D\]"),
+    (lambda: (torch.randn(2, 9, 12), torch.randn(10, 4)), r"x \(2, 9, 12\) and weight \(10, 4\) disagree on D"),
+    (lambda: (torch.randn(2, 9, 12), torch.randn(12, 4, 1)), r"weight must be \[D, W\], got shape \(12, 4, 1\)"),
+    (lambda: (torch.randn(2, 9, 12), torch.randn(12, 0)), r"weight \(12, 0\) has width W=0"),
+    (lambda: (torch.randint(0, 5, (2, 9, 12)), torch.randn(12, 4)), "x must be a float tensor, got torch.int64"),
+    (lambda: (torch.randn(2, 9, 12), torch.randint(0, 5, (12, 4))), "weight must be a float tensor, got torch.int64"),
+    (lambda: (torch.randn(9, 12), torch.randn(12, 4)), r"x must be \[B, T, D\], got shape \(9, 12\)"),
 ])
-def test_bad_input_is_a_clear_value_error(make, match):
+def test_bad_input_is_a_clear_value_error(fla_calls, make, match):
     x, w = make()
+    before = launches("cconv.")
     with pytest.raises(ValueError, match=match):
         cconv.causal_conv1d(x, w)
+    with pytest.raises(ValueError, match=match):
+        cconv.is_supported(x, w)
+    assert launches("cconv.") == before and not fla_calls
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(bias=torch.randn(11)), r"bias must be \[D\] = \[12\], got shape \(11,\)"),
+    (dict(bias=torch.randn(12, 1)), r"bias must be \[D\] = \[12\], got shape \(12, 1\)"),
+    (dict(bias=torch.arange(12)), "bias must be a float tensor, got torch.int64"),
+    (dict(residual=torch.randn(2, 9, 11)), r"residual must be \[B, T, D\] = \[2, 9, 12\], got shape \(2, 9, 11\)"),
+    # initial_state routes to fla, whose kernels index it as a contiguous [N, D, W] unchecked:
+    # its shape is checked before routing
+    (dict(initial_state=torch.randn(2, 12, 3)), r"initial_state must be \[N, D, W\] = \[2, 12, 4\]"),
+    (dict(initial_state=torch.randn(1, 12, 4)), r"initial_state must be \[N, D, W\] = \[2, 12, 4\]"),
+    (dict(initial_state=torch.zeros(2, 12, 4, dtype=torch.int32)), "initial_state must be a float tensor"),
+])
+def test_bad_auxiliary_tensors_are_a_clear_value_error(fla_calls, kwargs, match):
+    x, w = torch.randn(2, 9, 12), torch.randn(12, 4)
+    before = launches("cconv.")
+    with pytest.raises(ValueError, match=match):
+        cconv.causal_conv1d(x, w, **kwargs)
+    assert launches("cconv.") == before and not fla_calls
+
+
+def test_initial_state_with_cu_seqlens_counts_documents(fla_calls):
+    x, w, cu = torch.randn(1, 10, 8), torch.randn(8, 4), torch.tensor([0, 3, 10])
+    with pytest.raises(ValueError, match=r"\[N, D, W\] = \[2, 8, 4\]"):
+        cconv.causal_conv1d(x, w, initial_state=torch.randn(1, 8, 4), cu_seqlens=cu)
+    # the right shape is valid input: it routes (fla handles states)
+    assert cconv.causal_conv1d(x, w, initial_state=torch.randn(2, 8, 4), cu_seqlens=cu) == ("fla-result", None)
+
+
+@pytest.mark.parametrize("shape", [(0, 9, 12), (2, 0, 12), (2, 9, 0)])
+def test_empty_dims_are_ours_without_a_launch(fla_calls, shape):
+    """B, T or D of 0: our path answers (y empty, gradients zero) without launching anything,
+    so nothing depends on how a launcher treats a zero-size grid."""
+    B, T, D = shape
+    x = torch.randn(B, T, D, requires_grad=True)
+    w = torch.randn(D, 4, requires_grad=True)
+    b = torch.randn(D, requires_grad=True)
+    assert cconv.is_supported(x, w, b, activation="silu") == (True, "")
+    before = launches("cconv.")
+    y, final = cconv.causal_conv1d(x, w, b, activation="silu")
+    assert y.shape == (B, T, D) and final is None and not fla_calls
+    dx, dw, db = torch.autograd.grad(y.sum(), (x, w, b), allow_unused=True)
+    assert launches("cconv.") == before
+    assert dx.shape == x.shape and torch.equal(dw, torch.zeros_like(w)) and torch.equal(db, torch.zeros_like(b))
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda", "mix"])
+def test_every_fla_backend_engages_ours(backend):
+    """fla's backends are implementations of one function; ours replaces each."""
+    x, w, b = _inputs()
+    assert cconv.is_supported(x, w, b, activation="silu", backend=backend) == (True, "")
+    before = launches("cconv.fwd")
+    y, _ = cconv.causal_conv1d(x, w, b, activation="silu", backend=backend)
+    assert launches("cconv.fwd") == before + 1
+    assert _rel(y, conv_ref(x.detach(), w.detach(), b.detach(), True)) < 1e-5
+
+
+@pytest.mark.parametrize("backend,varlen", [("triton", False), ("cuda", False), ("triton", True)])
+def test_short_convolution_forward_engages_ours(monkeypatch, backend, varlen):
+    """fla's ShortConvolution.forward, unchanged, with its module-level causal_conv1d pointed at
+    ours (what patch_fla does): its exact call (weight a rearranged view, bias, activation,
+    backend, initial_state=cache, chunk_indices, **kwargs) is classified and engages."""
+    import fla.modules.causal_conv1d.ops as fla_ops
+
+    monkeypatch.setattr(fla_ops, "causal_conv1d", ops.causal_conv1d)
+    monkeypatch.setattr(fla_ops, "causal_conv1d_fn_cuda", object(), raising=False)  # "installed"
+    monkeypatch.delenv("FLA_CONV_BACKEND", raising=False)
+    D, W = 16, 4
+    conv = fla_ops.ShortConvolution(D, W, bias=True, activation="silu", backend=backend)
+    assert conv.backend == backend
+    B, T = (1, 30) if varlen else (2, 13)
+    x = torch.randn(B, T, D, requires_grad=True)
+    cu = torch.tensor([0, 7, 8, 30]) if varlen else None
+    fwd0, bwd0 = launches("cconv.fwd"), launches("cconv.bwd")
+    y, cache = conv(x, cu_seqlens=cu)  # the layers' call: cache=None, output_final_state=False
+    assert cache is None
+    y.backward(torch.ones_like(y))
+    assert launches("cconv.fwd") > fwd0 and launches("cconv.bwd") > bwd0
+    w = conv.weight.detach()[:, 0, :]
+    assert _rel(y, conv_ref(x.detach(), w, conv.bias.detach(), True, cu)) < 1e-5
 
 
 @pytest.mark.parametrize("cu,match", [
@@ -146,13 +236,13 @@ def test_malformed_cu_seqlens(cu, match):
 
 def test_capture_gate_routes_cold_signature(fla_calls, monkeypatch):
     x, w, b = _inputs()
-    monkeypatch.setattr(support, "_capturing", lambda: True)
+    monkeypatch.setattr(capture, "_capturing", lambda: True)
     ok, reason = cconv.is_supported(x, w, b, activation="silu")
     assert not ok and "capture" in reason
-    monkeypatch.setattr(support, "_capturing", lambda: False)
+    monkeypatch.setattr(capture, "_capturing", lambda: False)
     y, _ = cconv.causal_conv1d(x, w, b, activation="silu")  # eager fwd + bwd warm it
     y.backward(torch.ones_like(y))
-    monkeypatch.setattr(support, "_capturing", lambda: True)
+    monkeypatch.setattr(capture, "_capturing", lambda: True)
     assert cconv.is_supported(x, w, b, activation="silu") == (True, "")
     with torch.no_grad():
         assert cconv.is_supported(x, w, b, activation="silu")[0]
@@ -166,10 +256,10 @@ def test_capture_gate_routes_cold_signature(fla_calls, monkeypatch):
     monkeypatch.setattr(fwd_mod, "_TMA_MIN_BYTES", 0)
     x2, w2, b2 = _inputs(T=17)
     assert fwd_mod.use_tma(x2)
-    monkeypatch.setattr(support, "_capturing", lambda: False)
+    monkeypatch.setattr(capture, "_capturing", lambda: False)
     y, _ = cconv.causal_conv1d(x2, w2, b2, activation="silu")
     y.backward(torch.ones_like(y))
-    monkeypatch.setattr(support, "_capturing", lambda: True)
+    monkeypatch.setattr(capture, "_capturing", lambda: True)
     assert cconv.is_supported(x2, w2, b2, activation="silu")[0]
     monkeypatch.setenv("KERNEL_FUN_CCONV_TMA", "0")
     assert not cconv.is_supported(x2, w2, b2, activation="silu")[0]

@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 
-from kernel_fun._common import compat, support
+from kernel_fun._common import compat, gate
 
 
 @pytest.fixture(autouse=True)
@@ -61,12 +61,12 @@ def test_fallback_switch_turns_drift_into_warning_and_routing(monkeypatch):
         ok, reason = compat.drift_gate()
     assert not ok and "chunk_kda" in reason
     # the families see it through decide()
-    ok, reason = support.decide("kda")
+    ok, reason = gate.decide("kda")
     assert not ok and "fla drift" in reason
     # the switch is read per call: without it the same cached drift raises
     monkeypatch.delenv("KERNEL_FUN_FALLBACK")
     with pytest.raises(compat.FlaDriftError):
-        support.decide("kda")
+        gate.decide("kda")
 
 
 def test_kernel_argument_drift(monkeypatch):

@@ -1,11 +1,11 @@
-"""The gates of the call contract: switches, probes, tensor and capture gates, logging."""
+"""The gates of the call contract: switches, probes, tensor and capture gates, logging, decide."""
 import logging
 import warnings
 
 import pytest
 import torch
 
-from kernel_fun._common import support
+from kernel_fun._common import capture, gate, hardware, report, switches
 
 
 @pytest.fixture(autouse=True)
@@ -13,80 +13,80 @@ def _clean(monkeypatch):
     for k in list(__import__("os").environ):
         if k.startswith("KERNEL_FUN_"):
             monkeypatch.delenv(k)
-    support._warned.clear()
-    support.reset_probes()
-    support.reset_warm()
-    support.reset_logged()
+    switches._warned.clear()
+    hardware.reset_probes()
+    capture.reset_warm()
+    report.reset_logged()
     yield
-    support.reset_probes()
-    support.reset_warm()
-    support.reset_logged()
+    hardware.reset_probes()
+    capture.reset_warm()
+    report.reset_logged()
 
 
 # ----------------------------------------------------------------------------- switches
 def test_disable_switches_are_read_per_call(monkeypatch):
-    assert support.disabled_reason("kda") is None
+    assert switches.disabled_reason("kda") is None
     monkeypatch.setenv("KERNEL_FUN_KDA_DISABLE", "1")
-    assert support.disabled_reason("kda") == "disabled by KERNEL_FUN_KDA_DISABLE=1"
-    assert support.disabled_reason("cconv") is None
+    assert switches.disabled_reason("kda") == "disabled by KERNEL_FUN_KDA_DISABLE=1"
+    assert switches.disabled_reason("cconv") is None
     monkeypatch.setenv("KERNEL_FUN_KDA_DISABLE", "0")
-    assert support.disabled_reason("kda") is None
+    assert switches.disabled_reason("kda") is None
     monkeypatch.setenv("KERNEL_FUN_DISABLE", "true")
-    assert support.disabled_reason("cconv") == "disabled by KERNEL_FUN_DISABLE=1"
+    assert switches.disabled_reason("cconv") == "disabled by KERNEL_FUN_DISABLE=1"
     monkeypatch.delenv("KERNEL_FUN_DISABLE")
-    assert support.disabled_reason("cconv") is None
+    assert switches.disabled_reason("cconv") is None
 
 
 def test_malformed_flag_warns_once_and_uses_default(monkeypatch):
     monkeypatch.setenv("KERNEL_FUN_DISABLE", "yes please")
     with pytest.warns(RuntimeWarning, match="KERNEL_FUN_DISABLE"):
-        assert support.disabled_reason("kda") is None
+        assert switches.disabled_reason("kda") is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert support.disabled_reason("kda") is None  # second time: no warning
+        assert switches.disabled_reason("kda") is None  # second time: no warning
 
 
 def test_min_ctas_parsing(monkeypatch):
-    assert support.min_ctas("kda", 64) == 64
+    assert switches.min_ctas("kda", 64) == 64
     monkeypatch.setenv("KERNEL_FUN_KDA_MIN_CTAS", "128")
-    assert support.min_ctas("kda", 64) == 128
+    assert switches.min_ctas("kda", 64) == 128
     monkeypatch.setenv("KERNEL_FUN_KDA_MIN_CTAS", "12x")
     with pytest.warns(RuntimeWarning, match="KERNEL_FUN_KDA_MIN_CTAS"):
-        assert support.min_ctas("kda", 64) == 64
+        assert switches.min_ctas("kda", 64) == 64
     monkeypatch.setenv("KERNEL_FUN_KDA_MIN_CTAS", "-3")
     with pytest.warns(RuntimeWarning):
-        assert support.min_ctas("kda", 64) == 64
+        assert switches.min_ctas("kda", 64) == 64
 
 
 def test_debug_and_fallback_flags(monkeypatch):
-    assert not support.debug() and not support.fallback_on_drift()
+    assert not switches.debug() and not switches.fallback_on_drift()
     monkeypatch.setenv("KERNEL_FUN_DEBUG", "1")
     monkeypatch.setenv("KERNEL_FUN_FALLBACK", "ON")
-    assert support.debug() and support.fallback_on_drift()
+    assert switches.debug() and switches.fallback_on_drift()
 
 
 def test_unknown_family_switch_is_ignored(monkeypatch):
     monkeypatch.setenv("KERNEL_FUN_KDAA_DISABLE", "1")
     monkeypatch.setenv("KERNEL_FUN_CCONV_TMA", "0")  # known
-    assert support.disabled_reason("kda") is None
-    assert support.unknown_variables() == ["KERNEL_FUN_KDAA_DISABLE"]
+    assert switches.disabled_reason("kda") is None
+    assert switches.unknown_variables() == ["KERNEL_FUN_KDAA_DISABLE"]
 
 
 def test_cconv_tma_switch(monkeypatch):
-    assert support.cconv_tma()  # default on
+    assert switches.cconv_tma()  # default on
     monkeypatch.setenv("KERNEL_FUN_CCONV_TMA", "off")
-    assert not support.cconv_tma()
+    assert not switches.cconv_tma()
     monkeypatch.setenv("KERNEL_FUN_CCONV_TMA", "maybe")
     with pytest.warns(RuntimeWarning, match="KERNEL_FUN_CCONV_TMA"):
-        assert support.cconv_tma()  # malformed: the default
+        assert switches.cconv_tma()  # malformed: the default
 
 
 # ----------------------------------------------------------------------------- probes
 @pytest.mark.parametrize("cap,ok", [((9, 0), True), ((10, 0), True), ((10, 3), True),
                                     ((8, 0), False), ((8, 9), False), ((12, 0), False)])
 def test_device_gate_by_capability(monkeypatch, cap, ok):
-    monkeypatch.setattr(support, "_read_capability", lambda index: cap)
-    got, reason = support.device_gate(0)
+    monkeypatch.setattr(hardware, "_read_capability", lambda index: cap)
+    got, reason = hardware.device_gate(0)
     assert got is ok
     if not ok:
         assert f"sm{cap[0]}{cap[1]}" in reason
@@ -94,56 +94,56 @@ def test_device_gate_by_capability(monkeypatch, cap, ok):
 
 def test_probe_is_cached_and_resettable(monkeypatch):
     calls = []
-    monkeypatch.setattr(support, "_read_capability", lambda index: calls.append(index) or (9, 0))
-    support.device_gate(0)
-    support.device_gate(0)
+    monkeypatch.setattr(hardware, "_read_capability", lambda index: calls.append(index) or (9, 0))
+    hardware.device_gate(0)
+    hardware.device_gate(0)
     assert calls == [0]
-    support.reset_probes()
-    support.device_gate(0)
+    hardware.reset_probes()
+    hardware.device_gate(0)
     assert calls == [0, 0]
 
 
 def test_cpu_tensor_needs_interpreter(monkeypatch):
     x = torch.zeros(2)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert support.tensor_gate(x) == (False, "not a CUDA tensor")
+    assert hardware.tensor_gate(x) == (False, "not a CUDA tensor")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert support.tensor_gate(x) == (True, "")
-    assert support.tensor_gate(x, None) == (True, "")
+    assert hardware.tensor_gate(x) == (True, "")
+    assert hardware.tensor_gate(x, None) == (True, "")
 
 
 def test_tensors_on_two_devices_refused():
     a, b = torch.zeros(1), torch.zeros(1, device="meta")
-    ok, reason = support.tensor_gate(a, b)
+    ok, reason = hardware.tensor_gate(a, b)
     assert not ok and "different devices" in reason
 
 
 # ----------------------------------------------------------------------------- capture gate
 def test_capture_gate(monkeypatch):
     sig = ("shape", (2, 3), torch.float16)
-    assert support.capture_gate("kda", lambda: 1 / 0)[0]  # not capturing: nothing described
-    assert support.capture_gate("kda", lambda: (sig, True)) == (True, "")  # not capturing
-    monkeypatch.setattr(support, "_capturing", lambda: True)
-    ok, reason = support.capture_gate("kda", lambda: (sig, False))
+    assert capture.capture_gate("kda", lambda: 1 / 0)[0]  # not capturing: nothing described
+    assert capture.capture_gate("kda", lambda: (sig, True)) == (True, "")  # not capturing
+    monkeypatch.setattr(capture, "_capturing", lambda: True)
+    ok, reason = capture.capture_gate("kda", lambda: (sig, False))
     assert not ok and "capture" in reason and "fwd" in reason
-    support.mark_warm("kda", sig, "fwd")
-    assert support.capture_gate("kda", lambda: (sig, False))[0]
-    ok, reason = support.capture_gate("kda", lambda: (sig, True))
+    capture.mark_warm("kda", sig, "fwd")
+    assert capture.capture_gate("kda", lambda: (sig, False))[0]
+    ok, reason = capture.capture_gate("kda", lambda: (sig, True))
     assert not ok and "bwd" in reason
-    support.mark_warm("kda", sig, "bwd")
-    assert support.capture_gate("kda", lambda: (sig, True))[0]
+    capture.mark_warm("kda", sig, "bwd")
+    assert capture.capture_gate("kda", lambda: (sig, True))[0]
     # another family or signature is still cold
-    assert not support.capture_gate("cconv", lambda: (sig, False))[0]
-    assert not support.capture_gate("kda", lambda: (("other",), False))[0]
+    assert not capture.capture_gate("cconv", lambda: (sig, False))[0]
+    assert not capture.capture_gate("kda", lambda: (("other",), False))[0]
 
 
 # ----------------------------------------------------------------------------- logging
 def test_report_logs_once_per_reason(caplog):
     caplog.set_level(logging.INFO, logger="kernel_fun")
     for _ in range(3):
-        support.report("kda", True, "")
-        support.report("kda", False, "reason A")
-        support.report("kda", False, "reason B")
+        report.report("kda", True, "")
+        report.report("kda", False, "reason A")
+        report.report("kda", False, "reason B")
     msgs = [r.getMessage() for r in caplog.records]
     assert msgs.count("kernel-fun kda: engaged") == 1
     assert msgs.count("kernel-fun kda: falling back to fla: reason A") == 1
@@ -155,7 +155,7 @@ def test_debug_logs_every_call(monkeypatch, caplog):
     monkeypatch.setenv("KERNEL_FUN_DEBUG", "1")
     caplog.set_level(logging.DEBUG, logger="kernel_fun")
     for _ in range(3):
-        support.report("cconv", False, "reason C", detail="x[2,3]")
+        report.report("cconv", False, "reason C", detail="x[2,3]")
     debug = [r for r in caplog.records if r.levelno == logging.DEBUG]
     assert len(debug) == 3 and "x[2,3]" in debug[0].getMessage()
 
@@ -163,8 +163,69 @@ def test_debug_logs_every_call(monkeypatch, caplog):
 def test_decide_order(monkeypatch):
     monkeypatch.setenv("KERNEL_FUN_CCONV_DISABLE", "1")
     hit = []
-    ok, reason = support.decide("cconv", lambda: hit.append(1) or (True, ""))
+    ok, reason = gate.decide("cconv", lambda: hit.append(1) or (True, ""))
     assert not ok and "KERNEL_FUN_CCONV_DISABLE" in reason and not hit
     monkeypatch.delenv("KERNEL_FUN_CCONV_DISABLE")
-    ok, reason = support.decide("cconv", lambda: (True, ""), lambda: (False, "second"), lambda: 1 / 0)
+    ok, reason = gate.decide("cconv", lambda: (True, ""), lambda: (False, "second"), lambda: 1 / 0)
     assert (ok, reason) == (False, "second")
+
+
+# ----------------------------------------------------------------------------- the module map
+def test_no_import_circle_in_common():
+    """Each _common module imports only modules above it: switches and hardware import no
+    other gate module; compat imports switches only; gate imports compat and switches."""
+    import ast
+    import pathlib
+
+    import kernel_fun._common as common
+
+    root = pathlib.Path(common.__file__).parent
+    graph = {}
+    for path in root.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                if node.module:
+                    deps.add(node.module.split(".")[0])
+                else:
+                    deps |= {a.name for a in node.names}
+        graph[path.stem] = deps & {p.stem for p in root.glob("*.py")}
+
+    def reach(start):
+        seen, todo = set(), [start]
+        while todo:
+            for dep in graph.get(todo.pop(), ()):
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        return seen
+
+    for mod in graph:
+        assert mod not in reach(mod), f"import circle through _common.{mod}"
+    assert graph["compat"] <= {"switches"}
+
+
+def test_transitional_support_reexports_and_forwards_patches(monkeypatch):
+    from kernel_fun._common import support
+
+    for name in ("decide", "report", "tensor_gate", "capture_gate", "is_capturing", "mark_warm",
+                 "reset_logged", "reset_warm", "device_capability", "device_gate", "reset_probes",
+                 "disabled_reason", "min_ctas", "debug", "fallback_on_drift", "cconv_tma",
+                 "unknown_variables", "machine_gate", "log_once"):
+        assert callable(getattr(support, name)), name
+    # older branches patch support's private hooks: the patch must reach the home module
+    monkeypatch.setattr(support, "_capturing", lambda: True)
+    assert capture.is_capturing()
+    monkeypatch.setattr(support, "_read_capability", lambda index: (8, 0))
+    assert not hardware.device_gate(0)[0]
+    monkeypatch.undo()
+    assert capture._capturing is support._capturing
+
+
+def test_getenv_sees_changes_at_once(monkeypatch):
+    monkeypatch.setenv("KERNEL_FUN_DEBUG", "1")
+    assert switches.getenv("KERNEL_FUN_DEBUG") == "1" and switches.debug()
+    monkeypatch.setenv("KERNEL_FUN_DEBUG", "0")
+    assert not switches.debug()
+    monkeypatch.delenv("KERNEL_FUN_DEBUG")
+    assert switches.getenv("KERNEL_FUN_DEBUG") is None

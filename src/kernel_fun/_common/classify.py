@@ -11,6 +11,8 @@ A family declares one ``Rule`` per parameter of fla's public signature::
 
 ``classify(RULES, call, extra)`` answers ``(ok, reason)``; ``signature_problems`` is the
 reusable test check that fails when fla's signature gains a parameter nobody classified.
+Per call this is one dict walk: ``ours()`` rules are skipped and ``only(None)`` is an identity
+test, so the cost is the few real checks (it runs on every call of every public op).
 """
 from __future__ import annotations
 
@@ -18,18 +20,22 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
-_MISSING = object()
+_ANY = object()  # ours(): nothing to check
+_NONE = object()  # only(None, ...): ours while the value is None
 
 
 @dataclass(frozen=True)
 class Rule:
-    # check(value, call) -> None when ours, else the reason it routes to fla.
+    # check(value, call) -> None when ours, else the reason it routes to fla. ``kind`` lets
+    # classify skip the call for the two rules that need none.
     check: Callable[[Any, dict], str | None]
+    kind: object = None
+    what: str = ""
 
 
 def ours() -> Rule:
     """Any value of this argument is handled by our kernels (validated elsewhere)."""
-    return Rule(lambda value, call: None)
+    return Rule(lambda value, call: None, _ANY)
 
 
 def only(default: Any, what: str) -> Rule:
@@ -39,7 +45,7 @@ def only(default: Any, what: str) -> Rule:
         same = value is default if default is None or isinstance(default, bool) else value == default
         return None if same else f"{what} is not supported (routed to fla)"
 
-    return Rule(_check)
+    return Rule(_check, _NONE if default is None else None, what)
 
 
 def check(fn: Callable[[Any, dict], str | None]) -> Rule:
@@ -49,13 +55,17 @@ def check(fn: Callable[[Any, dict], str | None]) -> Rule:
 
 def classify(rules: dict, call: dict, extra: dict | None = None) -> tuple[bool, str]:
     """``call``: the named arguments as received; ``extra``: the ``**kwargs`` of the call."""
-    for name, value in {**call, **(extra or {})}.items():
-        rule = rules.get(name)
-        if rule is None:
-            return False, f"argument '{name}' is not classified by kernel-fun"
-        reason = rule.check(value, call)
-        if reason:
-            return False, reason
+    for items in (call.items(), extra.items() if extra else ()):
+        for name, value in items:
+            rule = rules.get(name)
+            if rule is None:
+                return False, f"argument '{name}' is not classified by kernel-fun"
+            kind = rule.kind
+            if kind is _ANY or (kind is _NONE and value is None):
+                continue
+            reason = rule.check(value, call)
+            if reason:
+                return False, reason
     return True, ""
 
 

@@ -13,7 +13,7 @@ import inspect
 import warnings
 from dataclasses import dataclass
 
-from . import support
+from .switches import fallback_on_drift
 
 TESTED_FLA_VERSIONS = ("0.6.0",)
 INSTALL_HINT = "pip install 'fla-core>=0.6.0,<0.7'"
@@ -172,7 +172,7 @@ def check_fla(refresh: bool = False) -> FlaStatus:
         )
     if st.problems:
         msg = "fla drift: " + "; ".join(st.problems)
-        if not support.fallback_on_drift():
+        if not fallback_on_drift():
             raise FlaDriftError(msg + " (set KERNEL_FUN_FALLBACK=1 to route to fla instead)")
         if ("drift", msg) not in _warned:
             _warned.add(("drift", msg))

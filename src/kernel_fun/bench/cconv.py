@@ -6,6 +6,18 @@ import importlib.util
 from .harness import Case, Direction
 
 PROD = dict(B=16, T=8192, W=4)
+# `--shape` keys (a custom case: the production shape with these replaced)
+SHAPE_KEYS = {"B": "batch (16)", "T": "tokens (8192)", "D": "channels (2048)", "W": "kernel width 1..4 (4)",
+              "layout": "contiguous | column_slice | transposed"}
+TEXT_KEYS = ("layout",)
+_LAYOUTS = ("contiguous", "column_slice", "transposed")
+# Every shipped kernel, by its launch-witness name; `check` launches each.
+KERNELS = {
+    "cconv.fwd": "forward, any route: y vs the fp64 reference",
+    "cconv.fwd_tma": "the TMA forward: y vs the fp64 reference",
+    "cconv.bwd": "backward: dx and the dw/db partials",
+    "cconv.dw_reduce": "the fixed-order dw/db reduction: dw, db vs the reference",
+}
 
 
 def _inputs(B, T, D, W, layout="contiguous", dtype="bfloat16", device="cuda", seed=0):
@@ -71,8 +83,14 @@ def _random_cu_seqlens(T, n_docs, seed=0):
 def cases(overrides: dict | None = None):
     """(name, build) pairs: the production cases, or one ``custom`` case for ``--shape``."""
     if overrides:
+        from .harness import UsageError
+
         p = dict(PROD, D=2048, layout="contiguous")
         p.update(overrides)
+        if p["layout"] not in _LAYOUTS:
+            raise UsageError(f"--shape: layout={p['layout']!r} for cconv must be one of {', '.join(_LAYOUTS)}")
+        if not 1 <= int(p["W"]) <= 4:
+            raise UsageError(f"--shape: W={p['W']} for cconv must be 1..4")
         return [("custom", lambda: _case("custom", int(p["B"]), int(p["T"]), int(p["D"]), int(p["W"]),
                                          p["layout"]))]
     out = [
@@ -90,12 +108,14 @@ def cases(overrides: dict | None = None):
 
 
 def check(device: str = "cpu") -> list[str]:
-    """Interpreted correctness check at small shapes against the fp64 reference; returns failures."""
+    """Interpreted correctness check at small shapes against the fp64 reference; returns
+    failures, each starting with the witness name of the kernel that produced the output."""
     import torch
 
     from .. import cconv
     from .._common.numerics import rel_rms
     from .._common.witness import launches
+    from ..cconv._kernels.fwd import conv_fwd, tma_ok
     from ..cconv.reference import conv_ref, conv_ref_bwd
 
     failures = []
@@ -115,14 +135,24 @@ def check(device: str = "cpu") -> list[str]:
         dy = torch.randn_like(y)
         grads = torch.autograd.grad(y, [t for t in (x, w, b) if t is not None], dy)
         if launches("cconv.") - before < 2:
-            failures.append(f"cconv {c}: our kernels did not run")
+            failures.append(f"cconv.fwd: {c}: our kernels did not run")
             continue
         silu = c["act"] is not None
         y_ref = conv_ref(x.detach(), w.detach(), None if b is None else b.detach(), silu, cu)
         ref_grads = [g for g in conv_ref_bwd(x, w, b, dy, silu, cu) if g is not None]
         tol = 1e-5 if c["dtype"] == torch.float32 else 3e-3
+        kernel = {"y": "cconv.fwd", "dx": "cconv.bwd", "dw": "cconv.dw_reduce", "db": "cconv.dw_reduce"}
         for name, a, r in [("y", y, y_ref)] + list(zip(("dx", "dw", "db"), grads, ref_grads)):
             err = rel_rms(a, r)
             if not err <= tol:
-                failures.append(f"cconv {c}: {name} relative error {err:.2e} > {tol:.0e}")
+                failures.append(f"{kernel[name]}: {c}: {name} relative error {err:.2e} > {tol:.0e}")
+    # the TMA forward, which the public op takes only for x of 32 MB and up: forced
+    x = torch.randn(2, 37, 64, generator=gen).to(device)
+    w = torch.randn(64, 4, generator=gen).to(device)
+    b = torch.randn(64, generator=gen).to(device)
+    if tma_ok(x):
+        y = conv_fwd(x, w, b, True, tma=True)
+        err = rel_rms(y, conv_ref(x, w, b, True))
+        if not err <= 1e-5:
+            failures.append(f"cconv.fwd_tma: [2, 37, 64] fp32 silu: y relative error {err:.2e} > 1e-05")
     return failures

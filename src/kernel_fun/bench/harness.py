@@ -1,10 +1,17 @@
 """The side-by-side harness behind `kernel-fun bench`, reused by every family.
 
-A family module (``kernel_fun.bench.<family>``) provides ``cases(overrides) -> list[Case]``;
-each case builds its inputs once and returns callables for ours and fla's per direction.
-The harness times them (median of ``triton.testing.do_bench``), observes that our kernels ran
-(the package's launch counter), measures the card's ceilings in the same run, prints a table
-and writes one JSON record.
+A family module (``kernel_fun.bench.<family>``) declares:
+
+- ``CASES``: the case names, in order; ``SHAPE_KEYS``: ``{key: what}`` that ``--shape`` accepts;
+- ``cases(overrides) -> [(name, build)]``: each ``build()`` makes its inputs once and returns a
+  ``Case`` with callables for ours and fla's per direction;
+- ``KERNELS``: ``{witness name: what}``, every shipped kernel of the family, and
+  ``check(device) -> [failure]``, the interpreted correctness check behind ``kernel-fun check``,
+  which must launch each of them (``check_family`` prints one line per kernel).
+
+The harness times each direction (median of ``triton.testing.do_bench``) and its host time per
+call (``host_us``), observes that our kernels ran (the package's launch counter), measures the
+card's ceilings in the same run, prints a table and writes one JSON record.
 """
 from __future__ import annotations
 
@@ -18,6 +25,12 @@ from typing import Callable
 
 WARMUP_MS = 50
 REP_MS = 300
+HOST_CALLS = 10  # calls per burst: few enough that the launch queue never fills and blocks
+HOST_BURSTS = 30
+
+
+class UsageError(ValueError):
+    """A bench/check request that does not fit a family (the CLI prints it, exit 2)."""
 
 
 @dataclass
@@ -95,6 +108,103 @@ def _git_sha() -> str:
         return os.environ.get("KERNEL_FUN_GIT_SHA", "unknown")
 
 
+def host_us(fn, calls: int = HOST_CALLS, bursts: int = HOST_BURSTS) -> float:
+    """Host time per call in microseconds: the wall time of ``calls`` back-to-back calls
+    without a sync, from an idle GPU, divided by ``calls``; the median over ``bursts``.
+
+    The GPU works through each burst while the host enqueues it, so on a problem whose calls
+    take longer on the GPU than on the host, what is timed is the host's Python, dispatch and
+    launch cost alone (the queue never fills: ``calls`` is far below its depth).
+    """
+    import statistics
+    import time
+
+    import torch
+
+    per_call = []
+    for _ in range(bursts):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - t0) * 1e6 / calls)
+    torch.cuda.synchronize()
+    return statistics.median(per_call)
+
+
+def check_request(family: str, module, overrides: dict) -> None:
+    """Raise ``UsageError`` (one line) for a ``--shape`` key the family does not take or a value
+    that is not an integer (the family's ``TEXT_KEYS`` excepted). Called before anything runs."""
+    keys = getattr(module, "SHAPE_KEYS", None)
+    if not overrides:
+        return
+    if keys is None:
+        raise UsageError(f"--shape: {family} declares no shape keys")
+    bad = [k for k in overrides if k not in keys]
+    if bad:
+        raise UsageError(f"--shape: {', '.join(bad)} does not fit {family} (its keys: {', '.join(keys)});"
+                         f" pick the family with --family")
+    for k, v in overrides.items():
+        if k not in getattr(module, "TEXT_KEYS", ()) and not v.isdigit():
+            raise UsageError(f"--shape: {k}={v!r} for {family} must be a non-negative integer")
+
+
+def check_cases(known: dict, only: list | None) -> None:
+    """``UsageError`` for a ``--case`` that no selected family has (``known``: family -> names)."""
+    every = {n for names in known.values() for n in names}
+    unknown = [c for c in only or () if c not in every]
+    if unknown:
+        listing = "; ".join(f"{fam}: {', '.join(names)}" for fam, names in known.items())
+        raise UsageError(f"--case: no selected family has {', '.join(unknown)} (cases: {listing})")
+
+
+def case_names(module) -> list:
+    """The family's case names (``CASES``, else the names ``cases()`` lists; builds nothing)."""
+    names = getattr(module, "CASES", None)
+    return list(names) if names is not None else [name for name, _ in module.cases(None)]
+
+
+def check_family(family: str, module, device: str, out=print) -> list:
+    """Run the family's ``check(device)`` and print one line per kernel: ok, FAILED (with the
+    failures naming it) or NOT RUN (a declared kernel the check did not launch). Returns the
+    failures. A family without ``KERNELS`` gets a line per kernel that launched and a note that
+    its coverage is not verified."""
+    from .._common.witness import launch_counts
+
+    before = launch_counts()
+    fails = list(module.check(device))
+    after = launch_counts()
+    ran = {k: after[k] - before.get(k, 0) for k in after if after[k] > before.get(k, 0)}
+    declared = getattr(module, "KERNELS", None)
+    where = f"{device}{', interpreted' if device == 'cpu' else ''}"
+    names = list(declared) if declared is not None else sorted(ran)
+    claimed = set()
+    for name in names:
+        stage = name.split(".", 1)[-1]
+        mine = [f for f in fails if f.startswith(name + ":") or f" {stage}:" in f]
+        claimed.update(mine)
+        what = f" ({declared[name]})" if declared else ""
+        if not ran.get(name):
+            status = "NOT RUN"
+            if declared is not None:
+                fails.append(f"{name}: the check did not launch it")
+        else:
+            status = "ok" if not mine else "FAILED"
+        out(f"check {name:24s} {status:8s} {ran.get(name, 0):3d} launches{what}")
+        for f in mine:
+            out(f"    {f}")
+    extra = sorted(k for k in ran if k not in names)
+    if extra:
+        out(f"check {family}: also launched {', '.join(extra)} (not in its KERNELS)")
+    if declared is None:
+        out(f"check {family}: declares no KERNELS list; its coverage is not verified")
+    for f in fails:
+        if f not in claimed and not f.endswith("did not launch it"):
+            out(f"  {family}: {f}")
+    out(f"check {family}: {'ok' if not fails else 'FAILED'} ({where})")
+    return fails
+
+
 def run_case(case: Case, ceilings: dict) -> list[dict]:
     from .._common.witness import launches
 
@@ -108,9 +218,13 @@ def run_case(case: Case, ceilings: dict) -> list[dict]:
         engaged = counted() > before
         ours_ms = _median_ms(d.ours)
         fla_ms = _median_ms(d.fla) if d.fla is not None else None
+        ours_host = host_us(d.ours)
+        fla_host = host_us(d.fla) if d.fla is not None else None
         row = {"family": case.family, "case": case.case, "shape": case.shape, "direction": d.name,
                "ours_ms": round(ours_ms, 4), "fla_ms": None if fla_ms is None else round(fla_ms, 4),
-               "speedup": None if fla_ms is None else round(fla_ms / ours_ms, 3), "engaged": engaged}
+               "speedup": None if fla_ms is None else round(fla_ms / ours_ms, 3), "engaged": engaged,
+               "ours_host_us": round(ours_host, 1),
+               "fla_host_us": None if fla_host is None else round(fla_host, 1)}
         if d.nbytes:
             tbps = d.nbytes / ours_ms / 1e9
             row["TBps"] = round(tbps, 3)
@@ -137,11 +251,14 @@ def _format_row(r: dict) -> str:
     elif "TFLOPs" in r:
         rate = f"{r['TFLOPs']:6.1f} TFLOP/s ({r['pct_of_matmul']:5.1f}% of matmul)"
     eng = "" if r["engaged"] else "  NOT ENGAGED"
-    return f"{r['family']:6s} {r['case']:22s} {r['direction']:7s} {r['ours_ms']:8.3f} {fla} {sp}  {rate}{eng}"
+    host = f"{r['ours_host_us']:7.1f} " + (f"{r['fla_host_us']:7.1f}" if r.get("fla_host_us") is not None else "      -")
+    return (f"{r['family']:6s} {r['case']:22s} {r['direction']:7s} {r['ours_ms']:8.3f} {fla} {sp} {host}"
+            f"  {rate}{eng}")
 
 
 def header() -> str:
-    return f"{'family':6s} {'case':22s} {'dir':7s} {'ours ms':>8s} {'fla ms':>8s} {'speedup':>7s}  achieved"
+    return (f"{'family':6s} {'case':22s} {'dir':7s} {'ours ms':>8s} {'fla ms':>8s} {'speedup':>7s} "
+            f"{'host us':>7s} {'fla':>7s}  achieved")
 
 
 def record(rows: list[dict], ceilings: dict, extra: dict | None = None) -> dict:
@@ -154,7 +271,9 @@ def record(rows: list[dict], ceilings: dict, extra: dict | None = None) -> dict:
         "gpu": torch.cuda.get_device_name(),
         "versions": versions(),
         "git_sha": _git_sha(),
-        "timing": {"method": "triton.testing.do_bench median", "warmup_ms": WARMUP_MS, "rep_ms": REP_MS},
+        "timing": {"method": "triton.testing.do_bench median", "warmup_ms": WARMUP_MS, "rep_ms": REP_MS,
+                   "host_us": f"median over {HOST_BURSTS} bursts of the wall time of {HOST_CALLS} calls "
+                              f"without sync (from an idle GPU) per call"},
         "ceilings": ceilings,
         "rows": rows,
     }

@@ -6,6 +6,9 @@ import functools
 from .harness import Case, Direction
 
 PROD = dict(T=8192, H=16, HV=16, K=128, V=256)
+# `--shape` keys (a custom case: the production shape at B=8 with these replaced)
+SHAPE_KEYS = {"B": "batch (8)", "T": "tokens (8192)", "H": "q/k heads (16)", "HV": "v heads (16)",
+              "K": "key dim (128)", "V": "value dim (256)"}
 
 
 def _inputs(B, T, H, HV, K, V, seed=0):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .._common import support
+from .._common.capture import is_capturing, mark_warm
 from ._kernels.bwd import conv_bwd
 from ._kernels.fwd import conv_fwd
 
@@ -19,16 +19,16 @@ class CausalConv1dFunction(torch.autograd.Function):
         ctx.save_for_backward(x, weight, bias, cu_seqlens)
         ctx.silu = silu
         ctx.signature = signature
-        if not support.is_capturing():
-            support.mark_warm("cconv", signature, "fwd")
+        if not is_capturing():
+            mark_warm("cconv", signature, "fwd")
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, bias, cu_seqlens = ctx.saved_tensors
         dx, dw, db = conv_bwd(x, weight, bias, dy, ctx.silu, cu_seqlens)
-        if not support.is_capturing():
-            support.mark_warm("cconv", ctx.signature, "bwd")
+        if not is_capturing():
+            mark_warm("cconv", ctx.signature, "bwd")
         need = ctx.needs_input_grad
         return (dx if need[0] else None, dw if need[1] else None,
                 db if (bias is not None and need[2]) else None, None, None, None, None)

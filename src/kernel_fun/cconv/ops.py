@@ -2,22 +2,40 @@
 
 Drop-in for fla 0.6.0 ``fla.modules.causal_conv1d.causal_conv1d``: same signature, returns
 ``(y, final_state)`` with ``final_state`` None on our path (``output_final_state=True`` routes).
+
+Bad input is a ValueError naming the argument and the shapes, raised before any launch and
+before routing (fla 0.6.0 checks only x against weight: a wrong-length bias or a wrong-shape
+initial_state reads out of bounds in its kernels). Under ``KERNEL_FUN_DISABLE`` /
+``KERNEL_FUN_CCONV_DISABLE`` fla gets the call verbatim, bad input included.
 """
 from __future__ import annotations
 
 import torch
 
 from .._common import classify as C
-from .._common import support
+from .._common.capture import capture_gate
 from .._common.compat import fla_symbol
+from .._common.gate import decide
+from .._common.hardware import tensor_gate
+from .._common.report import report
 from .._common.varlen import check_cu_seqlens
 
 FAMILY = "cconv"
+_kernels = None  # (use_tma, CausalConv1dFunction), imported on the first call (Triton is heavy)
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 
 
+# fla's backends name its implementations of one function: 'triton' (its kernels), 'cuda'
+# (Dao's causal-conv1d, ShortConvolution's choice when that package is installed or
+# FLA_CONV_BACKEND=cuda) and 'mix' (Triton forward, Dao's backward). Within our box (no
+# residual, no states, no cp_context) all three compute y = act(conv(x) + bias), and so do we.
+# Anything else (None included) makes fla raise "Unsupported backend": routed, so the caller
+# sees fla's own error.
+_OUR_BACKENDS = ("triton", "cuda", "mix")
+
+
 def _backend(value, call):
-    return None if value in (None, "triton") else f"backend={value!r} (ours replaces the 'triton' backend)"
+    return None if value in _OUR_BACKENDS else f"backend={value!r} (ours replaces 'triton', 'cuda', 'mix')"
 
 
 def _activation(value, call):
@@ -41,38 +59,60 @@ RULES = {
 }
 
 
-def _validate(x, weight, bias) -> None:
-    """Bad input is a clear ValueError on our path (fla's own errors where we forward)."""
+def _shape(t) -> tuple:
+    return tuple(getattr(t, "shape", ()))
+
+
+def _validate(x, weight, bias, residual, initial_state, cu_seqlens) -> None:
+    """Raise a ValueError naming the argument for input no implementation can compute.
+
+    x ``[B, T, D]`` float; weight ``[D, W]`` float, W >= 1 (None routes: fla's business);
+    bias ``[D]`` float; residual ``[B, T, D]``; initial_state ``[N, D, W]`` float with N = B,
+    or the number of documents under cu_seqlens. Empty B, T or D are valid (see ``_box``).
+    """
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
-        raise ValueError(f"cconv: x must be [B, T, D], got shape {tuple(getattr(x, 'shape', ()))}")
+        raise ValueError(f"cconv: x must be [B, T, D], got shape {_shape(x)}")
+    if not x.is_floating_point():
+        raise ValueError(f"cconv: x must be a float tensor, got {x.dtype}")
+    B, T, D = x.shape
+    if weight is None:
+        return
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        raise ValueError(f"cconv: weight must be [D, W], got shape {tuple(getattr(weight, 'shape', ()))}")
-    if weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"cconv: weight must be [D, W], got shape {_shape(weight)}")
+    if weight.shape[0] != D:
         raise ValueError(f"cconv: x {tuple(x.shape)} and weight {tuple(weight.shape)} disagree on D")
-    if bias is not None and tuple(bias.shape) != (x.shape[-1],):
-        raise ValueError(f"cconv: bias must be [D] = [{x.shape[-1]}], got {tuple(bias.shape)}")
-    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
-        if t is not None and not t.is_floating_point():
-            raise ValueError(f"cconv: {name} must be a float tensor, got {t.dtype}")
+    W = weight.shape[1]
+    if W == 0:
+        raise ValueError(f"cconv: weight {tuple(weight.shape)} has width W=0")
+    if not weight.is_floating_point():
+        raise ValueError(f"cconv: weight must be a float tensor, got {weight.dtype}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.shape != (D,):
+            raise ValueError(f"cconv: bias must be [D] = [{D}], got shape {_shape(bias)}")
+        if not bias.is_floating_point():
+            raise ValueError(f"cconv: bias must be a float tensor, got {bias.dtype}")
+    if residual is not None and (not isinstance(residual, torch.Tensor) or residual.shape != x.shape):
+        raise ValueError(f"cconv: residual must be [B, T, D] = {list(x.shape)}, got shape {_shape(residual)}")
+    if initial_state is not None:
+        N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        if not isinstance(initial_state, torch.Tensor) or initial_state.shape != (N, D, W):
+            raise ValueError(f"cconv: initial_state must be [N, D, W] = [{N}, {D}, {W}] "
+                             f"(N = {'B' if cu_seqlens is None else 'documents in cu_seqlens'}), "
+                             f"got shape {_shape(initial_state)}")
+        if not initial_state.is_floating_point():
+            raise ValueError(f"cconv: initial_state must be a float tensor, got {initial_state.dtype}")
 
 
-def _signature(x, weight, bias, silu, cu_seqlens, tma):
-    # x's 16-byte alignment and the forward's kernel (`tma`: fwd.use_tma(x)) pick kernels and
-    # configs too (the TMA forward, 16 B vector loads)
-    return (tuple(x.shape), tuple(x.stride()), x.dtype, x.data_ptr() % 16 == 0, tma,
-            weight.shape[1], weight.dtype, None if bias is None else bias.dtype, silu,
-            cu_seqlens is not None)
-
-
-def _box(x, weight, bias, cu_seqlens, cu_seqlens_cpu):
-    _validate(x, weight, bias)
+def _box(x, weight, cu_seqlens, cu_seqlens_cpu):
+    """What our kernels cover (after classification: weight is a validated tensor)."""
     if x.dtype not in _FLOATS:
         return False, f"x dtype {x.dtype} (ours: bfloat16, float16, float32)"
     W = weight.shape[1]
-    if not 1 <= W <= 4:
+    if W > 4:
         return False, f"kernel width W={W} (ours: 1..4)"
-    if x.shape[1] == 0 or x.shape[0] == 0 or x.shape[2] == 0:
-        return False, "empty input"
+    # Empty B, T or D stay ours: y is empty and the gradients are zeros, computed without a
+    # launch (conv_fwd / conv_bwd return before launching), whatever fla's launcher would do
+    # with a zero-size grid.
     if cu_seqlens is not None:
         if x.shape[0] != 1:
             return False, f"cu_seqlens with batch size {x.shape[0]} (packed documents need B == 1)"
@@ -80,30 +120,56 @@ def _box(x, weight, bias, cu_seqlens, cu_seqlens_cpu):
     return True, ""
 
 
+def _signature(x, weight, bias, silu, cu_seqlens, tma):
+    # What picks kernels and configs: shapes, strides, dtypes, x's 16-byte alignment (16 B
+    # vector loads) and the forward's kernel (`tma`: fwd.use_tma(x)). torch.Size and stride()
+    # are tuples already (hashable, no copy).
+    return (x.shape, x.stride(), x.dtype, x.data_ptr() % 16 == 0, tma, weight.shape[1], weight.dtype,
+            None if bias is None else bias.dtype, silu, cu_seqlens is not None)
+
+
+def _needs_grad(x, weight, bias) -> bool:
+    return torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                        or (bias is not None and bias.requires_grad))
+
+
+def _ours():
+    # An import statement inside the call costs ~1 us each time even when cached: once here.
+    global _kernels
+    if _kernels is None:
+        from ._kernels.fwd import use_tma
+        from .autograd import CausalConv1dFunction
+
+        _kernels = (use_tma, CausalConv1dFunction)
+    return _kernels
+
+
 def _decide(call: dict, extra: dict) -> tuple[bool, str]:
-    x, weight, bias = call["x"], call["weight"], call["bias"]
-    cu = call["cu_seqlens"]
+    x, weight, bias, cu = call["x"], call["weight"], call["bias"], call["cu_seqlens"]
+
+    def validate():
+        _validate(x, weight, bias, call["residual"], call["initial_state"], cu)
+        return True, ""
 
     def describe():
-        from ._kernels.fwd import use_tma
+        use_tma = _ours()[0]
+        return _signature(x, weight, bias, call["activation"] is not None, cu, use_tma(x)), _needs_grad(x, weight, bias)
 
-        needs_grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (x, weight, bias))
-        return _signature(x, weight, bias, call["activation"] is not None, cu, use_tma(x)), needs_grad
-
-    return support.decide(
+    return decide(
         FAMILY,
+        validate,
         lambda: C.classify(RULES, call, extra),
-        lambda: _box(x, weight, bias, cu, call["cu_seqlens_cpu"]),
-        lambda: support.tensor_gate(x, weight, bias, cu),
-        lambda: support.capture_gate(FAMILY, describe),
+        lambda: _box(x, weight, cu, call["cu_seqlens_cpu"]),
+        lambda: tensor_gate(x, weight, bias, cu),
+        lambda: capture_gate(FAMILY, describe),
     )
 
 
 def is_supported(x, weight=None, bias=None, residual=None, initial_state=None,
                  output_final_state=False, activation=None, backend="triton", cu_seqlens=None,
                  cu_seqlens_cpu=None, chunk_indices=None, cp_context=None, **kwargs):
-    """(ok, reason): would ``causal_conv1d`` with these arguments run our kernels?"""
+    """(ok, reason): would ``causal_conv1d`` with these arguments run our kernels?
+    Raises ValueError for bad input, as ``causal_conv1d`` does."""
     call = dict(locals())
     extra = call.pop("kwargs")
     return _decide(call, extra)
@@ -130,21 +196,23 @@ def causal_conv1d(
     Args:
         x: ``[B, T, D]`` bf16/fp16/fp32, any strides (a column slice, a transposed buffer).
         weight: ``[D, W]``, W in 1..4, any float dtype. bias: ``[D]`` or None.
-        activation: None, "silu" or "swish".
+        activation: None, "silu" or "swish". backend: "triton", "cuda" or "mix" (fla's
+            implementations of the same function; ours replaces each).
         cu_seqlens: ``[N+1]`` offsets of packed documents (B == 1); no document sees another's tokens.
     Returns:
         ``(y, None)``: y ``[B, T, D]`` in x's dtype. Anything outside our box goes to fla's
         ``causal_conv1d`` verbatim (see ``is_supported`` and the INFO log for why).
+    Raises:
+        ValueError: bad input (wrong dtype or shape of x, weight, bias, residual,
+            initial_state; malformed cu_seqlens), before any launch.
     """
     call = dict(locals())
     kwargs = call.pop("kwargs")
     ok, reason = _decide(call, kwargs)
-    support.report(FAMILY, ok, reason, detail=f"x {tuple(x.shape)} {x.dtype}" if hasattr(x, "shape") else "")
+    report(FAMILY, ok, reason, detail=lambda: f"x {_shape(x)} {getattr(x, 'dtype', type(x).__name__)}")
     if not ok:
         return fla_symbol("fla.modules.causal_conv1d", "causal_conv1d")(**call, **kwargs)
-    from ._kernels.fwd import use_tma
-    from .autograd import CausalConv1dFunction
-
+    use_tma, CausalConv1dFunction = _ours()
     silu = activation is not None
     tma = use_tma(x)  # decided once: the forward's kernel and the signature both take it
     sig = _signature(x, weight, bias, silu, cu_seqlens, tma)

@@ -1,0 +1,83 @@
+"""Hardware probes and the tensor gate: which devices our kernels are built and tested for.
+
+Triton families are built and tested for Hopper (sm90) and datacenter Blackwell (sm100,
+sm103); anything else routes to fla with its capability in the reason. Probes run once per
+device and are cached (tests monkeypatch ``_read_capability`` and call ``reset_probes``).
+"""
+from __future__ import annotations
+
+from .tuning import interpreting
+
+ADMITTED_CAPABILITIES = ((9, 0), (10, 0), (10, 3))
+_capability_cache: dict = {}
+_gate_cache: dict = {}
+
+
+def _read_capability(index: int) -> tuple[int, int]:
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(index))
+
+
+def device_capability(index: int) -> tuple[int, int]:
+    """The compute capability of CUDA device ``index``, probed once and cached."""
+    if index not in _capability_cache:
+        _capability_cache[index] = _read_capability(index)
+    return _capability_cache[index]
+
+
+def reset_probes() -> None:
+    """Forget the cached probes."""
+    _capability_cache.clear()
+    _gate_cache.clear()
+
+
+def device_gate(index: int) -> tuple[bool, str]:
+    """(ok, reason) for CUDA device ``index`` (cached with the probe)."""
+    verdict = _gate_cache.get(index)
+    if verdict is None:
+        cap = device_capability(index)
+        if tuple(cap) in ADMITTED_CAPABILITIES:
+            verdict = (True, "")
+        else:
+            verdict = (False, f"compute capability sm{cap[0]}{cap[1]} is not Hopper (sm90) or "
+                              f"datacenter Blackwell (sm100/sm103)")
+        _gate_cache[index] = verdict
+    return verdict
+
+
+def _current_device() -> int:
+    import torch
+
+    return torch.cuda.current_device()
+
+
+def tensor_gate(*tensors) -> tuple[bool, str]:
+    """Where the tensors live: one admitted CUDA device, or CPU under the interpreter."""
+    dev = None
+    for t in tensors:
+        if t is None:
+            continue
+        d = t.device
+        if dev is None:
+            dev = d
+        elif d != dev:
+            devices = {t.device for t in tensors if t is not None}
+            return False, "tensors on different devices: " + ", ".join(sorted(map(str, devices)))
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else _current_device()
+        return device_gate(index)
+    if dev.type == "cpu" and interpreting():
+        return True, ""
+    return False, "not a CUDA tensor"
+
+
+def machine_gate() -> tuple[bool, str]:
+    """Would a call on this machine's default device be admitted (doctor's question)?"""
+    import torch
+
+    if torch.cuda.is_available():
+        return device_gate(torch.cuda.current_device())
+    if interpreting():
+        return True, "TRITON_INTERPRET=1: CPU tensors run through Triton's interpreter"
+    return False, "no CUDA device"

@@ -1,0 +1,106 @@
+"""`kernel-fun bench` / `check` as a user meets them: refusals, --help, one line per kernel."""
+import re
+import types
+
+import pytest
+
+from kernel_fun import __main__ as cli
+from kernel_fun.bench import harness
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["bench", "--family", "kda", "--shape", "D=4096"], "--shape: D does not fit kda (its keys: B, T, H, HV, K, V)"),
+    (["bench", "--shape", "D=4096"], "D does not fit kda"),  # both families: D is cconv's only
+    (["bench", "--family", "cconv", "--shape", "B=eight"], "B='eight' for cconv must be a non-negative integer"),
+    (["bench", "--family", "cconv", "--shape", "layout=diagonal"], "layout='diagonal' for cconv must be one of"),
+    (["bench", "--family", "cconv", "--shape", "W=7"], "W=7 for cconv must be 1..4"),
+    (["bench", "--shape", "D"], "expected KEY=VALUE"),
+    (["bench", "--case", "nope"], "--case: no selected family has nope (cases: cconv: prod_d2048"),
+    (["bench", "--family", "cconv", "--case", "prod_b16"], "no selected family has prod_b16"),
+])
+def test_bench_refuses_what_does_not_fit_in_one_line(capsys, argv, needle):
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("kernel-fun bench: ")
+    assert needle in err
+
+
+@pytest.mark.parametrize("command", ["bench", "check"])
+def test_help_lists_cases_and_shape_keys_per_family(capsys, command):
+    with pytest.raises(SystemExit) as exc:
+        cli.main([command, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for fam in cli.BENCH_FAMILIES:
+        mod = __import__(f"kernel_fun.bench.{fam}", fromlist=["x"])
+        assert f"  {fam}:" in out
+        for name in harness.case_names(mod):
+            assert name in out
+        for key in getattr(mod, "SHAPE_KEYS", {}):
+            assert f"{key} (" in out
+
+
+def test_cconv_check_prints_one_line_per_shipped_kernel(capsys):
+    from kernel_fun.bench import cconv as bench_cconv
+
+    assert cli.main(["check", "--family", "cconv"]) == 0
+    out = capsys.readouterr().out
+    for name in bench_cconv.KERNELS:
+        assert re.search(rf"^check {re.escape(name)} +ok +\d+ launches", out, re.M), (name, out)
+    assert "check cconv: ok" in out
+
+
+def test_check_family_fails_a_declared_kernel_it_did_not_run(capsys):
+    from kernel_fun._common.witness import record_launch
+
+    def check(device):
+        record_launch("fake.one")
+        return ["fake one: output 0 relative error 1e-2"]
+
+    mod = types.SimpleNamespace(KERNELS={"fake.one": "first", "fake.two": "second"}, check=check)
+    fails = harness.check_family("fake", mod, "cpu")
+    out = capsys.readouterr().out
+    assert re.search(r"^check fake.one +FAILED +1 launches \(first\)$", out, re.M)
+    assert "    fake one: output 0" in out
+    assert re.search(r"^check fake.two +NOT RUN +0 launches", out, re.M)
+    assert "fake.two: the check did not launch it" in fails and "check fake: FAILED" in out
+
+
+def test_every_cconv_launch_witness_is_a_declared_kernel():
+    """A new cconv kernel (a record_launch name in src) must join KERNELS, so check covers it."""
+    import pathlib
+
+    import kernel_fun
+    from kernel_fun.bench import cconv as bench_cconv
+
+    src = pathlib.Path(kernel_fun.__file__).parent / "cconv"
+    names = set()
+    for path in src.rglob("*.py"):
+        names |= set(re.findall(r'record_launch\("([^"]+)"\)', path.read_text()))
+    assert names and names == set(bench_cconv.KERNELS)
+
+
+def test_host_us_is_the_wall_time_of_a_burst_per_call(monkeypatch):
+    import time
+
+    import torch
+
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: syncs.append(1))
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.001)
+
+    us = harness.host_us(fn, calls=5, bursts=3)
+    assert len(calls) == 15 and len(syncs) == 4  # a sync before each burst, none inside
+    assert 1000 <= us < 5000
+
+
+def test_bench_rows_carry_host_time_beside_fla():
+    row = {"family": "cconv", "case": "c", "direction": "fwd", "ours_ms": 0.25, "fla_ms": 0.3,
+           "speedup": 1.2, "engaged": True, "ours_host_us": 41.5, "fla_host_us": 60.25}
+    line = harness._format_row(row)
+    assert "41.5" in line and "60.2" in line
+    assert "host us" in harness.header()
