@@ -99,7 +99,7 @@ def patch_fla(modules=()) -> list[str]:
     A target fla no longer has raises ``FlaDriftError`` (a warning under
     ``KERNEL_FUN_FALLBACK=1``): a patch that silently did nothing would read as 1.00x.
     """
-    from ._common import compat, support
+    from ._common import compat, report, switches
 
     done, missing = [], []
     replaced = {}  # id(fla's function behind a target) -> our drop-in
@@ -126,11 +126,11 @@ def patch_fla(modules=()) -> list[str]:
                 done.append(f"{mod.__name__}.{name}")
     if missing:
         msg = "kernel-fun patch: fla drift: " + "; ".join(missing)
-        if not support.fallback_on_drift():
+        if not switches.fallback_on_drift():
             raise compat.FlaDriftError(msg + " (set KERNEL_FUN_FALLBACK=1 to go on with fla's op there)")
         logger.warning("%s; KERNEL_FUN_FALLBACK=1: those layers keep fla's op", msg)
     if done:
-        support.log_once(("patch", tuple(done)), "kernel-fun patch_fla: routed " + ", ".join(done))
+        report.log_once(("patch", tuple(done)), "kernel-fun patch_fla: routed " + ", ".join(done))
     return done
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 import warnings
 from dataclasses import dataclass
 
@@ -194,10 +195,20 @@ def reset() -> None:
     _warned.clear()
 
 
+_listed: frozenset = frozenset()
+
+
 def fla_symbol(module: str, symbol: str):
     """The fla object ``module.symbol``; it must be listed in ``FLA_CALLS``."""
-    if not any(c.module == module and c.symbol == symbol for c in FLA_CALLS):
-        raise KeyError(f"{module}.{symbol} is not listed in kernel_fun._common.compat.FLA_CALLS")
+    global _listed
+    if (module, symbol) not in _listed:  # on every call of a fallback or fla stage: a set lookup
+        _listed = frozenset((c.module, c.symbol) for c in FLA_CALLS)
+        if (module, symbol) not in _listed:
+            raise KeyError(f"{module}.{symbol} is not listed in kernel_fun._common.compat.FLA_CALLS")
+    mod = sys.modules.get(module)
+    if mod is not None:
+        obj = getattr(mod, symbol)
+        return _patch.original(module, symbol, obj) if _patch.is_patched() else obj
     try:
         mod = importlib.import_module(module)
     except ImportError as exc:
@@ -206,6 +217,7 @@ def fla_symbol(module: str, symbol: str):
         raise
     obj = getattr(mod, symbol)
     # patch_fla() may have rebound this name to our drop-in: the fallback must reach fla's own
-    from .. import patch
+    return _patch.original(module, symbol, obj) if _patch.is_patched() else obj
 
-    return patch.original(module, symbol, obj) if patch.is_patched() else obj
+
+from .. import patch as _patch  # noqa: E402  (patch imports compat only inside functions)
