@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One batched GPU session step on the lent H200: install the carried fla wheel, then run the
 # named steps, each under its own timeout, logging to $OUT. Usage: scripts/gpu_run.sh STEP...
-# Steps: doctor, cconv_tests, cconv_bench, delta_tests, delta_bench, kda_stage_tests,
+# Steps: doctor, gnorm_tests, gnorm_bench, model_kda (kernel-fun bench --model kda; MODEL_ARGS
+#        passes e.g. "--shape steps=8"), gdn_tests, gdn_bench, cconv_tests, cconv_bench, delta_tests, delta_bench, kda_stage_tests,
 #        kda_stage_bench, kda_tests, kda_bench, kda_ab, candidates, candidates_chain, cconv_sweep,
 #        cconv_diag (scripts/cconv_diag.py timed, then under Nsight Compute), cconv_pick (the
 #        autotuner's picks beside each shipped config, scripts/cconv_pick.py),
@@ -66,6 +67,11 @@ for step in "$@"; do
     cconv_host) timeout "$T" python3 scripts/cconv_host.py "$OUT/cconv_host.json" 2>&1 | tee "$OUT/cconv_host.log" | tail -30 ;;
     cconv_pick) timeout "$T" python3 scripts/cconv_pick.py "$OUT/cconv_pick.json" 2>&1 | tee "$OUT/cconv_pick.log" | tail -60 ;;
     cconv_sweep) timeout "$T" python3 scripts/cconv_sweep.py "$OUT/cconv_sweep.json" ${CCONV_SWEEP_ARGS:-} 2>&1 | tee "$OUT/cconv_sweep.log" | tail -60 ;;
+    gnorm_tests) timeout "$T" python3 -m pytest -m gpu tests/gnorm -q -x -rs --durations=5 2>&1 | tee "$OUT/gnorm_tests.log" | tail -30 ;;
+    gnorm_bench) timeout "$T" python3 -m kernel_fun bench --family gnorm --json "$OUT/gnorm_bench.json" 2>&1 | tee "$OUT/gnorm_bench.log" ;;
+    model_kda) timeout "$T" python3 -m kernel_fun bench --model kda ${MODEL_ARGS:-} --json "$OUT/model_kda.json" 2>&1 | tee "$OUT/model_kda.log" ;;
+    gdn_tests) timeout "$T" python3 -m pytest -m gpu tests/gdn -q -x -rs --durations=5 2>&1 | tee "$OUT/gdn_tests.log" | tail -30 ;;
+    gdn_bench) timeout "$T" python3 -m kernel_fun bench --family gdn ${GDN_CASES:-} --json "$OUT/gdn_bench.json" 2>&1 | tee "$OUT/gdn_bench.log" ;;
     *) echo "unknown step $step" ;;
   esac
   save_autotune

@@ -180,6 +180,18 @@ def _families_help() -> str:
     return "\n".join(lines)
 
 
+def _model_layers():
+    from .bench.model import LAYERS
+
+    return LAYERS
+
+
+def _model_keys():
+    from .bench.model import DEFAULTS
+
+    return list(DEFAULTS)
+
+
 def main(argv: list[str] | None = None) -> int:
     from .bench.harness import UsageError
 
@@ -196,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--shape", help="override the production shapes, e.g. B=8,T=4096,D=2048")
             p.add_argument("--json", help="record path (default bench/records/<date>-<gpu>-<sha>.json)")
             p.add_argument("--case", action="append", help="run only this case (repeatable)")
+            p.add_argument("--model", choices=sorted(_model_layers()),
+                           help="the model-level A/B instead: a stack of fla's layers of this kind, "
+                                "fla against kernel-fun via patch_fla() (--shape keys: "
+                                + ", ".join(_model_keys()) + ")")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         return doctor()
@@ -204,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         return check(families)
     if args.command == "bench":
         try:
+            if args.model:
+                from .bench import model
+
+                return model.main(args.model, _parse_shape(args.shape), args.json)
             return bench(families, _parse_shape(args.shape), args.json, args.case)
         except UsageError as exc:
             print(f"kernel-fun bench: {exc}", file=sys.stderr)

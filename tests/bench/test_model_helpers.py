@@ -9,8 +9,19 @@ from kernel_fun.bench import model
 def test_parse_overrides_and_rejects_unknown_keys():
     cfg = model.parse({"layers": "2", "T": "1024", "lr": "1e-3"})
     assert cfg["layers"] == 2 and cfg["T"] == 1024 and cfg["lr"] == 1e-3 and cfg["hidden"] == 2048
-    with pytest.raises(SystemExit, match="unknown key 'D'"):
+    from kernel_fun.bench.harness import UsageError
+
+    with pytest.raises(UsageError, match="unknown --shape key 'D'"):
         model.parse({"D": "4"})
+    with pytest.raises(UsageError, match="layers='two' is not a int"):
+        model.parse({"layers": "two"})
+
+
+def test_cli_model_usage_errors_exit_2(capsys):
+    from kernel_fun.__main__ import main
+
+    assert main(["bench", "--model", "kda", "--shape", "D=4"]) == 2
+    assert "unknown --shape key 'D'" in capsys.readouterr().err
 
 
 def test_structured_tokens_follow_their_recurrence_mostly():

@@ -36,11 +36,16 @@ FAMILIES = ("cconv", "kda", "delta", "gnorm", "gdn")  # launch-counter prefixes 
 
 def parse(overrides: dict) -> dict:
     """The shape and schedule from ``--shape`` overrides; an unknown key is an error."""
+    from .harness import UsageError
+
     cfg = dict(DEFAULTS)
     for key, value in overrides.items():
         if key not in cfg:
-            raise SystemExit(f"kernel-fun bench --model: unknown key {key!r} (keys: {', '.join(cfg)})")
-        cfg[key] = type(DEFAULTS[key])(value)
+            raise UsageError(f"--model: unknown --shape key {key!r} (keys: {', '.join(cfg)})")
+        try:
+            cfg[key] = type(DEFAULTS[key])(value)
+        except ValueError:
+            raise UsageError(f"--model: {key}={value!r} is not a {type(DEFAULTS[key]).__name__}") from None
     return cfg
 
 
@@ -281,7 +286,9 @@ def main(layer: str, overrides: dict, json_path: str | None) -> int:
     from . import harness
 
     if layer not in LAYERS:
-        raise SystemExit(f"kernel-fun bench --model: unknown layer {layer!r} (layers: {', '.join(LAYERS)})")
+        from .harness import UsageError
+
+        raise UsageError(f"--model: unknown layer {layer!r} (layers: {', '.join(LAYERS)})")
     cfg = parse(overrides)
     if not torch.cuda.is_available():
         print("kernel-fun bench --model: the model A/B needs a CUDA GPU; none here.")
