@@ -26,9 +26,9 @@ A = (I + StrictLower(diag(beta) K K^T * Gamma))^-1 (fla's forward intra stage):
     dg   = the chunk-local reverse cumsum of dG (the gradient of the per-token log gate)
 
 No dot result is ever transposed into another dot (the Triton 3.4-3.7.0 Hopper pattern): every
-transposed operand is loaded transposed from memory (A^T, h^T, dh^T, v_new^T, do^T, v^T), the
-transposed product vn do^T is its own dot from loaded tiles, and Z^T, needed once, is stored
-to a scratch tile and read back transposed after a barrier.
+transposed operand is loaded transposed from memory (A^T, h^T, dh^T, v_new^T, k^T, v^T), and
+(ds * Gamma)^T and Z^T, needed once each, are stored to a scratch tile and read back
+transposed after a barrier.
 
 Grid: one program per (chunk, qk head); it loops over the qk head's G = HV / H value heads and
 sums their dq, dk in fp32 registers, so grouped values write dq, dk once (fla writes them per
@@ -37,10 +37,10 @@ value head and sums afterwards). The per-value-head gate factors are folded into
 dq, dk accumulate in one pair of registers; each head's share of rowsum(dq * Q) is the
 difference of the rowsums before and after it.
 
-Registers (fp32): dq, dk, dw [BT, K] and ds, ds^T, dA_u [BT, BT]; at K = 128 that is 144 KB per
-program, about 144 registers a thread at 8 warps before operands. Designed for M = 64 wgmma
-tiles (every product has BT = 64 rows). Not yet compiled for sm_90a or timed: scripts step in
-docs/gdn.md. Bytes at B=8, T=8192, H=HV=16, K=V=128: q, k, v, v_new, do, dv2 and h, dh (2X
+Registers (fp32 accumulators): dq, dk [BT, K] and ds, dA_u, D [BT, BT]; at K = 128 that is 112 KB
+per program. Designed for M = 64 wgmma tiles (every product has BT = 64 rows). sm_90a compile
+(2026-12, K=V=128): 255 registers and 824-2112 B of spill stack by configuration (docs/gdn.md);
+not yet timed. Bytes at B=8, T=8192, H=HV=16, K=V=128: q, k, v, v_new, do, dv2 and h, dh (2X
 each) in, dq, dk, dv out: about 12X = 3.2 GB, 0.76 ms at 4.24 TB/s, against fla's dqkwg +
 wy_bwd 1.82 + 1.00 ms (shared/baselines/h200-2026-11-30.md).
 """
@@ -84,7 +84,7 @@ def wy_dqkwg_bwd_kernel(
     dh,  # [B, NT, HV, K, V]: the gradient of the state after each chunk
     do,  # [B, T, HV, V]
     dv2,  # [B, T, HV, V]: the full gradient of v_new
-    zt,  # [B * NT, HV, BT, BT] scratch (the transposed Z)
+    zt,  # [B * NT, HV, 2, BT, BT] scratch ((ds * Gamma) and Z, read back transposed)
     dq,  # [B, T, H, K]
     dk,  # [B, T, H, K]
     dv,  # [B, T, HV, V]
@@ -136,16 +136,12 @@ def wy_dqkwg_bwd_kernel(
     dk += (row0 * H + i_h) * K
     dt_in = q.dtype.element_ty
 
-    b_q = tl.load(q + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
-    b_k = tl.load(k + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
     b_kt = tl.load(k + o_i[None, :] * (H * K) + o_k[:, None], mask=m_kt, other=0.0)  # k^T from memory
-    b_q32 = b_q.to(tl.float32)
-    b_k32 = b_k.to(tl.float32)
-    # K K^T, shared by the group's value heads (the A backward's dbeta and dG)
-    b_kk = tl.dot(b_k, b_kt, input_precision=DOT_PRECISION)
 
     b_dq = tl.zeros([BT, KP], dtype=tl.float32)
     b_dk = tl.zeros([BT, KP], dtype=tl.float32)
+    r_q0 = tl.zeros([BT], dtype=tl.float32)  # rowsum(dq * q), rowsum(dk * k) of the heads before
+    r_k0 = tl.zeros([BT], dtype=tl.float32)
     for i_g in range(G):
         i_hv = i_h * G + i_g
         p_g = g + row0 * HV + i_hv
@@ -155,10 +151,7 @@ def wy_dqkwg_bwd_kernel(
         b_beta = tl.load(p_b + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
         b_gam = tl.where(m_t, tl.exp2(b_g), 0.0)
         b_decay = tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)  # gamma_L / gamma, <= 1
-        # Gamma and its transpose, formed with where before any product (exp2 overflows above
-        # the diagonal; 0 * inf would be NaN)
-        b_Gam = tl.where(m_lower, tl.exp2(tl.where(m_lower, b_g[:, None] - b_g[None, :], 0.0)), 0.0)
-        b_GamT = tl.where(m_upper, tl.exp2(tl.where(m_upper, b_g[None, :] - b_g[:, None], 0.0)), 0.0)
+        b_bg = b_beta * b_gam
         p_A = A + (row0 * HV + i_hv) * BT
         b_at = tl.load(p_A + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_tt, other=0.0)  # A^T [j, i]
         b_at = tl.where(m_upper, b_at, 0.0).to(dt_in)
@@ -170,13 +163,13 @@ def wy_dqkwg_bwd_kernel(
         p_dv2 = dv2 + (row0 * HV + i_hv) * V
         p_dv = dv + (row0 * HV + i_hv) * V
 
-        if G > 1:  # this head's share of the rowsums below is what it adds
-            r_q0 = tl.sum(b_dq * b_q32, 1)
-            r_k0 = tl.sum(b_dk * b_k32, 1)
-        b_dw = tl.zeros([BT, KP], dtype=tl.float32)  # dv2 S^T (dw = -that)
-        b_ds = tl.zeros([BT, BT], dtype=tl.float32)  # do vn^T
-        b_dst = tl.zeros([BT, BT], dtype=tl.float32)  # vn do^T, its own dot
-        b_dau = tl.zeros([BT, BT], dtype=tl.float32)  # dv2 (beta v)^T
+        # fp32 accumulators over V: dq and dk (the group's, gate factors folded into the
+        # operands), ds = do vn^T, dA_u = dv2 (beta V)^T, D = dv2 (K S)^T. dw = -dv2 S^T is never
+        # held: its dk term -(diag(beta gamma) A^T dv2) S^T goes to dk here, and the terms that
+        # need rowsum(A^T dw * K) take it from D (below).
+        b_ds = tl.zeros([BT, BT], dtype=tl.float32)
+        b_dau = tl.zeros([BT, BT], dtype=tl.float32)
+        b_D = tl.zeros([BT, BT], dtype=tl.float32)
         b_db = tl.zeros([BT], dtype=tl.float32)
         b_hdh = tl.zeros([1], dtype=tl.float32)  # sum(S * dS)
         b_dos_f = b_gam * scale
@@ -188,77 +181,84 @@ def wy_dqkwg_bwd_kernel(
             m_vk = m_v[:, None] & m_k[None, :]
             b_do = tl.load(p_do + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
             b_vn = tl.load(p_vn + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
-            b_dvn = tl.load(p_dv2 + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
-            b_v = tl.load(p_v + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
-            b_dot = tl.load(p_do + o_i[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0)
+            b_dvn = tl.load(p_dv2 + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0).to(dt_in)
             b_vnt = tl.load(p_vn + o_i[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0)
             b_vt = tl.load(p_v + o_i[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0)
             # S^T and dS^T [BV, K] tiles of the [K, V] states, loaded transposed
-            b_ht = tl.load(p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0)
-            b_dht = tl.load(p_dh + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0)
+            b_ht = tl.load(p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0).to(dt_in)
+            b_dht = tl.load(p_dh + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0).to(dt_in)
             b_hdh += tl.sum(tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), 1), 0)
 
             b_dog = (b_do.to(tl.float32) * b_dos_f[:, None]).to(dt_in)
-            b_dq = tl.dot(b_dog, b_ht.to(dt_in), b_dq, input_precision=DOT_PRECISION)
+            b_dq = tl.dot(b_dog, b_ht, b_dq, input_precision=DOT_PRECISION)
             b_vnd = (b_vn.to(tl.float32) * b_decay[:, None]).to(dt_in)
-            b_dk = tl.dot(b_vnd, b_dht.to(dt_in), b_dk, input_precision=DOT_PRECISION)
-            b_dw = tl.dot(b_dvn.to(dt_in), b_ht.to(dt_in), b_dw, input_precision=DOT_PRECISION)
+            b_dk = tl.dot(b_vnd, b_dht, b_dk, input_precision=DOT_PRECISION)
             b_ds = tl.dot(b_do, b_vnt, b_ds, input_precision=DOT_PRECISION)
-            b_dst = tl.dot(b_vn, b_dot, b_dst, input_precision=DOT_PRECISION)
             b_vbt = (b_vt.to(tl.float32) * b_beta[None, :]).to(dt_in)
-            b_dau = tl.dot(b_dvn.to(dt_in), b_vbt, b_dau, input_precision=DOT_PRECISION)
+            b_dau = tl.dot(b_dvn, b_vbt, b_dau, input_precision=DOT_PRECISION)
+            b_kht = tl.dot(b_ht, b_kt, input_precision=DOT_PRECISION).to(dt_in)  # (K S)^T of this V block
+            b_D = tl.dot(b_dvn, b_kht, b_D, input_precision=DOT_PRECISION)
             # u = A diag(beta) V:  dv = diag(beta) A^T dv2, dbeta += rowsum(A^T dv2 * V)
-            b_dvb = tl.dot(b_at, b_dvn.to(dt_in), input_precision=DOT_PRECISION)
+            b_dvb = tl.dot(b_at, b_dvn, input_precision=DOT_PRECISION)
+            b_v = tl.load(p_v + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
             b_db += tl.sum(b_dvb * b_v.to(tl.float32), 1)
             tl.store(p_dv + o_i[:, None] * (HV * V) + o_v[None, :],
                      (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_tv)
+            # w = A diag(beta gamma) K:  dk += diag(beta gamma) A^T dw = -(diag(beta gamma) A^T dv2) S^T
+            b_dk = tl.dot((b_dvb * (-b_bg)[:, None]).to(dt_in), b_ht, b_dk, input_precision=DOT_PRECISION)
 
-        # the state part of dk, before the intra part joins it (for the last row's dG)
-        if G > 1:
-            s_state = tl.sum(tl.sum(b_dk * b_k32, 1) - r_k0, 0)
-        else:
-            s_state = tl.sum(tl.sum(b_dk * b_k32, 1), 0)
+        b_q = tl.load(q + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
+        b_k = tl.load(k + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
+        # rowsum(A^T dw * K)_i = -sum_j A_ji D_ji, A loaded as stored
+        b_a = tl.load(p_A + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_tt, other=0.0)
+        b_a = tl.where(m_lower, b_a, 0.0).to(tl.float32)
+        b_dkk = -tl.sum(b_a * b_D, 0)
+        # this head's state part of rowsum(dk * K) (for the last row's dG)
+        b_rk = tl.sum(b_dk * b_k.to(tl.float32), 1) - r_k0
+        s_state = tl.sum(b_rk - b_bg * b_dkk, 0)
         b_dgl = tl.exp2(b_gl) * tl.sum(b_hdh, 0) + s_state
 
-        # Output, intra-chunk: dq += scale (ds * Gamma) K, dk += scale (ds^T * Gamma^T) Q
+        # Gamma and its transpose, formed with where before any product (exp2 overflows above
+        # the diagonal; 0 * inf would be NaN)
+        b_Gam = tl.where(m_lower, tl.exp2(tl.where(m_lower, b_g[:, None] - b_g[None, :], 0.0)), 0.0)
+        # Output, intra-chunk: dq += scale (ds * Gamma) K, dk += scale (ds * Gamma)^T Q
         b_dsg = (b_ds * b_Gam * scale).to(dt_in)
         b_dq = tl.dot(b_dsg, b_k, b_dq, input_precision=DOT_PRECISION)
-        b_dstg = (b_dst * b_GamT * scale).to(dt_in)
-        b_dk = tl.dot(b_dstg, b_q, b_dk, input_precision=DOT_PRECISION)
-        if G > 1:
-            b_dgh = (tl.sum(b_dq * b_q32, 1) - r_q0) - (tl.sum(b_dk * b_k32, 1) - r_k0)
-        else:
-            b_dgh = tl.sum(b_dq * b_q32, 1) - tl.sum(b_dk * b_k32, 1)
-        b_dgh += tl.where(o_i == last, b_dgl, 0.0)
 
-        # w = A diag(beta gamma) K:  dk += diag(beta gamma) A^T dw, dw = -dv2 S^T
-        b_dwc = (-b_dw).to(dt_in)
-        b_dkbg = tl.dot(b_at, b_dwc, input_precision=DOT_PRECISION)
-        b_bg = b_beta * b_gam
-        b_dkk = tl.sum(b_dkbg * b_k32, 1)
-        b_db += b_gam * b_dkk
-        b_dgh += b_bg * b_dkk
-        b_dk += b_dkbg * b_bg[:, None]
-
-        # A = (I + L)^-1:  dL = -A^T dA A^T on the strict lower triangle
-        b_kbgt = (b_kt.to(tl.float32) * b_bg[None, :]).to(dt_in)
-        b_da = tl.dot(b_dwc, b_kbgt, b_dau, input_precision=DOT_PRECISION)
-        b_da = tl.where(m_strict, b_da, 0.0).to(dt_in)
+        # A = (I + L)^-1:  dL = -A^T dA A^T on the strict lower triangle,
+        # dA = dw (beta gamma K)^T + dv2 (beta V)^T = dA_u - D diag(beta gamma)
+        b_da = tl.where(m_strict, b_dau - b_D * b_bg[None, :], 0.0).to(dt_in)
         b_da = tl.dot(b_at, b_da, input_precision=DOT_PRECISION).to(dt_in)
         b_da = tl.dot(b_da, b_at, input_precision=DOT_PRECISION)
         b_z = tl.where(m_strict, -b_da * b_Gam, 0.0)  # dL * Gamma
+
+        # (ds * Gamma)^T and Z^T through memory, never as transposed dot results
+        p_zt = zt + (i_tg * HV + i_hv) * 2 * BT * BT
+        tl.store(p_zt + o_i[:, None] * BT + o_i[None, :], b_dsg)
+        tl.store(p_zt + BT * BT + o_i[:, None] * BT + o_i[None, :], b_z.to(dt_in))
+        tl.debug_barrier()
+        b_dstg = tl.load(p_zt + o_i[None, :] * BT + o_i[:, None])
+        b_ztl = tl.load(p_zt + BT * BT + o_i[None, :] * BT + o_i[:, None])
+        b_dk = tl.dot(b_dstg, b_q, b_dk, input_precision=DOT_PRECISION)
+
+        b_q32 = b_q.to(tl.float32)
+        b_k32 = b_k.to(tl.float32)
+        # dG: rowsum(dq * Q) - rowsum(dk_out,state * K) + beta gamma rowsum(A^T dw * K) + ...
+        b_dgh = (tl.sum(b_dq * b_q32, 1) - r_q0) - (tl.sum(b_dk * b_k32, 1) - r_k0) + 2.0 * b_bg * b_dkk
+        b_dgh += tl.where(o_i == last, b_dgl, 0.0)
+        b_db += b_gam * b_dkk
+
+        b_kk = tl.dot(b_k, b_kt, input_precision=DOT_PRECISION)  # K K^T
         b_zk = b_z * b_kk
         b_db += tl.sum(b_zk, 1)
         b_zl = b_zk * b_beta[:, None]  # dL * L
         b_dgh += tl.sum(b_zl, 1) - tl.sum(b_zl, 0)
         b_dk = tl.dot((b_z * b_beta[:, None]).to(dt_in), b_k, b_dk, input_precision=DOT_PRECISION)
-        # Z^T through memory, never as a transposed dot result
-        p_zt = zt + (i_tg * HV + i_hv) * BT * BT
-        tl.store(p_zt + o_i[:, None] * BT + o_i[None, :], b_z.to(dt_in))
-        tl.debug_barrier()
-        b_ztl = tl.load(p_zt + o_i[None, :] * BT + o_i[:, None])
         b_kb = (b_k32 * b_beta[:, None]).to(dt_in)
         b_dk = tl.dot(b_ztl, b_kb, b_dk, input_precision=DOT_PRECISION)
+        if G > 1:
+            r_q0 = tl.sum(b_dq * b_q32, 1)
+            r_k0 = tl.sum(b_dk * b_k32, 1)
 
         # dbeta, and dG reverse-cumsummed within the chunk: dg_t = sum over s >= t of dG_s
         tl.store(db + row0 * HV + i_hv + o_i * HV, b_db.to(db.dtype.element_ty), mask=m_t)
@@ -323,7 +323,7 @@ def wy_dqkwg_bwd(q, k, v, v_new, g, beta, A, h, dh, do, dv2, scale, cu_seqlens=N
     dv = _alloc((B, T, HV, V), dtype=v.dtype, device=q.device)
     db = _alloc((B, T, HV), dtype=torch.float32, device=q.device)
     dg = _alloc((B, T, HV), dtype=torch.float32, device=q.device)
-    zt = torch.empty((B * NT, HV, BT, BT), dtype=q.dtype, device=q.device)  # scratch, fully rewritten
+    zt = torch.empty((B * NT, HV, 2, BT, BT), dtype=q.dtype, device=q.device)  # scratch, fully rewritten
     args = dict(
         q=q, k=k, v=v, v_new=v_new, g=g, beta=beta, A=A, h=h, dh=dh, do=do, dv2=dv2, zt=zt,
         dq=dq, dk=dk, dv=dv, db=db, dg=dg,
