@@ -82,6 +82,19 @@ FLA_CALLS: tuple = (
     FlaCall("fla.modules.norm.l2norm", "l2norm_bwd", ("y", "rstd", "dy")),
     FlaCall("fla.ops.common.gate", "fused_beta_sigmoid_fwd", ("x", "scale")),
     FlaCall("fla.ops.common.gate", "fused_beta_sigmoid_bwd", ("x", "dy", "scale")),
+    # gdn: the public op we route to, and the stage functions of its chain that we call (the
+    # l2norm, beta sigmoid, chunk_local_cumsum and chunk-index entries above are shared).
+    FlaCall("fla.ops.gated_delta_rule", "chunk_gated_delta_rule", (
+        "q", "k", "v", "g", "beta", "scale", "initial_state", "output_final_state",
+        "use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "state_v_first",
+        "cu_seqlens", "cu_seqlens_cpu", "chunk_indices", "cp_context")),
+    FlaCall("fla.ops.gated_delta_rule.gate", "gdn_gate_chunk_cumsum", (
+        "g", "A_log", "chunk_size", "scale", "dt_bias", "cu_seqlens", "chunk_indices")),
+    FlaCall("fla.ops.gated_delta_rule.gate", "gdn_gate_bwd", ("g", "A_log", "dt_bias", "dyg")),
+    FlaCall("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_intra", (
+        "k", "v", "g", "beta", "cu_seqlens", "chunk_size", "chunk_indices")),
+    FlaCall("fla.ops.gated_delta_rule.wy_fast", "recompute_w_u_fwd", (
+        "k", "v", "beta", "A", "g", "cu_seqlens", "chunk_indices")),
 )
 
 

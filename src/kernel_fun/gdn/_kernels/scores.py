@@ -1,0 +1,109 @@
+"""GDN's gated intra-chunk scores, for the backward state scan to make dv from.
+
+    Aqk[t, j] = scale * (q_t . k_j) * exp2(G_t - G_j)   for j <= t within the chunk, else 0
+
+``[B, T, HV, BT]`` in q's dtype (G: the chunk-local cumulative log2 gate of the value head).
+With it, ``_delta``'s backward state scan forms the intra-chunk dv = Aqk^T do per chunk on the
+do tile it loads anyway (its ``A=`` path), in place of fla's ``chunk_bwd_dv_local``, which reads
+q, k, g, do and writes dv (4 tensors of 2X bytes at the main shape, against q, k in and Aqk out:
+X + X + X/2 at V = 128).
+
+Grid: one program per (chunk, value head); q, k of the qk head are re-read by the group's value
+heads (from L2 when they run together). One [BT, K] x [K, BT] product per program.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.witness import record_launch
+
+install_interpreter_shims()
+
+# The first is the interpreter's. Not yet timed on a GPU.
+CONFIGS = [triton.Config({}, num_warps=nw, num_stages=ns) for nw, ns in [(4, 2), (4, 3), (8, 2), (2, 2)]]
+
+
+def config_name(c) -> str:
+    return f"w{c.num_warps}-s{c.num_stages}"
+
+
+@triton.jit(do_not_specialize=["T"])
+def gated_scores_kernel(
+    q,  # [B, T, H, K]
+    k,  # [B, T, H, K]
+    g,  # [B, T, HV] fp32
+    A,  # [B, T, HV, BT]
+    cu_seqlens,
+    chunk_indices,
+    scale,
+    T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, KP: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    i_t = tl.program_id(0).to(tl.int64)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    i_h = i_hv // (HV // H)
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int64)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        T = (eos - bos).to(tl.int32)
+    else:
+        bos = i_b * T
+    row0 = bos + i_t * BT
+    o_i = tl.arange(0, BT)
+    m_t = o_i < T - i_t * BT
+    o_k = tl.arange(0, KP)
+    m_k = o_k < K
+    b_q = tl.load(q + (row0 * H + i_h) * K + o_i[:, None] * (H * K) + o_k[None, :],
+                  mask=m_t[:, None] & m_k[None, :], other=0.0)
+    b_kt = tl.load(k + (row0 * H + i_h) * K + o_i[None, :] * (H * K) + o_k[:, None],
+                   mask=m_k[:, None] & m_t[None, :], other=0.0)  # k^T loaded transposed
+    b_a = tl.dot(b_q, b_kt, input_precision=DOT_PRECISION)
+    b_g = tl.load(g + row0 * HV + i_hv + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
+    m_c = (o_i[:, None] >= o_i[None, :]) & m_t[:, None] & m_t[None, :]
+    # the factor formed under the mask before it multiplies (exp2 overflows above the diagonal)
+    b_a = tl.where(m_c, b_a * tl.exp2(tl.where(m_c, b_g[:, None] - b_g[None, :], 0.0)) * scale, 0.0)
+    tl.store(A + (row0 * HV + i_hv) * BT + o_i[:, None] * (HV * BT) + o_i[None, :],
+             b_a.to(A.dtype.element_ty), mask=m_t[:, None])
+
+
+gated_scores_kernel_tuned = triton.autotune(
+    configs=autotune_configs(CONFIGS), **autotune_cache(), key=["H", "HV", "K", "BT", "IS_VARLEN"],
+)(gated_scores_kernel)
+
+# Every output is allocated through this name, so that tests can poison outputs with NaN.
+_alloc = torch.empty
+
+
+def gated_scores(q, k, g, scale, cu_seqlens=None, chunk_indices=None, chunk_size: int = 64,
+                 *, config: triton.Config | None = None):
+    """``Aqk [B, T, HV, BT]`` (q's dtype, zero above the diagonal and past a sequence's end
+    within its last chunk) from q, k ``[B, T, H, K]`` and g ``[B, T, HV]`` fp32 (chunk-local
+    cumulative log2 gate)."""
+    B, T, H, K = q.shape
+    HV = g.shape[2]
+    BT = chunk_size
+    if tuple(k.shape) != tuple(q.shape) or tuple(g.shape[:2]) != (B, T) or HV % H:
+        raise ValueError(f"gated_scores: q {tuple(q.shape)} k {tuple(k.shape)} g {tuple(g.shape)}")
+    is_varlen = cu_seqlens is not None
+    NT = len(chunk_indices) if is_varlen else triton.cdiv(T, BT)
+    q, k, g = q.contiguous(), k.contiguous(), g.contiguous()
+    A = _alloc((B, T, HV, BT), dtype=q.dtype, device=q.device)
+    args = dict(q=q, k=k, g=g, A=A, cu_seqlens=cu_seqlens if is_varlen else A,
+                chunk_indices=chunk_indices if is_varlen else A, scale=float(scale), T=T, H=H, HV=HV, K=K,
+                BT=BT, KP=max(16, triton.next_power_of_2(K)), IS_VARLEN=is_varlen,
+                DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    grid = (NT, B * HV)
+    if config is not None:
+        gated_scores_kernel[grid](**args, **config.all_kwargs())
+    else:
+        gated_scores_kernel_tuned[grid](**args)
+    record_launch("gdn.gated_scores")
+    return A

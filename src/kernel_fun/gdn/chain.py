@@ -1,0 +1,113 @@
+"""The Gated DeltaNet chain: the forward and backward as a list of stages, each ours or fla's
+own stage function (fla's fetched through ``_common/compat.py``, so drift is caught at warmup).
+
+Shapes: q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``; g, beta ``[B, T, HV]``; states
+``[N, HV, K, V]`` fp32 (the public entry transposes fla's ``state_v_first`` layout around the
+chain). The gate is kept as its chunk-local cumulative sum in log2 units (fla's convention).
+
+| stage | forward | backward |
+|---|---|---|
+| l2norm of q, k; beta sigmoid | fla | fla |
+| gate (+ in-op activation) cumsum | fla ``gdn_gate_chunk_cumsum`` / ``chunk_local_cumsum`` | fla ``gdn_gate_bwd`` |
+| kkt + solve + w, u | fla ``chunk_gated_delta_rule_fwd_intra`` | fla ``recompute_w_u_fwd`` |
+| state scan | ours (``_delta`` state_scan_fwd, o made inside, h never written) | ours: the forward scan again writing h and v_new; the gated scores (``gdn/_kernels/scores.py``); ``_delta`` state_scan_bwd making dv from them |
+| dq, dk, dw, dg + WY backward + reverse cumsum + group sum | | ours, one kernel (``gdn/_kernels/wy_dqkwg_bwd.py``) |
+
+fla's ``chunk_bwd_dqkwg`` (refused by fla on Hopper with Triton 3.4-3.7.0), ``prepare_wy_repr_bwd``,
+``chunk_bwd_dv_local``, ``chunk_gated_delta_rule_bwd_dhu``, ``chunk_gated_delta_rule_fwd_h``,
+``chunk_fwd_o`` and the backward's ``chunk_local_cumsum`` never run. Not yet timed on a GPU.
+"""
+from __future__ import annotations
+
+from .._common.compat import fla_symbol
+# The one place gdn reaches into the shared engine (kept small for the engine's refactors).
+from .._delta._kernels.state_scan_bwd import state_scan_bwd
+from .._delta._kernels.state_scan_fwd import state_scan_fwd
+from ._kernels.scores import gated_scores
+from ._kernels.wy_dqkwg_bwd import wy_dqkwg_bwd
+
+RCP_LN2 = 1.4426950408889634  # log2(e): fla's gates are cumsummed in log2 space
+BT = 64  # chunk size
+
+
+def _fla(module: str, symbol: str):
+    return fla_symbol(module, symbol)
+
+
+def chunk_meta(cu_seqlens, cu_seqlens_cpu, chunk_indices=None):
+    """(chunk_indices, chunk_offsets) for packed documents, or (None, None)."""
+    if cu_seqlens is None:
+        return None, None
+    if chunk_indices is None:
+        chunk_indices = _fla("fla.ops.utils.index", "prepare_chunk_indices")(
+            cu_seqlens, BT, cu_seqlens_cpu=cu_seqlens_cpu)
+    off = _fla("fla.ops.utils.index", "prepare_chunk_offsets")(cu_seqlens, BT)
+    return chunk_indices, off
+
+
+def gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices):
+    """Chunk-local cumulative log2-space gate ``[B, T, HV]`` fp32 (gate function fused in)."""
+    if use_gate_in_kernel:
+        return _fla("fla.ops.gated_delta_rule.gate", "gdn_gate_chunk_cumsum")(
+            g=g, A_log=A_log, chunk_size=BT, scale=RCP_LN2, dt_bias=dt_bias, cu_seqlens=cu_seqlens,
+            chunk_indices=chunk_indices)
+    return _fla("fla.ops.utils.cumsum", "chunk_local_cumsum")(
+        g=g, chunk_size=BT, scale=RCP_LN2, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
+
+
+def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_gate_in_kernel,
+            cu_seqlens, cu_seqlens_cpu, chunk_indices=None):
+    """q, k already l2-normalized and beta already activated where the call asks.
+    Returns (o, final_state, gc, A, chunk_indices, chunk_offsets): gc the cumulative gate and A
+    the WY inverse, both kept for the backward."""
+    chunk_indices, chunk_offsets = chunk_meta(cu_seqlens, cu_seqlens_cpu, chunk_indices)
+    gc = gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices)
+    w, u, A = _fla("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_intra")(
+        k=k, v=v, g=gc, beta=beta, cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices)
+    o, final_state, _, _ = state_scan_fwd(
+        q, k, w, u, g=gc, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT)
+    return o, final_state, gc, A, chunk_indices, chunk_offsets
+
+
+def backward(q, k, v, gc, beta, A, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets):
+    """Gradients w.r.t. q, k (the ones the chain saw: normalized where the op normalizes), v,
+    the (activated) beta, the per-token natural-log gate, and the initial state:
+    ``(dq, dk, dv, dbeta fp32, dg fp32, dh0 or None)``."""
+    w, u = _fla("fla.ops.gated_delta_rule.wy_fast", "recompute_w_u_fwd")(
+        k=k, v=v, beta=beta, A=A, g=gc, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
+    # The forward scan again, now writing h (the state before each chunk) and v_new. Its o is
+    # written and dropped (0.27 GB at the main shape; a scan variant without o is a next step).
+    _, _, h, v_new = state_scan_fwd(
+        q, k, w, u, g=gc, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+        chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT, save_h=True, save_v_new=True)
+    del u
+    Aqk = gated_scores(q, k, gc, scale, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
+    dh, dh0, dv2 = state_scan_bwd(
+        q, k, w, do, None, g=gc, h0=initial_state, dht=dht, scale=scale, cu_seqlens=cu_seqlens,
+        chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, A=Aqk)
+    del w, Aqk
+    dq, dk, dv, db, dg = wy_dqkwg_bwd(q, k, v, v_new, gc, beta, A, h, dh, do, dv2, scale, cu_seqlens=cu_seqlens,
+                                      chunk_indices=chunk_indices, chunk_size=BT)
+    return dq, dk, dv, db, dg, dh0
+
+
+def gate_bwd(g_raw, A_log, dt_bias, dg):
+    """(dg_raw, dA_log, ddt_bias) of the in-op gate from dg of the per-token log gate."""
+    return _fla("fla.ops.gated_delta_rule.gate", "gdn_gate_bwd")(g=g_raw, A_log=A_log, dt_bias=dt_bias, dyg=dg)
+
+
+def l2norm_fwd(x):
+    return _fla("fla.modules.norm.l2norm", "l2norm_fwd")(x)
+
+
+def l2norm_bwd(y, rstd, dy):
+    return _fla("fla.modules.norm.l2norm", "l2norm_bwd")(y, rstd, dy)
+
+
+def beta_sigmoid_fwd(x, scale):
+    return _fla("fla.ops.common.gate", "fused_beta_sigmoid_fwd")(x, scale=scale)
+
+
+def beta_sigmoid_bwd(x, dy, scale):
+    return _fla("fla.ops.common.gate", "fused_beta_sigmoid_bwd")(x, dy, scale=scale)

@@ -1,0 +1,263 @@
+"""The public entry of gdn: classify the call, run our chain or fla's (and say why), log once.
+
+Drop-in for fla 0.6.0 ``fla.ops.gated_delta_rule.chunk_gated_delta_rule``; returns
+``(o, final_state)``.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .._common import classify as C
+from .._common import support
+from .._common.compat import fla_symbol
+from .._common.varlen import check_cu_seqlens
+
+FAMILY = "gdn"
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _chunk_size(value, call):
+    return None if value == 64 else f"chunk_size={value!r} (ours: 64)"
+
+
+def _transpose_state_layout(value, call):
+    # fla's deprecated alias of state_v_first: fla raises when both are set, so that goes there
+    if call["state_v_first"]:
+        return "both state_v_first and transpose_state_layout (fla raises)"
+    return None
+
+
+# One rule per parameter of fla's signature and per keyword fla reads from **kwargs.
+RULES = {
+    "q": C.ours(), "k": C.ours(), "v": C.ours(), "g": C.ours(), "beta": C.ours(),
+    "scale": C.ours(),
+    "initial_state": C.ours(),
+    "output_final_state": C.ours(),
+    "use_qk_l2norm_in_kernel": C.ours(),
+    "use_beta_sigmoid_in_kernel": C.ours(),
+    "allow_neg_eigval": C.ours(),
+    # fla's GatedDeltaNet layer passes state_v_first=True: states [N, HV, V, K], which ours
+    # serves by transposing around the chain (the states are small next to q, k, v).
+    "state_v_first": C.ours(),
+    "cu_seqlens": C.ours(),
+    "cu_seqlens_cpu": C.ours(),
+    "chunk_indices": C.ours(),  # fla's prepare_chunk_indices(cu_seqlens, 64), passed through
+    "cp_context": C.only(None, "cp_context"),
+    # read by fla from **kwargs
+    "use_gate_in_kernel": C.ours(),
+    "A_log": C.ours(),
+    "dt_bias": C.ours(),
+    "chunk_size": C.check(_chunk_size),
+    "transpose_state_layout": C.check(_transpose_state_layout),
+    "head_first": C.check(lambda value, call: "head_first (removed in fla; fla raises)"),
+}
+
+
+def _box(call: dict, extra: dict):
+    q, k, v, g, beta = (call[n] for n in ("q", "k", "v", "g", "beta"))
+    if any(not isinstance(t, torch.Tensor) for t in (q, k, v, g, beta)):
+        raise ValueError("gdn: q, k, v, g, beta must be tensors")
+    if q.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"gdn: q, k must be [B, T, H, K] and v [B, T, HV, V]; got q {tuple(q.shape)}, v {tuple(v.shape)}")
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if tuple(k.shape) != tuple(q.shape) or v.shape[:2] != q.shape[:2]:
+        raise ValueError(f"gdn: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} disagree")
+    if 0 in (B, T, H, K, HV, V):
+        raise ValueError(f"gdn: empty input: q {tuple(q.shape)}, v {tuple(v.shape)} (B, T, H, K, HV, V must be >= 1)")
+    if HV % H:
+        raise ValueError(f"gdn: HV={HV} value heads must be a multiple of H={H}")
+    if tuple(g.shape) != (B, T, HV) or tuple(beta.shape) != (B, T, HV):
+        raise ValueError(f"gdn: g and beta must be [B, T, HV]={[B, T, HV]}; got g {tuple(g.shape)}, "
+                         f"beta {tuple(beta.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if not t.dtype.is_floating_point:
+            raise ValueError(f"gdn: {name} must be a floating-point tensor, got {t.dtype}")
+    gate_in = bool(extra.get("use_gate_in_kernel", False))
+    if gate_in:
+        for name in ("A_log", "dt_bias"):
+            t = extra.get(name)
+            if t is None:
+                continue
+            if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
+                raise ValueError(f"gdn: {name} must be a floating-point tensor, got "
+                                 f"{getattr(t, 'dtype', type(t).__name__)}")
+            if t.numel() != HV:
+                raise ValueError(f"gdn: {name} must have HV={HV} elements ([HV]), got shape {tuple(t.shape)}")
+    if call["allow_neg_eigval"] and not call["use_beta_sigmoid_in_kernel"]:
+        return False, "allow_neg_eigval without use_beta_sigmoid_in_kernel (fla raises)"
+    if gate_in and extra.get("A_log") is None:
+        return False, "use_gate_in_kernel without A_log (fla raises)"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in _HALF:
+            return False, f"{name} dtype {t.dtype} (ours: bfloat16, float16)"
+    if not (q.dtype == k.dtype == v.dtype):
+        return False, f"mixed q/k/v dtypes {q.dtype}, {k.dtype}, {v.dtype}"
+    if K not in (64, 128):
+        return False, f"K={K} (ours: 64, 128)"
+    if V not in (64, 128, 256):
+        return False, f"V={V} (ours: 64, 128, 256)"
+    cu = call["cu_seqlens"]
+    N = B
+    if cu is not None:
+        if B != 1:
+            return False, f"cu_seqlens with batch size {B} (packed documents need B == 1; fla raises)"
+        check_cu_seqlens(FAMILY, cu, call["cu_seqlens_cpu"], T)
+        N = cu.numel() - 1
+    elif call["chunk_indices"] is not None:
+        return False, "chunk_indices without cu_seqlens"
+    h0 = call["initial_state"]
+    if h0 is not None:
+        if not isinstance(h0, torch.Tensor):
+            raise ValueError("gdn: initial_state must be a tensor")
+        if h0.dtype != torch.float32:
+            return False, f"initial_state dtype {h0.dtype} (ours: float32)"
+        want = (N, HV, V, K) if _state_v_first(call, extra) else (N, HV, K, V)
+        if tuple(h0.shape) != want:
+            layout = "[N, HV, V, K]" if _state_v_first(call, extra) else "[N, HV, K, V]"
+            raise ValueError(f"gdn: initial_state must be {layout}={list(want)}, got {tuple(h0.shape)}")
+    return True, ""
+
+
+def _state_v_first(call: dict, extra: dict) -> bool:
+    return bool(call["state_v_first"] or extra.get("transpose_state_layout", False))
+
+
+def _signature(call: dict, extra: dict):
+    q, v = call["q"], call["v"]
+    cu = call["cu_seqlens"]
+    flags = tuple(bool(call[n]) for n in ("output_final_state", "use_qk_l2norm_in_kernel",
+                                          "use_beta_sigmoid_in_kernel", "allow_neg_eigval"))
+    return (tuple(q.shape), tuple(v.shape), q.dtype, call["g"].dtype, call["beta"].dtype,
+            None if cu is None else cu.numel(), call["initial_state"] is not None, flags,
+            bool(extra.get("use_gate_in_kernel", False)), extra.get("dt_bias") is not None,
+            _state_v_first(call, extra))
+
+
+def _tensors(call: dict, extra: dict) -> list:
+    out = [call[n] for n in ("q", "k", "v", "g", "beta", "initial_state")]
+    return out + [extra.get("A_log"), extra.get("dt_bias")]
+
+
+def _needs_grad(call: dict, extra: dict) -> bool:
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in _tensors(call, extra))
+
+
+def _triton_version() -> tuple:
+    import triton
+
+    parts = []
+    for p in triton.__version__.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def fla_refuses_backward(q) -> str | None:
+    """Why fla 0.6.0's own GDN backward raises on this device, or None: its ``chunk_bwd_dqkwg``
+    refuses Hopper with Triton >= 3.4 and < 3.7.1 (a miscompile, fla #640) unless tilelang or
+    flash-qla is installed (neither is checked here: the note says so)."""
+    if not isinstance(q, torch.Tensor) or q.device.type != "cuda":
+        return None
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    if tuple(support.device_capability(index)) != (9, 0):
+        return None
+    ver = _triton_version()
+    if (3, 4, 0) <= ver < (3, 7, 1):
+        return (f"fla 0.6.0 itself refuses this call's backward here (Hopper, Triton "
+                f"{'.'.join(map(str, ver))} < 3.7.1, fla #640) unless tilelang or flash-qla is installed")
+    return None
+
+
+def _decide(call: dict, extra: dict):
+    def describe():
+        return _signature(call, extra), _needs_grad(call, extra)
+
+    def tensors():
+        return support.tensor_gate(*_tensors(call, extra), call["cu_seqlens"])
+
+    ok, reason = support.decide(
+        FAMILY,
+        lambda: C.classify(RULES, call, extra),
+        lambda: _box(call, extra),
+        tensors,
+        lambda: support.capture_gate(FAMILY, describe),
+    )
+    if not ok and _needs_grad(call, extra):
+        note = fla_refuses_backward(call["q"])
+        if note:
+            reason = f"{reason}; note: {note}"
+    return ok, reason
+
+
+def is_supported(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                 use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                 state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, chunk_indices=None,
+                 cp_context=None, **kwargs):
+    """(ok, reason): would ``chunk_gated_delta_rule`` with these arguments run our chain?"""
+    call = dict(locals())
+    extra = call.pop("kwargs")
+    return _decide(call, extra)
+
+
+@torch.compiler.disable  # as fla's: the chain launches many autotuned kernels
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    cu_seqlens_cpu: torch.LongTensor | None = None,
+    chunk_indices: torch.LongTensor | None = None,
+    cp_context=None,
+    **kwargs,
+):
+    """Gated DeltaNet, chunked (64), forward and backward.
+
+    Args: q, k ``[B, T, H, K]``; v ``[B, T, HV, V]`` (HV a multiple of H); g ``[B, T, HV]``
+    (the log-space decay, or with ``use_gate_in_kernel=True`` the raw gate input, with
+    ``A_log [HV]`` and ``dt_bias [HV]`` passed as keywords: g = -exp(A_log) * softplus(g +
+    dt_bias)); beta ``[B, T, HV]`` (raw logits with ``use_beta_sigmoid_in_kernel``);
+    initial_state fp32 ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``, as fla's
+    layer passes); cu_seqlens ``[N+1]`` for packed documents (B == 1).
+    Returns ``(o [B, T, HV, V], final_state in initial_state's layout or None)``. Calls outside
+    our box go to fla's ``chunk_gated_delta_rule`` verbatim (see ``is_supported`` and the INFO
+    log for why).
+    """
+    call = dict(locals())
+    kwargs = call.pop("kwargs")
+    ok, reason = _decide(call, kwargs)
+    support.report(FAMILY, ok, reason,
+                   detail=f"q {tuple(q.shape)} v {tuple(v.shape)}" if hasattr(q, "shape") else "")
+    if not ok:
+        return fla_symbol("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")(**call, **kwargs)
+    from .autograd import ChunkGatedDeltaRuleFunction
+
+    if "transpose_state_layout" in kwargs:
+        warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
+                      DeprecationWarning, stacklevel=2)
+    v_first = _state_v_first(call, kwargs)
+    if v_first and initial_state is not None:
+        # the chain keeps states [N, HV, K, V]; autograd carries dh0 back through the transpose
+        initial_state = initial_state.transpose(-1, -2).contiguous()
+    gate_in = bool(kwargs.get("use_gate_in_kernel", False))
+    K = q.shape[-1]
+    o, final_state = ChunkGatedDeltaRuleFunction.apply(
+        q, k, v, g, beta, kwargs.get("A_log") if gate_in else None, kwargs.get("dt_bias") if gate_in else None,
+        initial_state, K ** -0.5 if scale is None else scale, output_final_state, use_qk_l2norm_in_kernel,
+        gate_in, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, cu_seqlens_cpu,
+        chunk_indices if cu_seqlens is not None else None, _signature(call, kwargs))
+    if v_first and final_state is not None:
+        final_state = final_state.transpose(-1, -2).contiguous()  # fla returns [N, HV, V, K]
+    return o, final_state

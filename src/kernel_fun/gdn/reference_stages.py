@@ -1,0 +1,120 @@
+"""Plain-torch fp64 references of gdn's own stage kernels, chunk by chunk, for the interpreted
+stage tests (``tests/gdn/test_kernels.py``).
+
+The fused backward's reference is not a transcription of the kernel's algebra: it rebuilds one
+chunk's forward (the gated WY inverse, w, u, v_new's dependence on them, the output and the
+state update) in torch and lets autograd differentiate it, with v_new and the state before the
+chunk held fixed (their gradients are the backward state scan's).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+BT = 64
+F64 = torch.float64
+LN2 = math.log(2.0)
+
+
+def chunks(B, T, cu_seqlens):
+    """(b, bos, eos, c) for every chunk, ``h[b, c]`` its state (fla's chunk axis of h)."""
+    out = []
+    if cu_seqlens is None:
+        for b in range(B):
+            for c, s in enumerate(range(0, T, BT)):
+                out.append((b, s, min(s + BT, T), c))
+        return out
+    cu = [int(x) for x in cu_seqlens.tolist()]
+    ci = 0
+    for bos, eos in zip(cu[:-1], cu[1:]):
+        for s in range(bos, eos, BT):
+            out.append((0, s, min(s + BT, eos), ci))
+            ci += 1
+    return out
+
+
+def gated_scores_ref(q, k, g, scale, cu_seqlens=None):
+    """``[B, T, HV, BT]`` fp64: scale * q_t . k_j * exp2(G_t - G_j) for j <= t in the chunk, else 0."""
+    B, T, H, K = q.shape
+    HV = g.shape[2]
+    G = HV // H
+    A = torch.zeros(B, T, HV, BT, dtype=F64)
+    for b, s, e, _ in chunks(B, T, cu_seqlens):
+        n = e - s
+        qc = q[b, s:e].double().repeat_interleave(G, 1).transpose(0, 1)  # [HV, n, K]
+        kc = k[b, s:e].double().repeat_interleave(G, 1).transpose(0, 1)
+        gc = g[b, s:e].double().transpose(0, 1)  # [HV, n]
+        m = torch.tril(torch.ones(n, n, dtype=torch.bool))
+        gam = torch.where(m, torch.exp2(torch.where(m, gc[:, :, None] - gc[:, None, :], 0.0)), 0.0)
+        A[b, s:e, :, :n] = (scale * (qc @ kc.transpose(-1, -2)) * gam).transpose(0, 1)
+    return A
+
+
+def _inverse(kc, gc_nat, bc):
+    """(I + StrictLower(diag(beta) K K^T * Gamma))^-1 per head: kc [HV, n, K], gc_nat [HV, n]."""
+    n = kc.shape[1]
+    gam = torch.exp(gc_nat[:, :, None] - gc_nat[:, None, :])
+    L = torch.tril(bc[:, :, None] * (kc @ kc.transpose(-1, -2)) * torch.where(
+        torch.tril(torch.ones(n, n, dtype=torch.bool), -1), gam, torch.zeros_like(gam)), -1)
+    eye = torch.eye(n, dtype=kc.dtype)
+    return torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False)
+
+
+def wy_inverse_ref(k, g, beta, cu_seqlens=None):
+    """fla's forward intra stage's A ``[B, T, HV, BT]`` fp64 (zero outside the chunk's rows and
+    above the diagonal) from k ``[B, T, H, K]``, g ``[B, T, HV]`` (chunk-local cumulative log2
+    gate) and beta."""
+    B, T, H, K = k.shape
+    HV = g.shape[2]
+    A = torch.zeros(B, T, HV, BT, dtype=F64)
+    for b, s, e, _ in chunks(B, T, cu_seqlens):
+        n = e - s
+        kc = k[b, s:e].double().repeat_interleave(HV // H, 1).transpose(0, 1)
+        A[b, s:e, :, :n] = _inverse(kc, g[b, s:e].double().T * LN2, beta[b, s:e].double().T).transpose(0, 1)
+    return A
+
+
+def wy_dqkwg_bwd_ref(q, k, v, v_new, g, beta, h, dh, do, dv2, scale, cu_seqlens=None):
+    """What ``wy_dqkwg_bwd`` returns, by autograd of each chunk's forward in fp64:
+    ``(dq, dk [B, T, H, K], dv [B, T, HV, V], dbeta, dg [B, T, HV])``, dg the gradient of the
+    per-token natural-log gate (the reverse cumsum of the cumulative gate's)."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    G = HV // H
+    dq = torch.zeros(B, T, H, K, dtype=F64)
+    dk = torch.zeros(B, T, H, K, dtype=F64)
+    dv = torch.zeros(B, T, HV, V, dtype=F64)
+    db = torch.zeros(B, T, HV, dtype=F64)
+    dg = torch.zeros(B, T, HV, dtype=F64)
+    for b, s, e, ci in chunks(B, T, cu_seqlens):
+        n = e - s
+        qc = q[b, s:e].double().transpose(0, 1).clone().requires_grad_(True)  # [H, n, K]
+        kc = k[b, s:e].double().transpose(0, 1).clone().requires_grad_(True)
+        vc = v[b, s:e].double().transpose(0, 1).clone().requires_grad_(True)  # [HV, n, V]
+        bc = beta[b, s:e].double().T.clone().requires_grad_(True)  # [HV, n]
+        Gc = g[b, s:e].double().T * LN2
+        gtok = torch.cat([Gc[:, :1], Gc[:, 1:] - Gc[:, :-1]], 1).clone().requires_grad_(True)
+        Gn = gtok.cumsum(1)
+        qe, ke = qc.repeat_interleave(G, 0), kc.repeat_interleave(G, 0)  # [HV, n, K]
+        vn = v_new[b, s:e].double().transpose(0, 1)
+        S, dS = h[b, ci].double(), dh[b, ci].double()  # [HV, K, V]
+        A = _inverse(ke, Gn, bc)
+        eg = Gn.exp()
+        w = A @ (ke * (bc * eg)[..., None])
+        u = A @ (vc * bc[..., None])
+        m = torch.tril(torch.ones(n, n, dtype=torch.bool))
+        gam = torch.where(m, torch.exp(torch.where(m, Gn[:, :, None] - Gn[:, None, :], 0.0)), 0.0)
+        o = scale * (eg[..., None] * (qe @ S) + ((qe @ ke.transpose(-1, -2)) * gam) @ vn)
+        dec = torch.exp(Gn[:, -1:] - Gn)
+        S1 = Gn[:, -1].exp()[:, None, None] * S + ke.transpose(-1, -2) @ (vn * dec[..., None])
+        vnw = u - w @ S
+        loss = (o * do[b, s:e].double().transpose(0, 1)).sum() + (S1 * dS).sum() \
+            + (vnw * dv2[b, s:e].double().transpose(0, 1)).sum()
+        gq, gk, gv, gb, gg = torch.autograd.grad(loss, [qc, kc, vc, bc, gtok])
+        dq[b, s:e] = gq.transpose(0, 1)
+        dk[b, s:e] = gk.transpose(0, 1)
+        dv[b, s:e] = gv.transpose(0, 1)
+        db[b, s:e] = gb.T
+        dg[b, s:e] = gg.T
+    return dq, dk, dv, db, dg

@@ -1,0 +1,134 @@
+"""Plain-torch stand-ins for the fla stage functions the GDN chain calls (fla's kernels do not
+run under Triton's interpreter), so the CPU tier can run the whole chain: fla's stages in
+torch, ours through the interpreter, end to end against the fp64 recurrence.
+
+Each stand-in has the signature and return convention of fla 0.6.0's function (shapes, dtypes,
+rounding to the dtype fla stores), computed chunk by chunk in fp64. ``install(monkeypatch)``
+routes ``gdn.chain``'s fla calls to these and returns the list of (module, symbol) called.
+Loaded by ``tests/gdn/conftest.py`` as ``gdn_fla_standins`` (tests/kda has its own module of
+this file name).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernel_fun.gdn.reference_stages import BT, _inverse, chunks
+
+F64 = torch.float64
+LN2 = 0.6931471805599453
+
+
+def _cumsum(x, cu_seqlens, reverse=False):
+    out = torch.zeros_like(x, dtype=F64)
+    for b, s, e, _ in chunks(x.shape[0], x.shape[1], cu_seqlens):
+        c = x[b, s:e].double()
+        out[b, s:e] = c.flip(0).cumsum(0).flip(0) if reverse else c.cumsum(0)
+    return out
+
+
+def _gate(g, A_log, dt_bias):
+    x = g.double() + (dt_bias.double().reshape(-1) if dt_bias is not None else 0)
+    return -A_log.double().reshape(-1).exp() * F.softplus(x)
+
+
+def gdn_gate_chunk_cumsum(g, A_log, chunk_size=BT, scale=None, dt_bias=None, cu_seqlens=None, chunk_indices=None,
+                          output_dtype=torch.float, **_):
+    assert chunk_size == BT
+    return (_cumsum(_gate(g, A_log, dt_bias), cu_seqlens) * (scale or 1.0)).to(output_dtype)
+
+
+def chunk_local_cumsum(g, chunk_size=BT, reverse=False, scale=None, cu_seqlens=None, chunk_indices=None, **_):
+    assert chunk_size == BT
+    return (_cumsum(g, cu_seqlens, reverse) * (scale or 1.0)).float()
+
+
+def gdn_gate_bwd(g, A_log, dt_bias, dyg):
+    x = g.double() + (dt_bias.double().reshape(-1) if dt_bias is not None else 0)
+    gate = -A_log.double().reshape(-1).exp() * F.softplus(x)
+    dyg = dyg.double()
+    dg = -A_log.double().reshape(-1).exp() * torch.sigmoid(x) * dyg
+    dA = (dyg * gate).reshape(-1, g.shape[-1]).sum(0)
+    db = dg.reshape(-1, g.shape[-1]).sum(0).to(dt_bias.dtype) if dt_bias is not None else None
+    return dg.to(g.dtype), dA.view_as(A_log).to(A_log.dtype), db
+
+
+def recompute_w_u_fwd(k, v, beta, A, g=None, cu_seqlens=None, chunk_indices=None, **_):
+    """w = A diag(beta exp2(g)) K in k's dtype, u = A diag(beta) V in v's dtype (A as stored)."""
+    B, T, H, K = k.shape
+    HV = v.shape[2]
+    w = torch.zeros(B, T, HV, K, dtype=k.dtype)
+    u = torch.zeros_like(v)
+    for b, s, e, _ in chunks(B, T, cu_seqlens):
+        n = e - s
+        Ac = A[b, s:e, :, :n].double().transpose(0, 1)  # [HV, n, n]
+        kc = k[b, s:e].double().repeat_interleave(HV // H, 1).transpose(0, 1)
+        bc = beta[b, s:e].double().T
+        eg = torch.exp2(g[b, s:e].double().T) if g is not None else torch.ones_like(bc)
+        w[b, s:e] = (Ac @ (kc * (bc * eg)[..., None])).transpose(0, 1).to(k.dtype)
+        u[b, s:e] = (Ac @ (v[b, s:e].double().transpose(0, 1) * bc[..., None])).transpose(0, 1).to(v.dtype)
+    return w, u
+
+
+def chunk_gated_delta_rule_fwd_intra(k, v, g=None, beta=None, cu_seqlens=None, chunk_size=BT, chunk_indices=None):
+    """(w, u, A): A = (I + StrictLower(diag(beta) K K^T * Gamma))^-1 in k's dtype, zero-filled."""
+    assert chunk_size == BT
+    B, T, H, K = k.shape
+    HV = beta.shape[2]
+    A = torch.zeros(B, T, HV, BT, dtype=k.dtype)
+    for b, s, e, _ in chunks(B, T, cu_seqlens):
+        n = e - s
+        kc = k[b, s:e].double().repeat_interleave(HV // H, 1).transpose(0, 1)
+        A[b, s:e, :, :n] = _inverse(kc, g[b, s:e].double().T * LN2, beta[b, s:e].double().T).transpose(0, 1).to(k.dtype)
+    w, u = recompute_w_u_fwd(k, v, beta, A, g, cu_seqlens)
+    return w, u, A
+
+
+def l2norm_fwd(x, eps=1e-6, output_dtype=None):
+    xd = x.double()
+    rstd = 1.0 / torch.sqrt((xd * xd).sum(-1) + eps)
+    return (xd * rstd[..., None]).to(output_dtype or x.dtype), rstd.reshape(-1).float()
+
+
+def l2norm_bwd(y, rstd, dy, eps=1e-6):
+    yd, dyd = y.double(), dy.double()
+    r = rstd.double().view(*y.shape[:-1], 1)
+    return (dyd * r - (dyd * yd).sum(-1, keepdim=True) * yd * r).to(y.dtype)
+
+
+def fused_beta_sigmoid_fwd(x, scale=1.0):
+    return (scale * torch.sigmoid(x.double())).float()
+
+
+def fused_beta_sigmoid_bwd(x, dy, scale=1.0):
+    s = torch.sigmoid(x.double())
+    return (dy.double() * scale * s * (1 - s)).to(x.dtype)
+
+
+STANDINS = {
+    ("fla.ops.gated_delta_rule.gate", "gdn_gate_chunk_cumsum"): gdn_gate_chunk_cumsum,
+    ("fla.ops.gated_delta_rule.gate", "gdn_gate_bwd"): gdn_gate_bwd,
+    ("fla.ops.utils.cumsum", "chunk_local_cumsum"): chunk_local_cumsum,
+    ("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_intra"): chunk_gated_delta_rule_fwd_intra,
+    ("fla.ops.gated_delta_rule.wy_fast", "recompute_w_u_fwd"): recompute_w_u_fwd,
+    ("fla.modules.norm.l2norm", "l2norm_fwd"): l2norm_fwd,
+    ("fla.modules.norm.l2norm", "l2norm_bwd"): l2norm_bwd,
+    ("fla.ops.common.gate", "fused_beta_sigmoid_fwd"): fused_beta_sigmoid_fwd,
+    ("fla.ops.common.gate", "fused_beta_sigmoid_bwd"): fused_beta_sigmoid_bwd,
+}
+
+
+def install(monkeypatch):
+    """Route gdn.chain's fla stage calls to the stand-ins (fla's index helpers stay fla's: they
+    are torch code). Returns the list of (module, symbol) called, in order."""
+    from kernel_fun._common.compat import fla_symbol
+    from kernel_fun.gdn import chain
+
+    called = []
+
+    def fake(module, symbol):
+        called.append((module, symbol))
+        return STANDINS.get((module, symbol)) or fla_symbol(module, symbol)
+
+    monkeypatch.setattr(chain, "_fla", fake)
+    return called

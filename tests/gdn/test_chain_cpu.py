@@ -1,0 +1,83 @@
+"""The whole GDN chain on the CPU: our kernels (the ``_delta`` state scans, gdn's scores and
+fused backward) through Triton's interpreter, fla's stages as plain-torch stand-ins, end to end
+through ``gdn.chunk_gated_delta_rule`` and autograd against the fp64 recurrence
+(``gdn.reference``). Checks the wiring (layouts, grouped heads, packed documents with a
+1-token document, the initial state in both layouts, the in-op gate, the beta sigmoid with
+negative eigenvalues, the precomputed gate) and that ours ran, fla's replaced stages did not."""
+import pytest
+import torch
+
+import gdn_fla_standins as fla_standins  # noqa: E402  (registered by tests/gdn/conftest.py)
+from gdn_chain_cases import make_inputs, run as _run  # noqa: E402
+from kernel_fun import gdn
+from kernel_fun._common.numerics import rel_rms as _rel
+from kernel_fun._common.witness import launch_counts
+from kernel_fun._delta._kernels import state_scan_bwd as scan_bwd_mod
+from kernel_fun._delta._kernels import state_scan_fwd as scan_fwd_mod
+from kernel_fun.gdn._kernels import scores as scores_mod
+from kernel_fun.gdn._kernels import wy_dqkwg_bwd as bwd_mod
+from kernel_fun.gdn.reference import chunk_gated_delta_rule_ref
+
+# fp16 operands, fp32 accumulation, fp64 stand-ins. Largest measured over these cases (CPU,
+# interpreter, triton 3.6): o 5.0e-4, ht 3.6e-4, dq 5.4e-4, dk 5.2e-4, dv 4.6e-4, dh0 1.8e-4,
+# dg 9.2e-4, dbeta 1.6e-3 (precomputed_gate), dA_log 9.1e-4, ddt_bias 9.1e-4; bounds about 4x.
+TOL = dict(o=2e-3, ht=2e-3, dq=2e-3, dk=2e-3, dv=2e-3, dh0=1e-3, dg=4e-3, dbeta=6e-3, dA_log=4e-3,
+           ddt_bias=4e-3)
+
+CASES = {  # the box's smallest heads (the interpreter's cost grows with them)
+    "tail_grouped": dict(B=2, T=100, H=1, HV=2, K=64, V=64),
+    "initial_state_vfirst": dict(B=1, T=130, H=2, HV=2, K=64, V=64, h0=True),
+    "initial_state_kfirst": dict(B=1, T=70, H=1, HV=1, K=64, V=128, h0=True, state_v_first=False),
+    "beta_sigmoid_negeig": dict(B=1, T=80, H=1, HV=2, K=64, V=64, neg=True, strong_decay=True),
+    "precomputed_gate": dict(B=1, T=70, H=2, HV=2, K=64, V=64, gate_in_kernel=False, beta_logits=False),
+    "cu_seqlens": dict(B=1, T=150, H=1, HV=2, K=64, V=64, h0=True, N=3, cu=[0, 37, 38, 150]),
+}
+OURS = ("delta.state_scan_fwd", "delta.state_scan_bwd", "gdn.gated_scores", "gdn.wy_dqkwg_bwd")
+# fla stage functions the chain may call (and nothing else of fla's, index helpers aside)
+FLA_STAGES = {("fla.ops.gated_delta_rule.gate", "gdn_gate_chunk_cumsum"),
+              ("fla.ops.gated_delta_rule.gate", "gdn_gate_bwd"),
+              ("fla.ops.utils.cumsum", "chunk_local_cumsum"),
+              ("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_intra"),
+              ("fla.ops.gated_delta_rule.wy_fast", "recompute_w_u_fwd"),
+              ("fla.modules.norm.l2norm", "l2norm_fwd"), ("fla.modules.norm.l2norm", "l2norm_bwd"),
+              ("fla.ops.common.gate", "fused_beta_sigmoid_fwd"), ("fla.ops.common.gate", "fused_beta_sigmoid_bwd"),
+              ("fla.ops.utils.index", "prepare_chunk_indices"), ("fla.ops.utils.index", "prepare_chunk_offsets")}
+
+
+@pytest.fixture(autouse=True)
+def _standins(monkeypatch, clean_state, poison_outputs):
+    if torch.cuda.is_available():
+        pytest.skip("the CPU tier (interpreter + stand-ins); the GPU tier runs fla's stages")
+    poison_outputs(scan_fwd_mod, scan_bwd_mod, scores_mod, bwd_mod)
+    return fla_standins.install(monkeypatch)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_chain_against_fp64_recurrence(name, _standins):
+    c = dict(CASES[name])
+    cu, neg = c.pop("cu", None), c.pop("neg", False)
+    v_first = c.get("state_v_first", True)
+    t = make_inputs(**c, device="cpu", dtype=torch.float16)
+    B, T, HV, V, K = c["B"], c["T"], c["HV"], c["V"], c["K"]
+    gen = torch.Generator().manual_seed(1)
+    do = torch.randn(B, T, HV, V, generator=gen).half()
+    N = len(cu) - 1 if cu else B
+    dht = torch.randn(N, HV, *((V, K) if v_first else (K, V)), generator=gen)
+    flags = dict(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=c.get("beta_logits", True),
+                 allow_neg_eigval=neg, output_final_state=True, state_v_first=v_first,
+                 cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.long))
+    assert gdn.is_supported(t["q"], t["k"], t["v"], t["g"], t["beta"], **flags,
+                            **{n: t[n] for n in ("A_log", "dt_bias", "initial_state") if n in t},
+                            **({"use_gate_in_kernel": True} if "A_log" in t else {})) == (True, "")
+    before = launch_counts()
+    _standins.clear()
+    ours = _run(gdn.chunk_gated_delta_rule, t, do, dht, **flags)
+    after = launch_counts()
+    for stage in OURS:
+        assert after.get(stage, 0) > before.get(stage, 0), stage
+    assert set(_standins) <= FLA_STAGES, set(_standins) - FLA_STAGES
+    ref = _run(chunk_gated_delta_rule_ref, t, do.double(), dht.double(), **flags)
+    errs = {n: _rel(ours[n], ref[n]) for n in ref if ref[n] is not None}
+    print(name, {n: f"{e:.1e}" for n, e in errs.items()})
+    bad = {n: e for n, e in errs.items() if not e <= TOL[n]}
+    assert not bad, bad
