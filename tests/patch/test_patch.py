@@ -15,6 +15,7 @@ EXPECTED = {  # name an fla layer calls through -> our drop-in
     "fla.modules.causal_conv1d.ops.causal_conv1d": "kernel_fun.cconv:causal_conv1d",
     "fla.layers.gated_deltanet.causal_conv1d": "kernel_fun.cconv:causal_conv1d",
     "fla.modules.norm.fused_norm_gate.rms_norm_gated": "kernel_fun.gnorm:rms_norm_gated",
+    "fla.layers.gated_deltanet.chunk_gated_delta_rule": "kernel_fun.gdn:chunk_gated_delta_rule",
 }
 
 

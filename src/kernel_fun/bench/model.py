@@ -1,7 +1,8 @@
-"""`kernel-fun bench --model kda`: the model-level A/B, the number users are judged by.
+"""`kernel-fun bench --model kda|gdn`: the model-level A/B, the number users are judged by.
 
-A small stack of fla's real layers (``KimiDeltaAttention``; fla 0.6.0 defaults: hidden 2048,
-16 heads, head_dim 128) with pre-norm residuals, an embedding and an LM head, trained for a few
+A small stack of fla's real layers (``KimiDeltaAttention`` at fla 0.6.0's defaults: hidden 2048,
+16 heads, head_dim 128; or ``GatedDeltaNet`` with 16 q/k heads and 32 value heads of 128) with
+pre-norm residuals, an embedding and an LM head, trained for a few
 steps in one process on one GPU, bf16 autocast, AdamW, fixed seed and the same initial weights
 in every arm:
 
@@ -24,7 +25,12 @@ import os
 import statistics
 import time
 
-LAYERS = {"kda": "KimiDeltaAttention"}
+# layer kind -> (fla's class, its extra constructor arguments, the families it must engage)
+LAYERS = {
+    "kda": ("KimiDeltaAttention", {}, ("cconv", "kda", "gnorm")),
+    # issue 17's GDN stack: 16 q/k heads of 128, 32 value heads of 128 (Qwen3-Next's grouping)
+    "gdn": ("GatedDeltaNet", {"num_v_heads": 32, "expand_v": 1}, ("cconv", "gdn", "gnorm")),
+}
 DEFAULTS = dict(layers=4, hidden=2048, heads=16, head_dim=128, B=4, T=4096, vocab=8192, steps=12,
                 warmup=3, lr=5e-4, seed=0)
 # ours first: its first step then also tunes the fla stages our chain still calls, as a user's
@@ -74,14 +80,15 @@ def build(cfg: dict, layer: str = "kda"):
 
     import fla.layers as fla_layers
 
-    Layer = getattr(fla_layers, LAYERS[layer])
+    cls, extra, _ = LAYERS[layer]
+    Layer = getattr(fla_layers, cls)
 
     class Block(nn.Module):
         def __init__(self, i):
             super().__init__()
             self.norm = nn.RMSNorm(cfg["hidden"], eps=1e-6)
             self.attn = Layer(hidden_size=cfg["hidden"], num_heads=cfg["heads"], head_dim=cfg["head_dim"],
-                              layer_idx=i)
+                              layer_idx=i, **extra)
 
         def forward(self, x):
             return x + self.attn(self.norm(x))[0]
@@ -186,16 +193,24 @@ def _triton_cache_entries() -> int:
 
 
 @contextlib.contextmanager
-def _arm_env(arm: str):
+def _arm_env(arm: str, layer: str):
     import kernel_fun
 
     saved = os.environ.get("KERNEL_FUN_DISABLE")
+    bypass = contextlib.nullcontext()
+    if layer == "gdn" and arm != "ours":
+        # fla refuses GDN's backward on Hopper with Triton 3.4-3.7.0 (fla #640); its arms run with
+        # the refusal bypassed, as its op bench does: fla's speed, not a usable result
+        from .gdn import fla_refusal_bypassed
+
+        bypass = fla_refusal_bypassed()
     if arm in ("ours", "disabled"):
         kernel_fun.patch_fla()
     if arm == "disabled":
         os.environ["KERNEL_FUN_DISABLE"] = "1"
     try:
-        yield
+        with bypass:
+            yield
     finally:
         kernel_fun.unpatch_fla()
         if saved is None:
@@ -230,7 +245,7 @@ def run_arm(arm: str, cfg: dict, init_state: dict, tokens, layer: str) -> dict:
         opt.step()
         return loss, grads
 
-    with _arm_env(arm):
+    with _arm_env(arm, layer):
         before = launch_counts()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -294,7 +309,7 @@ def main(layer: str, overrides: dict, json_path: str | None) -> int:
         print("kernel-fun bench --model: the model A/B needs a CUDA GPU; none here.")
         return 2
     cache_entries = _triton_cache_entries()
-    print(f"model A/B: {cfg['layers']} x fla {LAYERS[layer]}, hidden {cfg['hidden']}, {cfg['heads']} heads x "
+    print(f"model A/B: {cfg['layers']} x fla {LAYERS[layer][0]}, hidden {cfg['hidden']}, {cfg['heads']} heads x "
           f"{cfg['head_dim']}, B={cfg['B']} T={cfg['T']}, {cfg['steps']} steps, lr {cfg['lr']} "
           f"(on-disk autotune entries at start: {cache_entries})", flush=True)
     init_state = {k: v.detach().clone() for k, v in build(cfg, layer).state_dict().items()}
@@ -345,8 +360,10 @@ def main(layer: str, overrides: dict, json_path: str | None) -> int:
     print(f"step-0 grad diff / noise floor per group: {summary['grad_diff_over_noise_floor']}", flush=True)
     rows = [{"family": "model", "case": f"{layer}_x{cfg['layers']}", "shape": cfg, "direction": "step",
              "ours_ms": o["median_step_ms"], "fla_ms": f["median_step_ms"], "speedup": summary["step_speedup"],
-             "engaged": all(summary["engaged"][fam] for fam in ("cconv", "kda", "gnorm"))}]
-    rec = harness.record(rows, {}, extra={"model": {"config": cfg, "autotune_cache_entries_at_start": cache_entries,
+             "engaged": all(summary["engaged"][fam] for fam in LAYERS[layer][2])}]
+    rec = harness.record(rows, {}, extra={"model": {"layer": LAYERS[layer][0], "layer_args": LAYERS[layer][1],
+                                                    "fla_backward_refusal_bypassed": layer == "gdn",
+                                                    "config": cfg, "autotune_cache_entries_at_start": cache_entries,
                                                     "summary": summary, "arms": arms}})
     harness.write_record(rec, json_path)
     return 0 if rows[0]["engaged"] and bitwise else 3
