@@ -81,6 +81,9 @@ FLA_CALLS: tuple = (
     FlaCall("fla.modules.norm.l2norm", "l2norm_bwd", ("y", "rstd", "dy")),
     FlaCall("fla.ops.common.gate", "fused_beta_sigmoid_fwd", ("x", "scale")),
     FlaCall("fla.ops.common.gate", "fused_beta_sigmoid_bwd", ("x", "dy", "scale")),
+    # gnorm: the public op we route to.
+    FlaCall("fla.modules.norm.fused_norm_gate", "rms_norm_gated", (
+        "x", "g", "weight", "bias", "activation", "residual", "prenorm", "residual_in_fp32", "eps")),
 )
 
 
