@@ -43,14 +43,22 @@ install_interpreter_shims()
 _alloc = torch.empty  # test hook (see fwd._alloc)
 
 # TILE elements per tile, PPS programs per SM, NS loop stages (1: plain loop; > 1: Triton's
-# pipeliner), num_warps. Not yet timed on a GPU; the first is what the interpreter runs.
+# pipeliner, cp.async into shared memory), num_warps. Each config caps registers so that PPS
+# programs fit one SM together (65536 registers / (PPS * 32 * num_warps)): a persistent
+# program that is not resident runs after the others, a second wave for its tiles. Uncapped,
+# ptxas gives 96-134 registers at V = 128-256 (sm_90a, bf16, 2048-element tiles on 4 warps),
+# which would hold 4 programs per SM to 3 at V = 128; capped at 128 none spills at V = 128,
+# 256, 512 with NS = 2 (scripts: tests/gnorm/test_compile.py prints them). Not yet timed on a
+# GPU; the first is what the interpreter runs.
 CONFIGS = [
-    triton.Config({"TILE": 2048, "PPS": 4, "NS": 1}, num_warps=4),
-    triton.Config({"TILE": 2048, "PPS": 8, "NS": 1}, num_warps=4),
-    triton.Config({"TILE": 2048, "PPS": 4, "NS": 2}, num_warps=4),
-    triton.Config({"TILE": 4096, "PPS": 2, "NS": 1}, num_warps=8),
-    triton.Config({"TILE": 4096, "PPS": 4, "NS": 1}, num_warps=8),
-    triton.Config({"TILE": 1024, "PPS": 8, "NS": 2}, num_warps=2),
+    triton.Config({"TILE": 2048, "PPS": 4, "NS": 2}, num_warps=4, maxnreg=128),
+    triton.Config({"TILE": 2048, "PPS": 4, "NS": 1}, num_warps=4, maxnreg=128),
+    triton.Config({"TILE": 2048, "PPS": 4, "NS": 3}, num_warps=4, maxnreg=128),
+    triton.Config({"TILE": 1024, "PPS": 8, "NS": 2}, num_warps=2, maxnreg=128),
+    triton.Config({"TILE": 1024, "PPS": 8, "NS": 1}, num_warps=2, maxnreg=128),
+    triton.Config({"TILE": 4096, "PPS": 2, "NS": 1}, num_warps=8, maxnreg=128),
+    triton.Config({"TILE": 4096, "PPS": 2, "NS": 2}, num_warps=8, maxnreg=128),
+    triton.Config({"TILE": 8192, "PPS": 1, "NS": 1}, num_warps=16, maxnreg=128),  # V up to MAX_V
 ]
 CANDIDATES = list(CONFIGS)
 MAX_PPS = max(c.kwargs["PPS"] for c in CONFIGS)
