@@ -86,11 +86,12 @@ def test_engaged_end_to_end_and_logged(caplog):
 
 
 # The calls fla 0.6.0's layers make: `self.o_norm(o, g)` on [B, T, HV, V] with the layer's
-# own FusedRMSNormGated (KDA: sigmoid, V = head_dim * expand_v = 256 at defaults; GDN:
-# output_gate_activation, default swish, with head_dim 128 and expand_v 1 the GDN shape of the
-# baselines; its defaults give V = 512).
+# own FusedRMSNormGated (KDA: sigmoid, V = head_dim * expand_v, 128 at the 0.6.0 defaults and
+# 256 with expand_v=2, the baselines' KDA shape; GDN: output_gate_activation, default swish,
+# V = 512 at its defaults, 128 with head_dim 128 and expand_v 1).
 @pytest.mark.parametrize("layer,kwargs", [
     ("KimiDeltaAttention", dict()),
+    ("KimiDeltaAttention", dict(expand_v=2, num_heads=2)),
     ("GatedDeltaNet", dict(head_dim=128, expand_v=1, num_heads=4)),
     ("GatedDeltaNet", dict(num_heads=2)),
     ("GatedDeltaNet", dict(head_dim=64, num_heads=2, output_gate_activation="sigmoid")),

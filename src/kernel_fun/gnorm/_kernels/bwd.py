@@ -47,9 +47,9 @@ _alloc = torch.empty  # test hook (see fwd._alloc)
 # programs fit one SM together (65536 registers / (PPS * 32 * num_warps)): a persistent
 # program that is not resident runs after the others, a second wave for its tiles. Uncapped,
 # ptxas gives 96-134 registers at V = 128-256 (sm_90a, bf16, 2048-element tiles on 4 warps),
-# which would hold 4 programs per SM to 3 at V = 128; capped at 128 none spills at V = 128,
-# 256, 512 with NS = 2 (scripts: tests/gnorm/test_compile.py prints them). Not yet timed on a
-# GPU; the first is what the interpreter runs.
+# which would hold 4 programs per SM to 3 at V = 128; capped at 128, none of the first seven
+# spills at V = 128, 256, 512, either gate (tests/gnorm/test_compile.py holds them to it).
+# Not yet timed on a GPU; the first is what the interpreter runs.
 CONFIGS = [
     triton.Config({"TILE": 2048, "PPS": 4, "NS": 2}, num_warps=4, maxnreg=128),
     triton.Config({"TILE": 2048, "PPS": 4, "NS": 1}, num_warps=4, maxnreg=128),
@@ -109,7 +109,9 @@ def gnorm_bwd_kernel(
         if HAS_B:
             p = p + bv
         a, da = gate_fwd_bwd(gv, GATE, FAST)
-        dgv = dyv * p * da
+        # dg first: its store frees g, p and a' before the row reduction below (register
+        # pressure: the swish backward spilled under the 128-register cap with dg stored last)
+        tl.store(dg + r64 * V + cols[None, :], (dyv * p * da).to(dg.dtype.element_ty), mask=m)
         dyg = dyv * a
         if HAS_W:
             acc_w += dyg * xh
@@ -122,9 +124,8 @@ def gnorm_bwd_kernel(
         dxv = (wdy - xh * c1[:, None]) * r
         if HAS_DRES:
             dxv += tl.load(dres + r64 * s_dres + cols[None, :], mask=m, other=0.0).to(tl.float32)
-        # dx, dg, dres_in: contiguous [N, V]
+        # dx, dres_in (and dg above): contiguous [N, V]
         tl.store(dx + r64 * V + cols[None, :], dxv.to(dx.dtype.element_ty), mask=m)
-        tl.store(dg + r64 * V + cols[None, :], dgv.to(dg.dtype.element_ty), mask=m)
         if STORE_DRES:
             tl.store(dres_in + r64 * V + cols[None, :], dxv.to(dres_in.dtype.element_ty), mask=m)
 
