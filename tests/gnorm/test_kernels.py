@@ -152,3 +152,15 @@ def test_eps_reaches_the_kernel():
     for eps in (1e-6, 1e-2):
         errs, _ = compare(gnorm.rms_norm_gated, inp, "swish", eps=eps)
         check_errs(errs, 1e-5)
+
+
+def test_config_pruning_keeps_what_fits_and_never_nothing():
+    # the interpreter autotunes over one config, so the GPU's pruning is checked here directly
+    from kernel_fun.gnorm._kernels.common import prune_by_registers
+
+    prune = prune_by_registers(16)
+    kept = prune(bwd_mod.CONFIGS, {}, BV=256)
+    assert kept and all(max(c.kwargs["TILE"], 256) // (32 * c.num_warps) <= 16 for c in kept)
+    wide = prune(bwd_mod.CONFIGS, {}, BV=8192)
+    assert [c.num_warps for c in wide] == [16]  # only the wide-row config fits
+    assert prune_by_registers(1)(fwd_mod.CONFIGS, {"BV": 64}) == [max(fwd_mod.CONFIGS, key=lambda c: c.num_warps)]
