@@ -91,3 +91,26 @@ def test_backward_configs_do_not_spill_at_the_layer_widths(tmp_path):
     assert rows, r.stdout
     spills = [line for line, regs, sp, smem in rows if int(sp) > 0]
     assert not spills, "\n".join(spills)
+
+
+def test_row_loads_and_stores_are_16_byte_vectors(tmp_path):
+    # bf16 rows at the layers' widths: every element access a 128-bit ld/st.global.v4 (the 32-bit
+    # ones left are rstd and the weight); 2048-element tiles on 4 warps give each thread 16
+    # elements per tensor = 2 vectors
+    r = _run("""
+        import re, triton
+        for label, fn, ptr, c, cfg in list(fwd_specs((128, 256), [(True, False, False, False)]))[:1] + \\
+                list(fwd_specs((256,), [(True, False, False, False)]))[:1] + \\
+                [s for s in bwd_specs((128, 256), [(True, False, False, False)]) if "'NS': 1}" in s[0] and "'TILE': 2048" in s[0]]:
+            k = triton.compile(sass_stats._source(fn, ptr, c), target=sass_stats.TARGET,
+                               options=sass_stats._options(cfg.num_warps, 1, cfg.maxnreg))
+            ptx = k.asm["ptx"]
+            print(label.split()[0], len(re.findall(r"ld\\.global(?:\\.[a-z]+)*\\.v4\\.b32", ptx)),
+                  len(re.findall(r"st\\.global(?:\\.[a-z]+)*\\.v4\\.b32", ptx)), len(re.findall(r"st\\.global(?:\\.[a-z]+)*\\.b16", ptx)))
+    """, tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = [line.split() for line in r.stdout.strip().splitlines()]
+    assert [x[0] for x in rows].count("fwd") == 2 and [x[0] for x in rows].count("bwd") == 4, rows
+    for kind, ld, st, st16 in rows:
+        # fwd: x, g in, y out; bwd: h, g, dy in, dx, dg out; 2 vectors each; no scalar bf16 store
+        assert (int(ld), int(st), int(st16)) == ((4, 2, 0) if kind == "fwd" else (6, 4, 0)), rows
