@@ -113,6 +113,32 @@ def test_cuda_graph_capture_replay_bit_identical():
         assert torch.equal(a, e)
 
 
+def test_capture_with_an_unused_prenorm_output_after_an_eager_call_that_used_it():
+    inp = make_inputs((2, 1024, 16, 128), torch.bfloat16, device="cuda", residual=torch.bfloat16)
+    leaves = (inp["x"], inp["g"], inp["weight"], inp["residual"])
+    dy = torch.randn(2, 1024, 16, 128, device="cuda", dtype=torch.bfloat16)
+
+    def run(use_h):
+        y, h = gnorm.rms_norm_gated(inp["x"], inp["g"], inp["weight"], None, activation="swish",
+                                    residual=inp["residual"], prenorm=True)
+        outs, gouts = ([y, h], [dy, dy]) if use_h else ([y], [dy])
+        return (y,) + torch.autograd.grad(outs, leaves, gouts)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run(True)  # warm: both outputs' gradients
+        eager = [t.clone() for t in run(False)]
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = run(False)  # h's gradient None: zeros stand in, the same compiled backward
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, e in zip(static, eager):
+        assert torch.equal(a, e)
+
+
 def test_cold_signature_under_capture_goes_to_fla():
     inp = make_inputs((3, 777, 96), torch.bfloat16, device="cuda")
     support.reset_warm()

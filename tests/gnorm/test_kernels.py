@@ -116,6 +116,9 @@ def test_prenorm_output_alone_carries_gradient():
     dh = torch.randn_like(h)
     gx, gr = torch.autograd.grad(h, (inp["x"], inp["residual"]), dh)
     assert torch.equal(gx, dh) and torch.equal(gr, dh)
+    # and y alone under prenorm: h's gradient is None, zeros stand in (one compiled variant)
+    errs, _ = compare(gnorm.rms_norm_gated, inp, "swish", prenorm=True, use_h_grad=False)
+    assert all(v <= 1e-5 for v in errs.values()), errs
 
 
 def test_noncontiguous_inputs_and_expanded_grad():

@@ -218,8 +218,10 @@ def test_capture_gate_routes_cold_signature(fla_calls, monkeypatch):
     assert gnorm.is_supported(x, g, w, None, activation="sigmoid") == (True, "")
     with torch.no_grad():
         assert gnorm.is_supported(x, g, w, None, activation="sigmoid")[0]
-    # another activation, or a residual, is another kernel: cold
+    # another activation, a residual, or prenorm (the backward adds h's gradient) is another
+    # kernel variant: cold
     assert not gnorm.is_supported(x, g, w, None, activation="swish")[0]
+    assert not gnorm.is_supported(x, g, w, None, activation="sigmoid", prenorm=True)[0]
     assert not gnorm.is_supported(x, g, w, None, activation="sigmoid", residual=torch.randn_like(x))[0]
 
 

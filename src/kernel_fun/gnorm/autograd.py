@@ -3,7 +3,7 @@
 Saved for backward: h (x + residual as the forward stored it, or x itself), g, weight, bias
 and rstd (fp32 [N]): nothing is recomputed but the per-element math inside the backward
 kernel. The prenorm output's gradient, when the caller uses it, is added into dx in the same
-kernel; unused outputs are not materialized as zeros.
+kernel.
 """
 from __future__ import annotations
 
@@ -55,8 +55,13 @@ class RMSNormGatedFunction(torch.autograd.Function):
         (shape, g_shape), (x_dtype, res_dtype) = ctx.shapes, ctx.dtypes
         V = shape[-1]
         dres = rest[0] if ctx.prenorm else None
-        if dy is None:  # only the prenorm output was used
+        # A gradient of an unused output arrives as None (not materialized). Zeros stand in, so
+        # the backward's compiled variant depends on the call's signature alone (prenorm), not
+        # on which outputs the caller used: a captured backward never meets a cold variant.
+        if dy is None:
             dy = torch.zeros(h.shape, dtype=x_dtype, device=h.device)
+        if ctx.prenorm and dres is None:
+            dres = torch.zeros(h.shape, dtype=h.dtype, device=h.device)
         dy2 = rows2d(dy, V)
         dres2 = rows2d(dres, V) if dres is not None else None
         need = ctx.needs_input_grad

@@ -80,14 +80,15 @@ def _box(x, g, weight, bias, residual):
     return True, ""
 
 
-def _signature(x, g, weight, bias, residual, activation, residual_in_fp32):
-    # everything that picks a compiled kernel or an autotune key: shapes, dtypes, flags, row
-    # strides and 16-byte alignment (Triton specializes on both)
+def _signature(x, g, weight, bias, residual, activation, prenorm, residual_in_fp32):
+    # everything that picks a compiled kernel or an autotune key: shapes, dtypes, flags (prenorm:
+    # the backward adds the prenorm output's gradient), row strides and 16-byte alignment
+    # (Triton specializes on both)
     def t(v):
         return None if v is None else (v.dtype, v.stride(), v.data_ptr() % 16 == 0)
 
     return (tuple(x.shape), t(x), t(g), t(weight), t(bias), t(residual), GATES[activation],
-            bool(residual_in_fp32))
+            bool(prenorm), bool(residual_in_fp32))
 
 
 def _decide(call: dict, extra: dict) -> tuple[bool, str]:
@@ -96,7 +97,8 @@ def _decide(call: dict, extra: dict) -> tuple[bool, str]:
     def describe():
         needs_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, g, weight, bias, residual))
-        return _signature(x, g, weight, bias, residual, call["activation"], call["residual_in_fp32"]), needs_grad
+        return (_signature(x, g, weight, bias, residual, call["activation"], call["prenorm"],
+                           call["residual_in_fp32"]), needs_grad)
 
     return support.decide(
         FAMILY,
@@ -149,6 +151,6 @@ def rms_norm_gated(
         return fla_symbol("fla.modules.norm.fused_norm_gate", "rms_norm_gated")(**call, **kwargs)
     from .autograd import RMSNormGatedFunction
 
-    sig = _signature(x, g, weight, bias, residual, activation, residual_in_fp32)
+    sig = _signature(x, g, weight, bias, residual, activation, prenorm, residual_in_fp32)
     return RMSNormGatedFunction.apply(x, g, weight, bias, residual, activation, float(eps), prenorm,
                                       residual_in_fp32, sig)

@@ -151,15 +151,15 @@ def gnorm_bwd(h, g, weight, bias, rstd, dy, dres, activation: str, x_dtype, res_
     dg = _alloc((N, V), dtype=g.dtype, device=dev)
     store_dres = res_dtype is not None and res_dtype != x_dtype
     dres_in = _alloc((N, V), dtype=res_dtype, device=dev) if store_dres else None
-    need_dw = need_dw and weight is not None
-    need_db = need_db and bias is not None
-    dw = _alloc((V,), dtype=weight.dtype, device=dev) if need_dw else None
-    db = _alloc((V,), dtype=bias.dtype, device=dev) if need_db else None
+    # dw/db are reduced whenever the parameter exists (a few KB), needed or not, so the reduce's
+    # compiled variant depends on the call's signature alone (CUDA graph capture)
+    dw = _alloc((V,), dtype=weight.dtype, device=dev) if weight is not None else None
+    db = _alloc((V,), dtype=bias.dtype, device=dev) if bias is not None else None
     if N == 0:
         for t in (dw, db):
             if t is not None:
                 t.zero_()
-        return dx, dg, dw, db, dres_in
+        return dx, dg, dw if need_dw else None, db if need_db else None, dres_in
     BV = block_v(V)
     n_sm = sm_count(dev)
     part = _alloc((n_sm * MAX_PPS, 2, V), dtype=torch.float32, device=dev)
@@ -176,8 +176,8 @@ def gnorm_bwd(h, g, weight, bias, rstd, dy, dres, activation: str, x_dtype, res_
         N_BUCKET=n_bucket(N), FAST=FAST_MATH,
     )
     record_launch("gnorm.bwd")
-    if need_dw or need_db:
+    if dw is not None or db is not None:
         cfg = gnorm_bwd_kernel.best_config.kwargs
         n_part = min(triton.cdiv(N, rows_per_tile(cfg["TILE"], BV)), n_sm * cfg["PPS"])
         dw_reduce(part, n_part, dw, db)
-    return dx, dg, dw, db, dres_in
+    return dx, dg, dw if need_dw else None, db if need_db else None, dres_in
