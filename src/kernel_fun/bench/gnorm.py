@@ -34,17 +34,34 @@ def _case(name, B, T, HV, V, activation, note=""):
         return fla_fn(x, g, w, None, **kw)
 
     y_ours, y_fla = ours_fwd(), fla_fwd()
+    torch.autograd.grad(y_ours, (x, g, w), dy, retain_graph=True)  # autotune both stages now
+    from ..gnorm._kernels import bwd, fwd
+
+    tuned_fwd, tuned_bwd = _tuning(fwd.gnorm_fwd_kernel), _tuning(bwd.gnorm_bwd_kernel)
     n, elt = x.numel(), x.element_size()
     dirs = [
-        Direction("fwd", ours_fwd, fla_fwd, nbytes=3 * n * elt),
+        Direction("fwd", ours_fwd, fla_fwd, nbytes=3 * n * elt, extra={"ours_autotune": tuned_fwd}),
         Direction("bwd", lambda: torch.autograd.grad(y_ours, (x, g, w), dy, retain_graph=True),
-                  lambda: torch.autograd.grad(y_fla, (x, g, w), dy, retain_graph=True), nbytes=5 * n * elt),
+                  lambda: torch.autograd.grad(y_fla, (x, g, w), dy, retain_graph=True), nbytes=5 * n * elt,
+                  extra={"ours_autotune": tuned_bwd}),
         Direction("fwdbwd", lambda: torch.autograd.grad(ours_fwd(), (x, g, w), dy),
                   lambda: torch.autograd.grad(fla_fwd(), (x, g, w), dy), nbytes=8 * n * elt),
     ]
     info = dict(B=B, T=T, HV=HV, V=V, N=B * T * HV, dtype="bfloat16", weight_dtype="float32",
                 activation=activation, eps=1e-5)
     return Case("gnorm", name, info, dirs, witness=("gnorm.",), note=note)
+
+
+def _tuning(kernel) -> dict:
+    """The autotuner's pick for the last key it tuned and, when it timed them in this process,
+    every config's time (ms, its median): the record keeps what the next pruning needs."""
+    timings = getattr(kernel, "configs_timings", None) or {}
+
+    def ms(v):
+        return round(float(v[0] if isinstance(v, (list, tuple)) else v), 4)
+
+    return {"best": str(getattr(kernel, "best_config", None)),
+            "timings_ms": {str(c): ms(v) for c, v in timings.items()}}
 
 
 def cases(overrides: dict | None = None):
