@@ -95,6 +95,9 @@ FLA_CALLS: tuple = (
         "k", "v", "g", "beta", "cu_seqlens", "chunk_size", "chunk_indices")),
     FlaCall("fla.ops.gated_delta_rule.wy_fast", "recompute_w_u_fwd", (
         "k", "v", "beta", "A", "g", "cu_seqlens", "chunk_indices")),
+    # gnorm: the public op we route to.
+    FlaCall("fla.modules.norm.fused_norm_gate", "rms_norm_gated", (
+        "x", "g", "weight", "bias", "activation", "residual", "prenorm", "residual_in_fp32", "eps")),
 )
 
 

@@ -1,0 +1,183 @@
+"""gnorm backward: dx, dg and the per-program dw/db partials, in one pass over h, g and dy.
+
+With xh = h * rstd, p = xh * w (+ b) (the pre-gate output), a = act(g), a' = act'(g):
+
+    dg  = dy * p * a'
+    dyg = dy * a                          (the gradient reaching the norm's output)
+    dx  = rstd * (dyg w - xh * mean(xh * dyg w))   (+ the prenorm output's gradient)
+    dw  = sum over rows of dyg * xh,  db = sum over rows of dyg
+
+rstd is the forward's (fp32 `[N]`, 4 B per row): h is read once, nothing is re-run. h is the
+forward's x + residual (what it stored) or x itself.
+
+Work layout: a persistent grid, PPS programs per SM (`sm_count * PPS` programs, fewer when
+there are fewer tiles), each walking [BR, BV] row tiles pid, pid + grid, ... so that
+all programs stream neighbouring rows at once and every program has the same number of tiles
+to within one. dw/db accumulate per thread in an fp32 [BR, BV] register tile over all the
+program's rows and land, summed over the tile's rows, in an fp32 partial buffer
+[programs, 2, V] that `dw_reduce` sums in a fixed order: deterministic, no atomics, and few
+partials (~500 rows at 4 programs per SM on 132 SMs, 0.5 MB at V = 256).
+
+Floor (H200, bf16): h, g, dy in, dx, dg out = 10 B per element; N = 2,097,152 rows at V = 256
+is 5.37 GB = 1.27 ms at the 4.24 TB/s copy ceiling (fla: 1.424 ms, 88% of copy, with one
+program per SM). Issue is ~25 SASS instructions per element (~0.4 ms on 132 SMs) and 2 MUFU
+(fast sigmoid: ex2, rcp; ~0.26 ms): memory-bound, so the lever is bytes in flight: several
+programs per SM and Triton's loop pipeliner (NS stages of cp.async) in some configs.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernel_fun._common.fastmath import FAST_MATH
+from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.witness import record_launch
+from kernel_fun.cconv._kernels.fwd import sm_count
+
+from .common import GATES, block_v, gate_fwd_bwd, n_bucket, prune_by_registers, rows_per_tile
+from .dw_reduce import dw_reduce
+
+install_interpreter_shims()
+
+_alloc = torch.empty  # test hook (see fwd._alloc)
+
+# TILE elements per tile, PPS programs per SM, NS loop stages (1: plain loop; > 1: Triton's
+# pipeliner, cp.async into shared memory), num_warps. Each config caps registers so that PPS
+# programs fit one SM together (65536 registers / (PPS * 32 * num_warps)): a persistent
+# program that is not resident runs after the others, a second wave for its tiles. Uncapped,
+# ptxas gives 96-134 registers at V = 128-256 (sm_90a, bf16, 2048-element tiles on 4 warps),
+# which would hold 4 programs per SM to 3 at V = 128; capped at 128, none of the first seven
+# spills at V = 128, 256, 512, either gate (tests/gnorm/test_compile.py holds them to it).
+# Not yet timed on a GPU; the first is what the interpreter runs.
+CONFIGS = [
+    triton.Config({"TILE": 2048, "PPS": 4, "NS": 2}, num_warps=4, maxnreg=128),
+    triton.Config({"TILE": 2048, "PPS": 4, "NS": 1}, num_warps=4, maxnreg=128),
+    triton.Config({"TILE": 2048, "PPS": 4, "NS": 3}, num_warps=4, maxnreg=128),
+    triton.Config({"TILE": 1024, "PPS": 8, "NS": 2}, num_warps=2, maxnreg=128),
+    triton.Config({"TILE": 1024, "PPS": 8, "NS": 1}, num_warps=2, maxnreg=128),
+    triton.Config({"TILE": 4096, "PPS": 2, "NS": 1}, num_warps=8, maxnreg=128),
+    triton.Config({"TILE": 4096, "PPS": 2, "NS": 2}, num_warps=8, maxnreg=128),
+    triton.Config({"TILE": 8192, "PPS": 1, "NS": 1}, num_warps=16, maxnreg=128),  # V up to MAX_V
+]
+CANDIDATES = list(CONFIGS)
+MAX_PPS = max(c.kwargs["PPS"] for c in CONFIGS)
+
+
+@triton.autotune(
+    configs=autotune_configs(CONFIGS), **autotune_cache(),
+    key=["V", "N_BUCKET", "GATE", "HAS_W", "HAS_B", "HAS_DRES", "STORE_DRES"],
+    prune_configs_by={"early_config_prune": prune_by_registers(16)},
+)
+@triton.heuristics({"BR": lambda a: rows_per_tile(a["TILE"], a["BV"])})
+@triton.jit
+def gnorm_bwd_kernel(
+    h, g, w, b, rstd, dy, dres, dx, dg, dres_in, part,
+    N, s_h, s_g, s_dy, s_dres,
+    V: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DRES: tl.constexpr, STORE_DRES: tl.constexpr,
+    N_BUCKET: tl.constexpr,  # autotune key only (common.n_bucket)
+    TILE: tl.constexpr, PPS: tl.constexpr, NS: tl.constexpr, BR: tl.constexpr,
+    FAST: tl.constexpr = False,
+):
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    cols = tl.arange(0, BV)
+    cmask = cols < V
+    if HAS_W:
+        wv = tl.load(w + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if HAS_B:
+        bv = tl.load(b + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    acc_w = tl.zeros((BR, BV), dtype=tl.float32)
+    acc_b = tl.zeros((BR, BV), dtype=tl.float32)
+
+    for t in tl.range(pid, tl.cdiv(N, BR), n_prog, num_stages=NS):
+        rows = t * BR + tl.arange(0, BR)
+        rmask = rows < N
+        m = rmask[:, None] & cmask[None, :]
+        r64 = rows.to(tl.int64)[:, None]
+        # rows past N load as 0 (dy = 0): they add nothing to dw/db
+        hv = tl.load(h + r64 * s_h + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        gv = tl.load(g + r64 * s_g + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        dyv = tl.load(dy + r64 * s_dy + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        r = tl.load(rstd + rows, mask=rmask, other=0.0)[:, None]
+
+        xh = hv * r
+        p = xh
+        if HAS_W:
+            p = p * wv
+        if HAS_B:
+            p = p + bv
+        a, da = gate_fwd_bwd(gv, GATE, FAST)
+        # dg first: its store frees g, p and a' before the row reduction below (register
+        # pressure: the swish backward spilled under the 128-register cap with dg stored last)
+        tl.store(dg + r64 * V + cols[None, :], (dyv * p * da).to(dg.dtype.element_ty), mask=m)
+        dyg = dyv * a
+        if HAS_W:
+            acc_w += dyg * xh
+        if HAS_B:
+            acc_b += dyg
+        wdy = dyg
+        if HAS_W:
+            wdy = dyg * wv
+        c1 = tl.sum(xh * wdy, axis=1) / V  # masked columns are 0 in xh
+        dxv = (wdy - xh * c1[:, None]) * r
+        if HAS_DRES:
+            dxv += tl.load(dres + r64 * s_dres + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        # dx, dres_in (and dg above): contiguous [N, V]
+        tl.store(dx + r64 * V + cols[None, :], dxv.to(dx.dtype.element_ty), mask=m)
+        if STORE_DRES:
+            tl.store(dres_in + r64 * V + cols[None, :], dxv.to(dres_in.dtype.element_ty), mask=m)
+
+    # partials [programs, 2, V]: row 0 dw (with a weight), row 1 db (with a bias)
+    pp = part + pid.to(tl.int64) * (2 * V) + cols
+    if HAS_W:
+        tl.store(pp, tl.sum(acc_w, axis=0), mask=cmask)
+    if HAS_B:
+        tl.store(pp + V, tl.sum(acc_b, axis=0), mask=cmask)
+
+
+def gnorm_bwd(h, g, weight, bias, rstd, dy, dres, activation: str, x_dtype, res_dtype, need_dw: bool, need_db: bool):
+    """(dx, dg, dw, db, dres_in): dx `[N, V]` in x_dtype, dg in g.dtype, dw/db `[V]` in the
+    parameter's dtype (None when not needed or absent), dres_in `[N, V]` in res_dtype when
+    res_dtype is given and differs from x_dtype (else None: the residual's gradient is dx).
+
+    h, g, dy, dres: `[N, V]` with unit column stride; rstd fp32 `[N]`. dw/db bitwise
+    reproducible run to run for one autotune pick (fixed-order reduction, no atomics).
+    """
+    N, V = h.shape
+    dev = h.device
+    dx = _alloc((N, V), dtype=x_dtype, device=dev)
+    dg = _alloc((N, V), dtype=g.dtype, device=dev)
+    store_dres = res_dtype is not None and res_dtype != x_dtype
+    dres_in = _alloc((N, V), dtype=res_dtype, device=dev) if store_dres else None
+    # dw/db are reduced whenever the parameter exists (a few KB), needed or not, so the reduce's
+    # compiled variant depends on the call's signature alone (CUDA graph capture)
+    dw = _alloc((V,), dtype=weight.dtype, device=dev) if weight is not None else None
+    db = _alloc((V,), dtype=bias.dtype, device=dev) if bias is not None else None
+    if N == 0:
+        for t in (dw, db):
+            if t is not None:
+                t.zero_()
+        return dx, dg, dw if need_dw else None, db if need_db else None, dres_in
+    BV = block_v(V)
+    n_sm = sm_count(dev)
+    part = _alloc((n_sm * MAX_PPS, 2, V), dtype=torch.float32, device=dev)
+
+    def grid(meta):
+        return (min(triton.cdiv(N, meta["BR"]), n_sm * meta["PPS"]),)
+
+    gnorm_bwd_kernel[grid](
+        h, g, weight if weight is not None else h, bias if bias is not None else h, rstd, dy,
+        dres if dres is not None else dy, dx, dg, dres_in if store_dres else dx, part,
+        N, h.stride(0), g.stride(0), dy.stride(0), dres.stride(0) if dres is not None else 0,
+        V=V, BV=BV, GATE=GATES[activation], HAS_W=weight is not None,
+        HAS_B=bias is not None, HAS_DRES=dres is not None, STORE_DRES=store_dres,
+        N_BUCKET=n_bucket(N), FAST=FAST_MATH,
+    )
+    record_launch("gnorm.bwd")
+    if dw is not None or db is not None:
+        cfg = gnorm_bwd_kernel.best_config.kwargs
+        n_part = min(triton.cdiv(N, rows_per_tile(cfg["TILE"], BV)), n_sm * cfg["PPS"])
+        dw_reduce(part, n_part, dw, db)
+    return dx, dg, dw if need_dw else None, db if need_db else None, dres_in
