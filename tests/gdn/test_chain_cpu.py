@@ -15,7 +15,8 @@ from kernel_fun._common.witness import launch_counts
 from kernel_fun._delta._kernels import state_scan_bwd as scan_bwd_mod
 from kernel_fun._delta._kernels import state_scan_fwd as scan_fwd_mod
 from kernel_fun.gdn._kernels import scores as scores_mod
-from kernel_fun.gdn._kernels import wy_dqkwg_bwd as bwd_mod
+from kernel_fun.gdn._kernels import wy_dqk_bwd as dqk_mod
+from kernel_fun.gdn._kernels import wy_dv_bwd as dv_mod
 from kernel_fun.gdn.reference import chunk_gated_delta_rule_ref
 
 # fp16 operands, fp32 accumulation, fp64 stand-ins. Largest measured over these cases (CPU,
@@ -32,7 +33,8 @@ CASES = {  # the box's smallest heads (the interpreter's cost grows with them)
     "precomputed_gate": dict(B=1, T=70, H=2, HV=2, K=64, V=64, gate_in_kernel=False, beta_logits=False),
     "cu_seqlens": dict(B=1, T=150, H=1, HV=2, K=64, V=64, h0=True, N=3, cu=[0, 37, 38, 150]),
 }
-OURS = ("delta.state_scan_fwd", "delta.state_scan_bwd", "gdn.gated_scores", "gdn.wy_dqkwg_bwd")
+OURS = ("delta.state_scan_fwd", "delta.state_scan_bwd", "gdn.gated_scores", "gdn.wy_dv_bwd",
+        "gdn.wy_dqk_bwd")
 # fla stage functions the chain may call (and nothing else of fla's, index helpers aside)
 FLA_STAGES = {("fla.ops.gated_delta_rule.gate", "gdn_gate_chunk_cumsum"),
               ("fla.ops.gated_delta_rule.gate", "gdn_gate_bwd"),
@@ -48,7 +50,7 @@ FLA_STAGES = {("fla.ops.gated_delta_rule.gate", "gdn_gate_chunk_cumsum"),
 def _standins(monkeypatch, clean_state, poison_outputs):
     if torch.cuda.is_available():
         pytest.skip("the CPU tier (interpreter + stand-ins); the GPU tier runs fla's stages")
-    poison_outputs(scan_fwd_mod, scan_bwd_mod, scores_mod, bwd_mod)
+    poison_outputs(scan_fwd_mod, scan_bwd_mod, scores_mod, dv_mod, dqk_mod)
     return fla_standins.install(monkeypatch)
 
 

@@ -13,7 +13,9 @@ from kernel_fun import gdn
 from kernel_fun._common.numerics import rel_rms as _rel
 from kernel_fun.gdn import reference_stages as R
 from kernel_fun.gdn._kernels import scores as scores_mod
+from kernel_fun.gdn._kernels import wy_dqk_bwd as dqk_mod
 from kernel_fun.gdn._kernels import wy_dqkwg_bwd as bwd_mod
+from kernel_fun.gdn._kernels import wy_dv_bwd as dv_mod
 from kernel_fun.gdn.reference import chunk_gated_delta_rule_ref
 
 pytestmark = pytest.mark.gpu
@@ -76,11 +78,19 @@ def _stage_inputs(B=2, T=300, H=2, HV=4, K=128, V=128, dtype=torch.bfloat16, see
     return {n: x.cuda() for n, x in t.items()}, A.cuda(), ref
 
 
-@pytest.mark.parametrize("config", bwd_mod.CONFIGS, ids=bwd_mod.config_name)
-def test_every_fused_backward_config_against_its_reference(config):
+# every configuration of each half, the other half at its first (so each config is held to the
+# reference on its own; a miscompile in one half shows under that half's id)
+BWD_PAIRS = ([("dv", c, dqk_mod.CONFIGS[0]) for c in dv_mod.CONFIGS]
+             + [("dqk", dv_mod.CONFIGS[0], c) for c in dqk_mod.CONFIGS[1:]])
+
+
+@pytest.mark.parametrize("half,dv_config,dqk_config", BWD_PAIRS,
+                         ids=[f"{h}-{dv_mod.config_name(a if h == 'dv' else b)}" for h, a, b in BWD_PAIRS])
+def test_every_backward_config_against_its_reference(half, dv_config, dqk_config):
     t, A, ref = _stage_inputs()
     for run in range(2):  # and deterministic
-        out = bwd_mod.wy_dqkwg_bwd(**t, A=A, scale=128 ** -0.5, out_dtype=torch.float32, config=config)
+        out = bwd_mod.wy_dqkwg_bwd(**t, A=A, scale=128 ** -0.5, out_dtype=torch.float32, dv_config=dv_config,
+                                   dqk_config=dqk_config)
         for n, o, r_ in zip(("dq", "dk", "dv", "dbeta", "dg"), out, ref):
             assert _rel(o.cpu(), r_) < 1e-2, (n, _rel(o.cpu(), r_))
         if run:
@@ -104,7 +114,8 @@ def test_launch_witness_replaced_fla_kernels_did_not_run():
         _run(gdn.chunk_gated_delta_rule, t, do, dht, **flags)
         torch.cuda.synchronize()
     names = {e.key for e in prof.key_averages()}
-    for ours in ("state_scan_fwd_kernel", "state_scan_bwd_kernel", "gated_scores_kernel", "wy_dqkwg_bwd_kernel"):
+    for ours in ("state_scan_fwd_kernel", "state_scan_bwd_kernel", "gated_scores_kernel", "wy_dv_bwd_kernel",
+                 "wy_dqk_bwd_kernel"):
         assert any(ours in n for n in names), (ours, sorted(names))
     for fla_kernel in ("chunk_bwd_kernel_dqkwg", "prepare_wy_repr_bwd_kernel", "chunk_bwd_kernel_dv_local",
                        "chunk_gated_delta_rule_bwd_kernel_dhu", "chunk_gated_delta_rule_fwd_kernel_h",

@@ -10,7 +10,9 @@ from kernel_fun._common.numerics import rel_rms
 from kernel_fun._common.witness import launch_counts
 from kernel_fun.gdn import reference_stages as R
 from kernel_fun.gdn._kernels import scores as scores_mod
+from kernel_fun.gdn._kernels import wy_dqk_bwd as dqk_mod
 from kernel_fun.gdn._kernels import wy_dqkwg_bwd as bwd_mod
+from kernel_fun.gdn._kernels import wy_dv_bwd as dv_mod
 
 CASES = {  # (B, T, H, HV, K, V, cu_seqlens)
     "tail": (1, 100, 1, 1, 64, 64, None),
@@ -47,7 +49,7 @@ def _inputs(B, T, H, HV, K, V, cu, dtype, strong=False, seed=0):
 
 @pytest.fixture(autouse=True)
 def _poison(poison_outputs):
-    poison_outputs(scores_mod, bwd_mod)
+    poison_outputs(scores_mod, dv_mod, dqk_mod)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -80,10 +82,45 @@ def test_wy_dqkwg_bwd(name, dtype, tol):
     if cu_t is not None:
         from fla.ops.utils.index import prepare_chunk_indices
         idx = prepare_chunk_indices(cu_t, 64)
-    before = launch_counts("gdn.").get("gdn.wy_dqkwg_bwd", 0)
+    names = ("gdn.wy_dv_bwd", "gdn.wy_dqk_bwd")
+    before = [launch_counts("gdn.").get(n, 0) for n in names]
     out = bwd_mod.wy_dqkwg_bwd(**t, scale=K ** -0.5, cu_seqlens=cu_t, chunk_indices=idx, out_dtype=torch.float32)
-    assert launch_counts("gdn.")["gdn.wy_dqkwg_bwd"] == before + 1
+    assert [launch_counts("gdn.")[n] for n in names] == [b + 1 for b in before]
     ref = R.wy_dqkwg_bwd_ref(**{n: x.double() for n, x in t.items() if n != "A"}, scale=K ** -0.5, cu_seqlens=cu_t)
     for n, o, r in zip(("dq", "dk", "dv", "dbeta", "dg"), out, ref):
         err = rel_rms(o, r)
         assert err < tol, (n, err)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("name", ["grouped", "varlen_1tok"])
+def test_wy_dv_bwd_alone(name, dtype, tol):
+    """The first backward half's own outputs, the score gradients included, against autograd
+    (the pair's dq, dk, dg are held to the reference by test_wy_dqkwg_bwd)."""
+    B, T, H, HV, K, V, cu = CASES[name]
+    t, cu_t = _inputs(B, T, H, HV, K, V, cu, dtype)
+    idx = None
+    if cu_t is not None:
+        from fla.ops.utils.index import prepare_chunk_indices
+        idx = prepare_chunk_indices(cu_t, 64)
+    NT = len(R.chunks(B, T, cu_t)) // (B if cu is None else 1)
+    x = {n: t[n] for n in ("k", "v", "v_new", "g", "beta", "A", "h", "do", "dv2")}
+    before = launch_counts("gdn.").get("gdn.wy_dv_bwd", 0)
+    out = dv_mod.wy_dv_bwd(**x, scale=K ** -0.5, NT=NT, cu_seqlens=cu_t, chunk_indices=idx)
+    assert launch_counts("gdn.")["gdn.wy_dv_bwd"] == before + 1
+    ref = R.wy_dv_bwd_ref(**{n: x.double() for n, x in t.items() if n != "A"}, scale=K ** -0.5, cu_seqlens=cu_t)
+    for n, o, r in zip(("dv", "dbeta", "dAqk", "dAkk"), out[:4], ref):
+        if n.startswith("dA"):  # the written part: each row's columns up to its chunk's length
+            for b, s, e, _ in R.chunks(B, T, cu_t):
+                assert not o[b, s:e, :, :e - s].isnan().any(), n
+            o = torch.where(_chunk_cols(B, T, HV, cu_t), o.double(), 0.0)
+        err = rel_rms(o, r)
+        assert err < tol, (n, err)
+
+
+def _chunk_cols(B, T, HV, cu_t):
+    """[B, T, HV, BT] bool: the columns of each row inside its chunk."""
+    m = torch.zeros(B, T, HV, 64, dtype=torch.bool)
+    for b, s, e, _ in R.chunks(B, T, cu_t):
+        m[b, s:e, :, :e - s] = True
+    return m

@@ -11,7 +11,7 @@ chain). The gate is kept as its chunk-local cumulative sum in log2 units (fla's 
 | gate (+ in-op activation) cumsum | fla ``gdn_gate_chunk_cumsum`` / ``chunk_local_cumsum`` | fla ``gdn_gate_bwd`` |
 | kkt + solve + w, u | fla ``chunk_gated_delta_rule_fwd_intra`` | fla ``recompute_w_u_fwd`` |
 | state scan | ours (``_delta`` state_scan_fwd, o made inside, h never written) | ours: the forward scan again writing h and v_new; the gated scores (``gdn/_kernels/scores.py``); ``_delta`` state_scan_bwd making dv from them |
-| dq, dk, dw, dg + WY backward + reverse cumsum + group sum | | ours, one kernel (``gdn/_kernels/wy_dqkwg_bwd.py``) |
+| dq, dk, dw, dg + WY backward + reverse cumsum + group sum | | ours, two kernels (``gdn/_kernels/wy_dqkwg_bwd.py``: ``wy_dv_bwd`` then ``wy_dqk_bwd``) |
 
 fla's ``chunk_bwd_dqkwg`` (refused by fla on Hopper with Triton 3.4-3.7.0), ``prepare_wy_repr_bwd``,
 ``chunk_bwd_dv_local``, ``chunk_gated_delta_rule_bwd_dhu``, ``chunk_gated_delta_rule_fwd_h``,

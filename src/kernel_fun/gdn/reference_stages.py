@@ -51,11 +51,13 @@ def gated_scores_ref(q, k, g, scale, cu_seqlens=None):
     return A
 
 
-def _inverse(kc, gc_nat, bc):
-    """(I + StrictLower(diag(beta) K K^T * Gamma))^-1 per head: kc [HV, n, K], gc_nat [HV, n]."""
+def _inverse(kc, gc_nat, bc, kk=None):
+    """(I + StrictLower(diag(beta) K K^T * Gamma))^-1 per head: kc [HV, n, K], gc_nat [HV, n];
+    ``kk`` stands for K K^T where given (a leaf, to take its gradient)."""
     n = kc.shape[1]
     gam = torch.exp(gc_nat[:, :, None] - gc_nat[:, None, :])
-    L = torch.tril(bc[:, :, None] * (kc @ kc.transpose(-1, -2)) * torch.where(
+    kk = kc @ kc.transpose(-1, -2) if kk is None else kk
+    L = torch.tril(bc[:, :, None] * kk * torch.where(
         torch.tril(torch.ones(n, n, dtype=torch.bool), -1), gam, torch.zeros_like(gam)), -1)
     eye = torch.eye(n, dtype=kc.dtype)
     return torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False)
@@ -75,18 +77,13 @@ def wy_inverse_ref(k, g, beta, cu_seqlens=None):
     return A
 
 
-def wy_dqkwg_bwd_ref(q, k, v, v_new, g, beta, h, dh, do, dv2, scale, cu_seqlens=None):
-    """What ``wy_dqkwg_bwd`` returns, by autograd of each chunk's forward in fp64:
-    ``(dq, dk [B, T, H, K], dv [B, T, HV, V], dbeta, dg [B, T, HV])``, dg the gradient of the
-    per-token natural-log gate (the reverse cumsum of the cumulative gate's)."""
+def _wy_bwd_chunks(q, k, v, v_new, g, beta, h, dh, do, dv2, scale, cu_seqlens):
+    """Per chunk, (b, s, e, leaves' gradients): autograd of the chunk's forward in fp64 w.r.t.
+    q, k [H, n, K], v [HV, n, V], beta, the per-token gate [HV, n], and the two gate-free score
+    matrices Q K^T and K K^T [HV, n, n] (leaves of their own, so their gradients are the first
+    backward half's dAqk and dAkk)."""
     B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    G = HV // H
-    dq = torch.zeros(B, T, H, K, dtype=F64)
-    dk = torch.zeros(B, T, H, K, dtype=F64)
-    dv = torch.zeros(B, T, HV, V, dtype=F64)
-    db = torch.zeros(B, T, HV, dtype=F64)
-    dg = torch.zeros(B, T, HV, dtype=F64)
+    G = v.shape[2] // H
     for b, s, e, ci in chunks(B, T, cu_seqlens):
         n = e - s
         qc = q[b, s:e].double().transpose(0, 1).clone().requires_grad_(True)  # [H, n, K]
@@ -97,24 +94,63 @@ def wy_dqkwg_bwd_ref(q, k, v, v_new, g, beta, h, dh, do, dv2, scale, cu_seqlens=
         gtok = torch.cat([Gc[:, :1], Gc[:, 1:] - Gc[:, :-1]], 1).clone().requires_grad_(True)
         Gn = gtok.cumsum(1)
         qe, ke = qc.repeat_interleave(G, 0), kc.repeat_interleave(G, 0)  # [HV, n, K]
+        qk = (qe @ ke.transpose(-1, -2)).detach().requires_grad_(True)
+        kk = (ke @ ke.transpose(-1, -2)).detach().requires_grad_(True)
         vn = v_new[b, s:e].double().transpose(0, 1)
         S, dS = h[b, ci].double(), dh[b, ci].double()  # [HV, K, V]
-        A = _inverse(ke, Gn, bc)
+        A = _inverse(ke, Gn, bc, kk)
         eg = Gn.exp()
         w = A @ (ke * (bc * eg)[..., None])
         u = A @ (vc * bc[..., None])
         m = torch.tril(torch.ones(n, n, dtype=torch.bool))
         gam = torch.where(m, torch.exp(torch.where(m, Gn[:, :, None] - Gn[:, None, :], 0.0)), 0.0)
-        o = scale * (eg[..., None] * (qe @ S) + ((qe @ ke.transpose(-1, -2)) * gam) @ vn)
+        o = scale * (eg[..., None] * (qe @ S) + (qk * gam) @ vn)
         dec = torch.exp(Gn[:, -1:] - Gn)
         S1 = Gn[:, -1].exp()[:, None, None] * S + ke.transpose(-1, -2) @ (vn * dec[..., None])
         vnw = u - w @ S
         loss = (o * do[b, s:e].double().transpose(0, 1)).sum() + (S1 * dS).sum() \
             + (vnw * dv2[b, s:e].double().transpose(0, 1)).sum()
-        gq, gk, gv, gb, gg = torch.autograd.grad(loss, [qc, kc, vc, bc, gtok])
+        # the score leaves stand in for q k^T and k k^T; chain their gradients into q, k
+        gqk, gkk = torch.autograd.grad(loss, [qk, kk], retain_graph=True)
+        loss = loss + (qe @ ke.transpose(-1, -2) * gqk).sum() + (ke @ ke.transpose(-1, -2) * gkk).sum()
+        yield b, s, e, torch.autograd.grad(loss, [qc, kc, vc, bc, gtok]), gqk, gkk
+
+
+def wy_dqkwg_bwd_ref(q, k, v, v_new, g, beta, h, dh, do, dv2, scale, cu_seqlens=None):
+    """What ``wy_dqkwg_bwd`` returns, by autograd of each chunk's forward in fp64:
+    ``(dq, dk [B, T, H, K], dv [B, T, HV, V], dbeta, dg [B, T, HV])``, dg the gradient of the
+    per-token natural-log gate (the reverse cumsum of the cumulative gate's)."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    dq = torch.zeros(B, T, H, K, dtype=F64)
+    dk = torch.zeros(B, T, H, K, dtype=F64)
+    dv = torch.zeros(B, T, HV, V, dtype=F64)
+    db = torch.zeros(B, T, HV, dtype=F64)
+    dg = torch.zeros(B, T, HV, dtype=F64)
+    for b, s, e, (gq, gk, gv, gb, gg), _, _ in _wy_bwd_chunks(q, k, v, v_new, g, beta, h, dh, do, dv2, scale,
+                                                              cu_seqlens):
         dq[b, s:e] = gq.transpose(0, 1)
         dk[b, s:e] = gk.transpose(0, 1)
         dv[b, s:e] = gv.transpose(0, 1)
         db[b, s:e] = gb.T
         dg[b, s:e] = gg.T
     return dq, dk, dv, db, dg
+
+
+def wy_dv_bwd_ref(q, k, v, v_new, g, beta, h, dh, do, dv2, scale, cu_seqlens=None):
+    """What ``wy_dv_bwd`` (the first backward half) returns, by the same autograd:
+    ``(dv [B, T, HV, V], dbeta [B, T, HV], dAqk, dAkk [B, T, HV, BT])``, dAqk and dAkk the
+    gradients of the gate-free Q K^T and K K^T of each chunk (row t, column j of its chunk)."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    dv = torch.zeros(B, T, HV, V, dtype=F64)
+    db = torch.zeros(B, T, HV, dtype=F64)
+    dAqk = torch.zeros(B, T, HV, BT, dtype=F64)
+    dAkk = torch.zeros(B, T, HV, BT, dtype=F64)
+    for b, s, e, (_, _, gv, gb, _), gqk, gkk in _wy_bwd_chunks(q, k, v, v_new, g, beta, h, dh, do, dv2, scale,
+                                                               cu_seqlens):
+        dv[b, s:e] = gv.transpose(0, 1)
+        db[b, s:e] = gb.T
+        dAqk[b, s:e, :, :e - s] = gqk.transpose(0, 1)
+        dAkk[b, s:e, :, :e - s] = gkk.transpose(0, 1)
+    return dv, db, dAqk, dAkk

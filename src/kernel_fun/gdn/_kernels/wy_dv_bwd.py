@@ -1,0 +1,232 @@
+"""GDN backward, first half, one (chunk, value head) per program: everything that lives on the
+value side or in the [BT, BT] chunk matrices. dv and dbeta come out whole; the gradients of the
+two gate-free score matrices (Q K^T and diag(beta) K K^T) and the Z-part of dG go to the second
+half (``wy_dqk_bwd.py``), which makes dq, dk and dg.
+
+Per chunk (BT = 64 tokens) and value head, in the notation of ``wy_dqkwg_bwd.py`` (G the
+chunk-local cumulative gate, gamma = exp(G), Gamma_ij = exp(G_i - G_j) for i >= j else 0,
+S = h, vn = v_new, dvn = dv2, A = (I + StrictLower(diag(beta) K K^T * Gamma))^-1):
+
+    dAqk  = scale * (do vn^T) * Gamma                       (gradient of Q K^T, [BT, BT])
+    D     = dvn (K S)^T,   rowsum(A^T dw * K) = -colsum(A * D)     (dw = -dvn S^T never held)
+    dA    = StrictLower(dvn (beta V)^T - D diag(beta gamma))
+    Z     = -(A^T dA A^T) * Gamma on the strict lower triangle
+    dAkk  = diag(beta) Z                                     (gradient of K K^T, [BT, BT])
+    dv    = diag(beta) A^T dvn
+    dbeta = rowsum(A^T dvn * V) + gamma rowsum(A^T dw * K) + rowsum(Z * K K^T)
+    dGz   = 2 beta gamma rowsum(A^T dw * K) + rowsum(Z * L) - colsum(Z * L)   (L = diag(beta) K K^T),
+            minus sum(beta gamma rowsum(A^T dw * K)) on the last row (the part of dG that needs
+            no dq, dk; the second half adds the rest)
+
+Why the split: the fused kernel held dq, dk [BT, K] and three [BT, BT] fp32 accumulators (112 KB
+at K = 128) and spilled in every configuration (255 registers, 824-2112 B of stack, sm_90a). This
+half holds only the three [BT, BT] ones (48 KB). Transpose-free: A^T, v_new^T, v^T, h^T and k^T
+are loaded transposed from memory; no dot result is transposed (the Triton 3.4-3.7.0 Hopper
+miscompile, fla #640); dAqk and dAkk are written in natural layout and the second half loads them
+transposed.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.witness import record_launch
+
+install_interpreter_shims()
+
+# (BV, num_warps, num_stages). The first is the only one the interpreter runs: BV=32, so that
+# the CPU tests (V = 64/128) exercise the V loop. sm_90a compile, K=V=128 (2026-12): BV32/w8 234
+# registers, BV64/w8 220, BV128/w8 255, no stack; on 4 warps it spills (BV32 264 B, BV64 408 B),
+# so 4-warp configurations are left out. Not yet timed.
+CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
+           for bv, nw, ns in [(32, 8, 2), (64, 8, 2), (128, 8, 2)]]
+
+
+def config_name(c) -> str:
+    return f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}"
+
+
+def prune_bv(configs, named_args, **kwargs):
+    """Drop configurations whose value block is wider than V (both halves of the backward)."""
+    V = kwargs.get("V", named_args.get("V"))
+    kept = [c for c in configs if c.kwargs["BV"] <= max(V, 32)]
+    return kept or list(configs[:1])
+
+
+@triton.jit(do_not_specialize=["T"])
+def wy_dv_bwd_kernel(
+    k,  # [B, T, H, K]
+    v,  # [B, T, HV, V]
+    v_new,  # [B, T, HV, V]
+    g,  # [B, T, HV] fp32, chunk-local cumulative log2 gate
+    beta,  # [B, T, HV]
+    A,  # [B, T, HV, BT]: (I + L)^-1, lower triangular
+    h,  # [B, NT, HV, K, V]: the state before each chunk
+    do,  # [B, T, HV, V]
+    dv2,  # [B, T, HV, V]: the full gradient of v_new
+    dv,  # [B, T, HV, V]
+    db,  # [B, T, HV] fp32
+    dAqk,  # [B, T, HV, BT]: scale * (do vn^T) * Gamma
+    dAkk,  # [B, T, HV, BT]: diag(beta) Z
+    dgz,  # [B, T, HV] fp32: the Z-part of dG (before the reverse cumsum)
+    cu_seqlens,  # [N + 1] | unused
+    chunk_indices,  # [NT, 2] | unused
+    scale,
+    T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    i_t = tl.program_id(0).to(tl.int64)
+    i_bhv = tl.program_id(1).to(tl.int64)
+    i_b = i_bhv // HV
+    i_hv = i_bhv % HV
+    i_h = i_hv // (HV // H)
+    if IS_VARLEN:
+        i_tg = i_t
+        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int64)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        T = (eos - bos).to(tl.int32)
+    else:
+        i_tg = i_b * tl.cdiv(T, BT) + i_t
+        bos = i_b * T
+    t0 = i_t * BT
+    n_t = T - t0  # tokens left in the sequence from this chunk on (>= 1)
+    last = tl.minimum(n_t, BT) - 1
+
+    o_i = tl.arange(0, BT)
+    m_t = o_i < n_t
+    o_k = tl.arange(0, KP)
+    m_k = o_k < K
+    m_tk = m_t[:, None] & m_k[None, :]
+    m_kt = m_k[:, None] & m_t[None, :]
+    m_tt = m_t[:, None] & m_t[None, :]
+    m_upper = (o_i[:, None] <= o_i[None, :]) & m_tt  # [j, i], i >= j: A^T's mask
+
+    # Per-chunk base pointers (int64); offsets inside a chunk fit in int32.
+    row0 = bos + t0
+    k += (row0 * H + i_h) * K
+    dt_in = k.dtype.element_ty
+    p_g = g + row0 * HV + i_hv
+    b_g = tl.load(p_g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
+    b_beta = tl.load(beta + row0 * HV + i_hv + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
+    b_gam = tl.where(m_t, tl.exp2(b_g), 0.0)
+    b_bg = b_beta * b_gam
+    p_A = A + (row0 * HV + i_hv) * BT
+    b_at = tl.load(p_A + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_tt, other=0.0)  # A^T [j, i]
+    b_at = tl.where(m_upper, b_at, 0.0).to(dt_in)
+    b_kt = tl.load(k + o_i[None, :] * (H * K) + o_k[:, None], mask=m_kt, other=0.0)  # k^T from memory
+    p_h = h + (i_tg * HV + i_hv) * K * V
+    p_v = v + (row0 * HV + i_hv) * V
+    p_vn = v_new + (row0 * HV + i_hv) * V
+    p_do = do + (row0 * HV + i_hv) * V
+    p_dv2 = dv2 + (row0 * HV + i_hv) * V
+    p_dv = dv + (row0 * HV + i_hv) * V
+
+    # fp32 accumulators over V: ds = do vn^T, dA_u = dv2 (beta V)^T, D = dv2 (K S)^T
+    b_ds = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dau = tl.zeros([BT, BT], dtype=tl.float32)
+    b_D = tl.zeros([BT, BT], dtype=tl.float32)
+    b_db = tl.zeros([BT], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        m_tv = m_t[:, None] & m_v[None, :]
+        m_vt = m_v[:, None] & m_t[None, :]
+        m_vk = m_v[:, None] & m_k[None, :]
+        b_do = tl.load(p_do + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
+        b_vnt = tl.load(p_vn + o_i[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0)
+        b_dvn = tl.load(p_dv2 + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0).to(dt_in)
+        b_vt = tl.load(p_v + o_i[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0)
+        b_ht = tl.load(p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0).to(dt_in)  # S^T [BV, K]
+
+        b_ds = tl.dot(b_do, b_vnt, b_ds, input_precision=DOT_PRECISION)
+        b_vbt = (b_vt.to(tl.float32) * b_beta[None, :]).to(dt_in)
+        b_dau = tl.dot(b_dvn, b_vbt, b_dau, input_precision=DOT_PRECISION)
+        b_kht = tl.dot(b_ht, b_kt, input_precision=DOT_PRECISION).to(dt_in)  # (K S)^T of this V block
+        b_D = tl.dot(b_dvn, b_kht, b_D, input_precision=DOT_PRECISION)
+        # u = A diag(beta) V:  dv = diag(beta) A^T dv2, dbeta += rowsum(A^T dv2 * V)
+        b_dvb = tl.dot(b_at, b_dvn, input_precision=DOT_PRECISION)
+        b_v = tl.load(p_v + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
+        b_db += tl.sum(b_dvb * b_v.to(tl.float32), 1)
+        tl.store(p_dv + o_i[:, None] * (HV * V) + o_v[None, :],
+                 (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_tv)
+
+    # [BT, BT] masks formed after the V loop, so that they are not live across it
+    m_lower = (o_i[:, None] >= o_i[None, :]) & m_tt  # [i, j], i >= j, both tokens valid
+    m_strict = (o_i[:, None] > o_i[None, :]) & m_tt
+    # rowsum(A^T dw * K)_i = -sum_j A_ji D_ji, A loaded as stored
+    b_a = tl.load(p_A + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_tt, other=0.0)
+    b_a = tl.where(m_lower, b_a, 0.0).to(tl.float32)
+    b_dkk = -tl.sum(b_a * b_D, 0)
+
+    # Gamma, formed with where before any product (exp2 overflows above the diagonal; 0 * inf
+    # would be NaN)
+    b_Gam = tl.where(m_lower, tl.exp2(tl.where(m_lower, b_g[:, None] - b_g[None, :], 0.0)), 0.0)
+    p_s = (row0 * HV + i_hv) * BT + o_i[:, None] * (HV * BT) + o_i[None, :]
+    tl.store(dAqk + p_s, (b_ds * b_Gam * scale).to(dAqk.dtype.element_ty), mask=m_t[:, None])
+
+    # A = (I + L)^-1:  dL = -A^T dA A^T on the strict lower triangle,
+    # dA = dw (beta gamma K)^T + dv2 (beta V)^T = dA_u - D diag(beta gamma)
+    b_da = tl.where(m_strict, b_dau - b_D * b_bg[None, :], 0.0).to(dt_in)
+    b_da = tl.dot(b_at, b_da, input_precision=DOT_PRECISION).to(dt_in)
+    b_da = tl.dot(b_da, b_at, input_precision=DOT_PRECISION)
+    b_z = tl.where(m_strict, -b_da * b_Gam, 0.0)  # dL * Gamma
+    tl.store(dAkk + p_s, (b_z * b_beta[:, None]).to(dAkk.dtype.element_ty), mask=m_t[:, None])
+
+    b_k = tl.load(k + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
+    b_kk = tl.dot(b_k, b_kt, input_precision=DOT_PRECISION)  # K K^T
+    b_zk = b_z * b_kk
+    b_db += tl.sum(b_zk, 1) + b_gam * b_dkk
+    b_zl = b_zk * b_beta[:, None]  # dL * L
+    b_bgk = b_bg * b_dkk
+    b_dgz = 2.0 * b_bgk + tl.sum(b_zl, 1) - tl.sum(b_zl, 0)
+    b_dgz -= tl.where(o_i == last, tl.sum(b_bgk, 0), 0.0)
+    tl.store(db + row0 * HV + i_hv + o_i * HV, b_db.to(db.dtype.element_ty), mask=m_t)
+    tl.store(dgz + row0 * HV + i_hv + o_i * HV, b_dgz, mask=m_t)
+
+
+wy_dv_bwd_kernel_tuned = triton.autotune(
+    configs=autotune_configs(CONFIGS), **autotune_cache(),
+    key=["H", "HV", "K", "V", "BT", "IS_VARLEN"],
+    prune_configs_by={"early_config_prune": prune_bv},
+)(wy_dv_bwd_kernel)
+
+# Every output is allocated through this name, so that tests can poison outputs with NaN.
+_alloc = torch.empty
+
+
+def wy_dv_bwd(k, v, v_new, g, beta, A, h, do, dv2, scale, NT: int, cu_seqlens=None, chunk_indices=None,
+              chunk_size: int = 64, *, config: triton.Config | None = None):
+    """The first half of the GDN backward (shapes checked and made contiguous by the caller,
+    ``wy_dqkwg_bwd``): k ``[B, T, H, K]``; v, v_new, do, dv2 ``[B, T, HV, V]``; g, beta
+    ``[B, T, HV]``; A ``[B, T, HV, BT]``; h ``[B, NT, HV, K, V]``. Returns ``(dv [B, T, HV, V]``
+    in v's dtype, ``dbeta [B, T, HV]`` fp32, ``dAqk, dAkk [B, T, HV, BT]`` in k's dtype (rows of
+    each chunk, zero above the diagonal), ``dGz [B, T, HV]`` fp32)."""
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    BT = chunk_size
+    dev = k.device
+    dv = _alloc((B, T, HV, V), dtype=v.dtype, device=dev)
+    db = _alloc((B, T, HV), dtype=torch.float32, device=dev)
+    dAqk = _alloc((B, T, HV, BT), dtype=k.dtype, device=dev)
+    dAkk = _alloc((B, T, HV, BT), dtype=k.dtype, device=dev)
+    dgz = _alloc((B, T, HV), dtype=torch.float32, device=dev)
+    is_varlen = cu_seqlens is not None
+    args = dict(
+        k=k, v=v, v_new=v_new, g=g, beta=beta, A=A, h=h, do=do, dv2=dv2, dv=dv, db=db, dAqk=dAqk, dAkk=dAkk,
+        dgz=dgz, cu_seqlens=cu_seqlens if is_varlen else db, chunk_indices=chunk_indices if is_varlen else db,
+        scale=float(scale), T=T, H=H, HV=HV, K=K, V=V, BT=BT, KP=max(16, triton.next_power_of_2(K)),
+        IS_VARLEN=is_varlen, DOT_PRECISION="ieee" if k.dtype == torch.float32 else "tf32",
+    )
+    grid = (NT, B * HV)
+    if config is not None:
+        wy_dv_bwd_kernel[grid](**args, **config.all_kwargs())
+    else:
+        wy_dv_bwd_kernel_tuned[grid](**args)
+    record_launch("gdn.wy_dv_bwd")
+    return dv, db, dAqk, dAkk, dgz
