@@ -49,7 +49,7 @@ def chain_setup() -> dict:
     from ..gdn import chain
 
     return {"module": chain.__name__, "ours": ["delta.state_scan_fwd", "delta.state_scan_bwd", "gdn.gated_scores",
-                                                 "gdn.wy_dqkwg_bwd"]}
+                                                 "gdn.wy_dv_bwd", "gdn.wy_dqk_bwd"]}
 
 
 def _case(name, B, T, H, HV, K, V, cu_seqlens=None, profile=False):
