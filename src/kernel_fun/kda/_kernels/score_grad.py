@@ -5,7 +5,7 @@ Its other half, the intra-chunk ``dv = Aqk^T do``, is then made inside our backw
 scan (``_delta/_kernels/state_scan_bwd.py`` with ``A=``), which reads do anyway: fla's
 stage writes that dv (``[B, T, HV, V]``, 1.07 GB in bf16 at B=16) for dhu to read it back.
 This kernel reads do and v_new once and writes dA: about 2.7 GB at B=16 against fla's
-stage's 4.0 GB. Used by ``kda.chain`` under ``FUSE_DV_DHU``.
+stage's 4.0 GB.
 
 One program per (chunk, batch x value head), grid ``(NT, B * HV)``; the V blocks accumulate
 one [BT, BT] product each (bf16 operands, fp32 accumulation, M = 64 rows: wgmma-eligible on
@@ -48,15 +48,7 @@ def _score_grad_kernel(v, do, dA, cu_seqlens, chunk_indices, scale, T,
     do += t0 * HVV + i_hv * V
     dA += t0 * HVBT + i_hv * BT
     o_t = tl.arange(0, BT)
-    score_grad_program(v, do, dA, scale, o_t, o_t < n_valid, HV, V, BT, BV)
-
-
-@triton.jit
-def score_grad_program(v, do, dA, scale, o_t, m_t, HV: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                       BV: tl.constexpr):
-    """One chunk x value head (pointers at its first row; ``m_t`` its valid rows): dA = scale
-    tril(do v^T), stored. Also the prologue of ``wy_bwd``'s SCORE_GRAD."""
-    HVV: tl.constexpr = HV * V
+    m_t = o_t < n_valid
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
@@ -66,7 +58,7 @@ def score_grad_program(v, do, dA, scale, o_t, m_t, HV: tl.constexpr, V: tl.const
         b_vt = tl.load(v + o_t[None, :] * HVV + o_v[:, None], mask=m_v[:, None] & m_t[None, :], other=0.)
         b_dA = tl.dot(b_do, b_vt, b_dA)
     b_dA = tl.where(o_t[:, None] >= o_t[None, :], b_dA * scale, 0.)
-    tl.store(dA + o_t[:, None] * (HV * BT) + o_t[None, :], b_dA.to(dA.dtype.element_ty), mask=m_t[:, None])
+    tl.store(dA + o_t[:, None] * HVBT + o_t[None, :], b_dA.to(dA.dtype.element_ty), mask=m_t[:, None])
 
 
 def score_grad_bwd(
