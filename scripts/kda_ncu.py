@@ -37,12 +37,12 @@ def main() -> None:
     K, V = 128, 256
     # backward stages, inputs from fla's chain (as scripts/kda_stage_bench.py)
     wy_in, dAqk = build_inputs(a.B, a.T, H, HV, K, V)
-    wy_cfg = wy_mod.configs()[0]
+    wy_cfg = wy_mod.CONFIGS[0]
     dq, dk, _, db, dg, dAkk = wy_mod.wy_dqkg_bwd(**wy_in, config=wy_cfg)
     torch.cuda.synchronize()
     print("launched _wy_bwd_kernel", wy_cfg, flush=True)
     # with the l2norm epilogue (on by default) the chain runs the whole-K block
-    intra_cfg = next(c for c in intra_mod.configs() if c.kwargs["BK"] == 128)
+    intra_cfg = next(c for c in intra_mod.CONFIGS if c.kwargs["BK"] == 128)
     intra_mod.intra_bwd(q=wy_in["q"], k=wy_in["k"], g=wy_in["g"], beta=wy_in["beta"], dAqk=dAqk, dAkk=dAkk,
                         dq=dq, dk=dk, db=db, dg=dg, chunk_size=64, config=intra_cfg)
     torch.cuda.synchronize()

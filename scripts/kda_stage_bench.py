@@ -17,7 +17,7 @@ diagonal blocks by one anchor where the gate allows, against the bit levels; ``l
 intra stage with the l2norm backward in its epilogue against it followed by fla's
 ``l2norm_bwd``. fla is autotuned once (its wy autotune
 alone took 67 s on the H200); ours is never autotuned here: every configuration of every
-is forced and timed (``wy_bwd.bench_configs()``, ``intra_bwd.configs()``), and each is checked against fla's
+is forced and timed (``wy_bwd.CONFIGS + CANDIDATES``, ``intra_bwd.CONFIGS``), and each is checked against fla's
 outputs (relative RMS error; the intra stage's own contribution, outputs minus the wy inputs).
 A configuration with non-finite outputs or an error above 2e-2 is flagged BAD and is never
 the best. Prints as it goes; the JSON at argv[1] is rewritten after each stage.
@@ -164,7 +164,7 @@ def main() -> None:
         # every configuration forced (no autotune): the production set, then the candidates
         log("  ours wy, every configuration forced:")
         names = ("dq", "dk", "dv", "db", "dg", "dA")
-        wy["per_config"] = per_config(wy_mod.bench_configs(), lambda c: ours_wy(config=c),
+        wy["per_config"] = per_config(wy_mod.CONFIGS + wy_mod.CANDIDATES, lambda c: ours_wy(config=c),
                                       lambda res: {n: rel(o, r) for n, o, r in zip(names, res, ref_wy)}, "wy")
         wy["best_config"], wy["ours_ms"] = best_of(wy["per_config"])
         wy["speedup"] = wy["fla_ms"] / wy["ours_ms"]
@@ -202,7 +202,7 @@ def main() -> None:
             return {n: rel(o - x, r) for n, o, x, r in zip(names, res, base, ref_part)}
 
         log("  ours intra, every configuration forced (errors: intra part vs fla's):")
-        intra["per_config"] = per_config(intra_mod.configs(), lambda c: ours_intra(config=c), check, "intra")
+        intra["per_config"] = per_config(intra_mod.CONFIGS, lambda c: ours_intra(config=c), check, "intra")
         intra["best_config"], intra["ours_ms"] = best_of(intra["per_config"])
         intra["speedup"] = intra["fla_ms"] / intra["ours_ms"]
         intra["ours_tbps"] = nbytes / intra["ours_ms"] / 1e9
@@ -227,7 +227,7 @@ def main() -> None:
         ianc["saved_ms"] = ianc["levels_ms"] - min(ianc["anchor_ms"], ianc["anchor_monotone_ms"])
         log(f"ours intra, one anchor where the gate allows: {ianc}")
         # the stage as the chain ships it (l2norm backward fused, one anchor, gate_monotone),
-        # every whole-K configuration forced, the candidates included (intra_bwd.bench_configs);
+        # every whole-K configuration forced, the candidates included (intra_bwd.CANDIDATES);
         # errors against the autotuned shipped setting
         gen = torch.Generator(device="cuda").manual_seed(2)
         nq = intra_in["q"].numel() // intra_in["q"].shape[-1]
@@ -236,7 +236,7 @@ def main() -> None:
         shipped = dict(fast_range=FAST_RANGE, gate_monotone=True, l2norm_rstd=(rq, rk), out_dtype=intra_in["q"].dtype)
         want = ours_intra(**shipped)
         torch.cuda.synchronize()
-        whole_k = [c for c in intra_mod.bench_configs() if c.kwargs["BK"] >= intra_in["q"].shape[-1]]
+        whole_k = [c for c in intra_mod.CONFIGS + intra_mod.CANDIDATES if c.kwargs["BK"] >= intra_in["q"].shape[-1]]
         log("  ours intra as shipped (l2norm fused, one anchor, monotone), every whole-K configuration:")
         ianc["shipped_autotuned_ms"] = bench(lambda: ours_intra(**shipped))
         ianc["shipped_per_config"] = per_config(

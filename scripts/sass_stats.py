@@ -118,11 +118,11 @@ def intra_bwd(full):
             if "ANCHOR" in flags:
                 c["FAST_RANGE"] = m.FAST_RANGE
             yield f"intra_bwd {name}", m._intra_bwd_kernel.fn, ptr, c, triton.Config({}, num_warps=4, num_stages=1)
-            if "GATE_MONOTONE" in flags:  # as shipped: also the 8-warp candidate (bench_configs)
+            if "GATE_MONOTONE" in flags:  # as shipped: also the 8-warp candidate (CANDIDATES)
                 yield f"intra_bwd {name} w8", m._intra_bwd_kernel.fn, ptr, c, triton.Config({}, num_warps=8, num_stages=1)
         return
     fusions += [("+anchor", ("ANCHOR",)), ("+anchor+monotone", ("ANCHOR", "GATE_MONOTONE"))]
-    for cfg, varlen, (name, flags) in itertools.product(m.bench_configs(), (False, True), fusions):
+    for cfg, varlen, (name, flags) in itertools.product(m.CONFIGS + m.CANDIDATES, (False, True), fusions):
         if "L2NORM_BWD" in flags and cfg.kwargs["BK"] < 128:
             continue  # the fused epilogues take only whole-K blocks (the launcher prunes the rest)
         c = dict(H=16, HV=16, K=128, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", L2NORM_BWD=False,
@@ -138,7 +138,7 @@ def wy_bwd(full):
 
     ptr = {n: "*bf16" for n in ("q", "k", "v", "v_new", "beta", "A", "h", "do", "dh", "dv", "dv2")}
     ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
-    for cfg, varlen in itertools.product(m.bench_configs() if full else m.configs(), (False, True) if full else (False,)):
+    for cfg, varlen in itertools.product(m.CONFIGS + m.CANDIDATES if full else m.CONFIGS, (False, True) if full else (False,)):
         c = dict(H=16, HV=16, K=128, V=256, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", **cfg.kwargs)
         yield f"wy_bwd varlen={varlen} {_cfg_label(cfg)}", m._wy_bwd_kernel.fn, ptr, c, cfg
 
@@ -152,12 +152,12 @@ def state_scan_fwd(full):
                 USE_H0=False, STORE_HT=False, SAVE_H=False, SAVE_V_NEW=False, STATE_V_FIRST=False,
                 IS_VARLEN=False, DOT_PRECISION="tf32")
     if not full:
-        for cfg in m.PRODUCTION_CONFIGS:
+        for cfg in m.CONFIGS:
             yield f"state_scan_fwd {m.config_name(cfg)}", m.state_scan_fwd_kernel, ptr, dict(base, **cfg.kwargs), cfg
         return
     variants = [dict(), dict(GATE=1, Q_GATED=False), dict(GATE=0, Q_GATED=False), dict(Q_GATED=False),
                 dict(USE_H0=True, STORE_HT=True, IS_VARLEN=True), dict(SAVE_H=True, SAVE_V_NEW=True, HAS_AQK=False)]
-    for cfg, v in itertools.product(m.CONFIGS, variants):
+    for cfg, v in itertools.product(m.CONFIGS + m.CANDIDATES, variants):
         c = dict(base, **v, **cfg.kwargs)
         name = ",".join(f"{k}={x}" for k, x in v.items()) or "kda"
         yield f"state_scan_fwd {name} {m.config_name(cfg)}", m.state_scan_fwd_kernel, ptr, c, cfg
@@ -169,7 +169,7 @@ def state_scan_bwd(full):
     ptr = {n: "*bf16" for n in ("q", "k", "w", "do", "dv", "A", "dh", "dv2")}
     ptr.update(cu_seqlens="*i64", chunk_offsets="*i64", scale="fp32")
     gates = (0, 1, 2) if full else (2,)
-    for cfg, gate, varlen, dva in itertools.product(m.BENCH_CONFIGS if full else m.CONFIGS, gates, (False, True) if full else (False,),
+    for cfg, gate, varlen, dva in itertools.product(m.CONFIGS + m.CANDIDATES if full else m.CONFIGS, gates, (False, True) if full else (False,),
                                                     (False, True)):
         if dva and gate != 2:
             continue  # dv from A: KDA's chain only
@@ -180,10 +180,10 @@ def state_scan_bwd(full):
 
 
 def score_grad(full):
-    from kernel_fun.kda._kernels import score_grad as m
+    from kernel_fun._delta._kernels import score_grad as m
 
     ptr = {"v": "*bf16", "do": "*bf16", "cu_seqlens": "*i64", "chunk_indices": "*i64", "scale": "fp32"}
-    for cfg, varlen in itertools.product(m.configs(), (False, True) if full else (False,)):
+    for cfg, varlen in itertools.product(m.CONFIGS, (False, True) if full else (False,)):
         c = dict(HV=16, V=256, BT=64, IS_VARLEN=varlen, **cfg.kwargs)
         yield f"score_grad varlen={varlen} {_cfg_label(cfg)}", m._score_grad_kernel.fn, ptr, c, cfg
 
@@ -192,7 +192,7 @@ def gate_bwd(full):
     from kernel_fun.kda._kernels import gate_bwd as m
 
     ptr = {"g_raw": "*bf16", "cu_seqlens": "*i64", "chunk_indices": "*i64"}
-    for cfg, varlen, gate in itertools.product(m.configs(), (False, True) if full else (False,),
+    for cfg, varlen, gate in itertools.product(m.CONFIGS, (False, True) if full else (False,),
                                                ((True, True), (True, False), (False, False)) if full else ((True, True),)):
         c = dict(HV=16, K=128, BT=64, IS_VARLEN=varlen, GATE=gate[0], HAS_DT_BIAS=gate[1], **cfg.kwargs)
         yield f"gate_bwd varlen={varlen} GATE/HAS_DT_BIAS={gate} {_cfg_label(cfg)}", m._gate_bwd_kernel.fn, ptr, c, cfg

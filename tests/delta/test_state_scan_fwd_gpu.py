@@ -14,7 +14,9 @@ import torch.nn.functional as F
 
 from kernel_fun._common.witness import launches
 from kernel_fun._delta import reference as ref
-from kernel_fun._delta._kernels.state_scan_fwd import CONFIGS, config_name, state_scan_fwd
+from kernel_fun._delta._kernels.state_scan_fwd import CANDIDATES, CONFIGS, config_name, state_scan_fwd
+
+ALL_CONFIGS = CONFIGS + CANDIDATES
 from kernel_fun._common.numerics import rel_rms
 
 pytestmark = pytest.mark.gpu
@@ -150,7 +152,7 @@ CASES = {"kda": _kda_case, "gdn": _gdn_case}
 
 
 @pytest.mark.parametrize("kind", ["kda", "gdn"])
-@pytest.mark.parametrize("config", CONFIGS, ids=config_name)
+@pytest.mark.parametrize("config", ALL_CONFIGS, ids=config_name)
 def test_every_config(kind, config):
     """Each configuration once, varlen with grouped values, against fla and the reference."""
     c = CASES[kind](cu_seqlens=CU)
@@ -174,7 +176,7 @@ def test_head_shapes(i):
     """K in {64, 128}, V in {64, 128, 256}; each with a different forced configuration (one
     compile per shape instead of a whole autotune)."""
     kind, K, V = SHAPES[i]
-    fitting = [cf for cf in CONFIGS if cf.kwargs["BV"] <= V]
+    fitting = [cf for cf in ALL_CONFIGS if cf.kwargs["BV"] <= V]
     c = CASES[kind](K=K, V=V)
     _compare(c, _ours(c, save_h=True, save_v_new=True, config=fitting[(3 * i + 1) % len(fitting)]))
 

@@ -67,7 +67,7 @@ def test_chain_against_fp64_recurrence(name, _standins):
     before = launch_counts()
     ours = _run(kda.chunk_kda, t, do, dht, **flags)
     ran = {k: n - before.get(k, 0) for k, n in launch_counts().items() if n != before.get(k, 0)}
-    assert ran == {"delta.state_scan_fwd": 1, "kda.score_grad": 1, "delta.state_scan_bwd": 1, "kda.wy_bwd": 1,
+    assert ran == {"delta.state_scan_fwd": 1, "delta.score_grad": 1, "delta.state_scan_bwd": 1, "kda.wy_bwd": 1,
                    "kda.intra_bwd": 1, "kda.gate_bwd": 1}, ran
     assert sorted(n.split(".")[1] for n in ran) == sorted(chain_setup()["stages_ours"])  # what a bench record says
     ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},

@@ -107,7 +107,7 @@ def test_shipped_chain_fla_kernels_it_replaces_do_not_run():
     t = _make(2, 200, 2, 2, 128, 128)
     flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, output_final_state=True)
     do, dht = _cotangents(t["v"], 2, 128)
-    before_sg, before_gb = launches("kda.score_grad"), launches("kda.gate_bwd")
+    before_sg, before_gb = launches("delta.score_grad"), launches("kda.gate_bwd")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         out = _run(kda.chunk_kda, t, do, dht, **flags)
         torch.cuda.synchronize()
@@ -115,7 +115,7 @@ def test_shipped_chain_fla_kernels_it_replaces_do_not_run():
     for fla_kernel in ("l2norm_bwd", "chunk_local_cumsum", "kda_gate_bwd", "chunk_gated_delta_rule_bwd_kernel_dhu",
                        "chunk_kda_bwd_kernel_dAv"):
         assert not any(n.startswith(fla_kernel) for n in names), (fla_kernel, names)
-    assert launches("kda.score_grad") == before_sg + 1
+    assert launches("delta.score_grad") == before_sg + 1
     assert launches("kda.gate_bwd") == before_gb + 1
     ref = _run(chunk_kda_ref, {k: v.detach().double().requires_grad_() for k, v in t.items()},
                do.double(), dht.double(), **flags)

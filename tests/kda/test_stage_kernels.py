@@ -7,7 +7,7 @@ the structure and magnitudes the real chain gives them. ``test_stage_references_
 checks that the two references, chained with that torch code, reproduce autograd through
 the naive recurrence: the references are themselves right, not only consistent.
 
-Outputs are NaN-poisoned (the launchers' ``_alloc`` hook) so an unwritten element fails.
+Outputs are NaN-poisoned (``_common.tuning.alloc``) so an unwritten element fails.
 """
 from __future__ import annotations
 
@@ -27,10 +27,8 @@ from kernel_fun._common.numerics import rel_rms as rel_err  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def poison(poison_outputs):
-    from kernel_fun.kda._kernels import wy_bwd as wy_mod
-
-    poison_outputs(intra_mod, wy_mod)
+def poison(poisoned_outputs):
+    pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -330,10 +328,10 @@ def test_intra_bwd_fused_l2norm_backward(case, out_dtype):
 
 
 def test_intra_bwd_fused_l2norm_needs_one_head_per_value_head_and_whole_k_blocks():
-    from kernel_fun.kda._kernels.intra_bwd import can_fuse_l2norm, configs, intra_bwd
+    from kernel_fun.kda._kernels.intra_bwd import CONFIGS, can_fuse_l2norm, intra_bwd
 
     assert not can_fuse_l2norm(1, 2, 32)  # grouped: dq, dk are summed over value heads first
-    small = next(c for c in configs() if c.kwargs["BK"] == 32)
+    small = next(c for c in CONFIGS if c.kwargs["BK"] == 32)
     assert not can_fuse_l2norm(2, 2, 64, small)
     ch = build_chain(1, 70, 2, 2, 64, 16, seed=3)
     _, inp = stage_inputs(ch, torch.float32, None)
@@ -449,15 +447,15 @@ def _config_ids(cfgs):
 
 
 def _intra_configs():
-    from kernel_fun.kda._kernels.intra_bwd import bench_configs
+    from kernel_fun.kda._kernels.intra_bwd import CANDIDATES, CONFIGS
 
-    return bench_configs()
+    return CONFIGS + CANDIDATES
 
 
 def _wy_configs():
-    from kernel_fun.kda._kernels.wy_bwd import bench_configs
+    from kernel_fun.kda._kernels.wy_bwd import CANDIDATES, CONFIGS
 
-    return bench_configs()
+    return CONFIGS + CANDIDATES
 
 
 @pytest.mark.parametrize("config", _intra_configs(), ids=_config_ids(_intra_configs()))

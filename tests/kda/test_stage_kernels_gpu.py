@@ -142,7 +142,7 @@ def test_intra_bwd_one_anchor_against_fla_and_reference(name):
     """The diagonal blocks by one anchor where the gate allows (as the chain calls it),
     autotuned and at every configuration's block size, against fla and the fp64 reference;
     with gate_monotone the same bits."""
-    from kernel_fun.kda._kernels.intra_bwd import FAST_RANGE, bench_configs, intra_bwd
+    from kernel_fun.kda._kernels.intra_bwd import CANDIDATES, CONFIGS, FAST_RANGE, intra_bwd
 
     _, _, intra_in = _inputs(name)
     _, ref, fla_out = _refs(name)
@@ -152,7 +152,7 @@ def test_intra_bwd_one_anchor_against_fla_and_reference(name):
     for s0, e0 in (zip(cu[:-1].tolist(), cu[1:].tolist()) if cu is not None else [(0, g.shape[1])]):
         starts[s0:e0:BT] = True
     exactly_monotone = bool(((g[:, 1:] <= g[:, :-1]) | starts[1:, None, None]).all())
-    for config in bench_configs():
+    for config in CONFIGS + CANDIDATES:
         anc = intra_bwd(**intra_in, fast_range=FAST_RANGE, config=config)
         _check(f"{name}/anchor/{config}", anc, fla_out, ref, ("dq", "dk", "db", "dg"))
         # the gate here is a chunk cumsum of log decays <= 0: its range from the blocks' ends;
@@ -164,15 +164,15 @@ def test_intra_bwd_one_anchor_against_fla_and_reference(name):
 
 
 def _intra_configs():
-    from kernel_fun.kda._kernels.intra_bwd import bench_configs
+    from kernel_fun.kda._kernels.intra_bwd import CANDIDATES, CONFIGS
 
-    return bench_configs()
+    return CONFIGS + CANDIDATES
 
 
 def _wy_configs():
-    from kernel_fun.kda._kernels.wy_bwd import bench_configs
+    from kernel_fun.kda._kernels.wy_bwd import CANDIDATES, CONFIGS
 
-    return bench_configs()
+    return CONFIGS + CANDIDATES
 
 
 def _ids(cfgs):
@@ -235,7 +235,7 @@ def test_gate_bwd_against_fla_every_config(varlen):
     from fla.ops.utils import chunk_local_cumsum
     from fla.ops.utils.index import prepare_chunk_indices
 
-    from kernel_fun.kda._kernels.gate_bwd import configs, dg_cumsum_gate_bwd
+    from kernel_fun.kda._kernels.gate_bwd import CANDIDATES, CONFIGS, dg_cumsum_gate_bwd
 
     gen = torch.Generator(device="cuda").manual_seed(5)
     B, T, HV, K = (1, 1000, 4, 128) if varlen else (2, 700, 4, 128)
@@ -248,7 +248,7 @@ def test_gate_bwd_against_fla_every_config(varlen):
     dyg = chunk_local_cumsum(dg, chunk_size=BT, reverse=True, cu_seqlens=cu, chunk_indices=ci)
     fla = kda_gate_bwd(g=g, A_log=A_log, dt_bias=dt_bias, dyg=dyg)
     ref = refs.dg_cumsum_gate_bwd_reference(dg, g, A_log, dt_bias, cu_seqlens=cu, chunk_size=BT)
-    for config in [None] + configs():
+    for config in [None] + CONFIGS + CANDIDATES:
         ours = dg_cumsum_gate_bwd(dg, g, A_log, dt_bias, cu_seqlens=cu, chunk_size=BT, chunk_indices=ci, config=config)
         for n, o, f, r in zip(("dg", "dA_log", "ddt_bias"), ours, fla, ref):
             assert o.dtype == f.dtype and o.shape == f.shape, (n, o.dtype, f.dtype)

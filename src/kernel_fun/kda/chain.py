@@ -15,12 +15,13 @@ The decisions and their measurements: docs/kda-chain-history.md.
 from __future__ import annotations
 
 from .._common.compat import fla_symbol
+from .._delta import chunking
+from .._delta._kernels.score_grad import score_grad_bwd
 from .._delta._kernels.state_scan_bwd import state_scan_bwd
 from .._delta._kernels.state_scan_fwd import state_scan_fwd
 from ._kernels.gate_bwd import dg_cumsum_gate_bwd
 from ._kernels.intra_bwd import FAST_RANGE as INTRA_BWD_FAST_RANGE
 from ._kernels.intra_bwd import can_fuse_l2norm, intra_bwd
-from ._kernels.score_grad import score_grad_bwd
 from ._kernels.wy_bwd import wy_dqkg_bwd
 
 RCP_LN2 = 1.4426950408889634  # log2(e): fla's gates are cumsummed in log2 space
@@ -33,11 +34,7 @@ def _fla(module: str, symbol: str):
 
 def chunk_meta(cu_seqlens, cu_seqlens_cpu):
     """(chunk_indices, chunk_offsets) for packed documents, or (None, None)."""
-    if cu_seqlens is None:
-        return None, None
-    idx = _fla("fla.ops.utils.index", "prepare_chunk_indices")(cu_seqlens, BT, cu_seqlens_cpu=cu_seqlens_cpu)
-    off = _fla("fla.ops.utils.index", "prepare_chunk_offsets")(cu_seqlens, BT)
-    return idx, off
+    return chunking.chunk_meta(cu_seqlens, BT, cu_seqlens_cpu)
 
 
 def gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices):

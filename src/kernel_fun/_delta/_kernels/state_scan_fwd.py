@@ -44,8 +44,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch
 from kernel_fun._common.witness import record_launch
+from kernel_fun._delta.chunking import check_varlen_batch, scan_grid, scan_program, total_chunks
 
 
 install_interpreter_shims()
@@ -87,8 +88,8 @@ _CONFIG_TUPLES = [
     (32, 4, 2, None, True),
     (256, 16, 2, None, True),
 ]
-CONFIGS = [triton.Config({"BV": bv, "VK": vk}, num_warps=nw, num_stages=ns, maxnreg=mr)
-           for bv, nw, ns, mr, vk in _CONFIG_TUPLES]
+_ALL = [triton.Config({"BV": bv, "VK": vk}, num_warps=nw, num_stages=ns, maxnreg=mr)
+        for bv, nw, ns, mr, vk in _CONFIG_TUPLES]
 
 
 def config_name(c) -> str:
@@ -116,32 +117,6 @@ def _gated_q(q, g, o_i, o_k, m_tk, HQ: tl.constexpr, HV: tl.constexpr, K: tl.con
             b_gk = tl.load(g + o_i[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
             b_q = (b_q * tl.exp2(b_gk)).to(b_q.dtype)
     return b_q
-
-
-@triton.jit
-def scan_program(cu_seqlens, chunk_offsets, T, V, HQ: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr,
-                 BT: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, NEED_BOH: tl.constexpr):
-    """What a scan program owns, from its id (V-blocks of one head adjacent): (V-block, head
-    of all sequences, sequence, value head, q head, k head, first and end token (int64), the
-    sequence length, and with NEED_BOH its first chunk in h's chunk axis, else 0)."""
-    pid = tl.program_id(0).to(tl.int64)
-    NV = tl.cdiv(V, BV)
-    i_nh = pid // NV
-    i_n = i_nh // HV
-    i_hv = i_nh % HV
-    boh = i_n * 0
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = (eos - bos).to(tl.int32)
-        if NEED_BOH:
-            boh = tl.load(chunk_offsets + i_n).to(tl.int64)
-    else:
-        bos = i_n * T
-        eos = bos + T
-        if NEED_BOH:
-            boh = i_n * tl.cdiv(T, BT)
-    return pid % NV, i_nh, i_n, i_hv, i_hv // (HV // HQ), i_hv // (HV // HK), bos, eos, T, boh
 
 
 @triton.jit
@@ -470,24 +445,17 @@ _AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "Q_GATED", "HAS_AQK",
 # every configuration forced, 2026-11-30 (bench/records/raw/2026-11-30-h200-delta-scan-bench-r2.json):
 # at B=8 VK-BV128-w8-s2 1.265 ms, BV128-w8-s2 1.576, VK-BV64-w4-s2 2.024, BV64-w4-s2 2.020 (fla's
 # fwd_h + fwd_o 1.863); at B=16 2.520 / 3.118 (fla 3.714); with q_gated VK-BV64-w4-s2 0.930 and
-# VK-BV128-w8-s2 1.076 at B=8. Every other configuration was slower (1.39-4.6 ms). The first
-# entry in CONFIGS order is the one the interpreter runs.
-PRODUCTION_CONFIGS = [c for c in CONFIGS if config_name(c) in
-                      ("VK-BV128-w8-s2-rNone", "BV128-w8-s2-rNone", "VK-BV64-w4-s2-rNone", "BV64-w4-s2-rNone")]
+# VK-BV128-w8-s2 1.076 at B=8. Every other configuration (CANDIDATES, which benches and GPU tests
+# force) was slower (1.39-4.6 ms). The first entry (in _CONFIG_TUPLES order) is the one the
+# interpreter runs.
+_SHIPPED = ("VK-BV128-w8-s2-rNone", "BV128-w8-s2-rNone", "VK-BV64-w4-s2-rNone", "BV64-w4-s2-rNone")
+CONFIGS = [c for c in _ALL if config_name(c) in _SHIPPED]
+CANDIDATES = [c for c in _ALL if config_name(c) not in _SHIPPED]
 state_scan_fwd_kernel_tuned = triton.autotune(
-    configs=autotune_configs(PRODUCTION_CONFIGS), **autotune_cache(),
+    configs=autotune_configs(CONFIGS), **autotune_cache(),
     key=_AUTOTUNE_KEY,
     prune_configs_by={"early_config_prune": _prune},
 )(state_scan_fwd_kernel)
-
-# Every output is allocated through this name, so that tests can poison outputs with NaN.
-_alloc = torch.empty
-
-
-def _chunk_offsets(cu_seqlens: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    lens = torch.diff(cu_seqlens.long())
-    return torch.nn.functional.pad(triton.cdiv(lens, chunk_size), (1, 0)).cumsum(-1)
-
 
 def state_scan_fwd(
     q: torch.Tensor,
@@ -549,7 +517,7 @@ def state_scan_fwd(
     ``state_v_first``). cu_seqlens ``[N + 1]`` (then ``B == 1``). chunk_indices is only used
     for the number of chunks of ``h`` (saves a host sync when ``save_h``); chunk_offsets
     ``[N + 1]`` (fla's ``prepare_chunk_offsets``) is computed when needed and not given.
-    ``config`` forces one autotune configuration (a ``triton.Config`` from ``CONFIGS``).
+    ``config`` forces one configuration (a ``triton.Config`` from ``CONFIGS`` or ``CANDIDATES``).
 
     Returns ``(o, final_state, h, v_new)``:
         o           ``[B, T, HV, V]`` in u's dtype: what fla's fwd_o returns, before the
@@ -586,8 +554,7 @@ def state_scan_fwd(
     if Aqk is not None and tuple(Aqk.shape) != (B, T, HV, BT):
         raise ValueError(f"state_scan_fwd: Aqk {tuple(Aqk.shape)} must be {(B, T, HV, BT)}")
     is_varlen = cu_seqlens is not None
-    if is_varlen and B != 1:
-        raise ValueError("state_scan_fwd: varlen (cu_seqlens) needs B == 1")
+    check_varlen_batch("state_scan_fwd", B, cu_seqlens)
     N = cu_seqlens.numel() - 1 if is_varlen else B
     state_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
     if initial_state is not None and tuple(initial_state.shape) != state_shape:
@@ -603,19 +570,14 @@ def state_scan_fwd(
     if initial_state is not None:
         initial_state = initial_state.contiguous()
 
-    o = _alloc((B, T, HV, V), dtype=u.dtype, device=u.device)
-    final_state = _alloc(state_shape, dtype=torch.float32, device=u.device) if output_final_state else None
-    v_new = _alloc(tuple(u.shape), dtype=u.dtype, device=u.device) if save_v_new else None
+    o = alloc((B, T, HV, V), dtype=u.dtype, device=u.device)
+    final_state = alloc(state_shape, dtype=torch.float32, device=u.device) if output_final_state else None
+    v_new = alloc(tuple(u.shape), dtype=u.dtype, device=u.device) if save_v_new else None
     h = None
     if save_h:
-        if is_varlen:
-            if chunk_offsets is None:
-                chunk_offsets = _chunk_offsets(cu_seqlens, BT)
-            NT = len(chunk_indices) if chunk_indices is not None else int(chunk_offsets[-1])
-        else:
-            NT = triton.cdiv(T, BT)
+        NT, chunk_offsets = total_chunks(B, T, BT, cu_seqlens, chunk_indices, chunk_offsets)
         h_shape = (B, NT, HV, V, K) if state_v_first else (B, NT, HV, K, V)
-        h = _alloc(h_shape, dtype=k.dtype, device=k.device)
+        h = alloc(h_shape, dtype=k.dtype, device=k.device)
 
     dummy = o  # pointer for arguments a constexpr switch leaves unused
     args = dict(
@@ -638,20 +600,7 @@ def state_scan_fwd(
         # the default, which only concerns fp32 operands.
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",
     )
-    launch_scan(state_scan_fwd_kernel, state_scan_fwd_kernel_tuned, args, N * HV, config)
+    launch(state_scan_fwd_kernel_tuned, scan_grid(V, N * HV), config, **args)
     record_launch("delta.state_scan_fwd")
     return o, final_state, h, v_new
 
-
-def launch_scan(kernel, tuned, args: dict, n_heads: int, config=None) -> None:
-    """Launch a state scan, one program per (V-block, value head, sequence), V-blocks of a head
-    adjacent: autotuned (``tuned``), or the jit ``kernel`` with one forced ``config``."""
-    V = args["V"]
-
-    def grid(meta):
-        return (triton.cdiv(V, meta["BV"]) * n_heads,)
-
-    if config is not None:
-        kernel[grid](**args, **config.all_kwargs())
-    else:
-        tuned[grid](**args)

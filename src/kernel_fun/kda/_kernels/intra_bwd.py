@@ -48,9 +48,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch
 from kernel_fun._common.witness import record_launch
-from kernel_fun.kda._kernels import bit_level, chunk_grid, chunk_program, launch
+from kernel_fun._delta.chunking import chunk_grid, chunk_program
 
 install_interpreter_shims()  # runtime-bound loops under TRITON_INTERPRET=1 (see tuning.py)
 
@@ -72,45 +72,33 @@ install_interpreter_shims()  # runtime-bound loops under TRITON_INTERPRET=1 (see
 FAST_RANGE = 192.0
 
 
-def _alloc(size, dtype=None, device=None):
-    """Output allocation (tests swap in a NaN-filled one to catch unwritten elements)."""
-    return torch.empty(size, dtype=dtype, device=device)
+# What the autotuner may pick (the interpreter runs only the first). ptxas takes every
+# register it is allowed (255), which caps a 4-warp CTA at 2 per SM. Its stack (spills;
+# sm_90a ahead-of-time compile, triton 3.6, ``scripts/sass_stats.py``, which before 2026-11-30
+# read LOCAL and missed them): BK=64 on 4 warps none; BK=128 (the only block the fused l2norm
+# epilogue takes) 272 bytes; with ``maxnreg`` 168 or 128, 160-664 bytes. Fewest SASS
+# instructions per program at K=128 (sm_90a): BK=64/128 on 4 warps.
+CONFIGS = [
+    triton.Config({"BK": bk, "HOIST_S": hoist}, num_warps=w, num_stages=st, maxnreg=mr)
+    for bk, hoist, w, st, mr in [(64, False, 4, 1, None), (64, False, 4, 1, 168), (64, False, 4, 1, 128),
+                                 (128, False, 4, 1, None), (32, False, 4, 1, 128), (64, True, 4, 1, 168),
+                                 (64, False, 8, 1, 128), (64, False, 4, 2, 168)]
+]
+# Not yet timed or checked on a GPU (scripts/kda_stage_bench.py ``--only ianc`` and the GPU
+# tests force them). With the l2norm backward fused (as shipped) the autotuner has one
+# configuration, BK=128 on 4 warps, and with the one anchor and gate_monotone ptxas gives it 255
+# registers and a 224-byte stack (134 spill instructions; sm_90a, 2026-11-30). The same block on
+# 8 warps: 221 registers, no stack, half the instructions per thread, and the same 8 warps per SM
+# (one CTA instead of two).
+CANDIDATES = [triton.Config({"BK": 128, "HOIST_S": False}, num_warps=8, num_stages=st) for st in (1, 2)]
 
 
-def configs():
-    """Every configuration the autotuner may pick (the interpreter runs only the first).
-
-    ptxas takes every register it is allowed (255), which caps a 4-warp CTA at 2 per SM. Its
-    stack (spills; sm_90a ahead-of-time compile, triton 3.6, ``scripts/sass_stats.py``, which
-    before 2026-11-30 read LOCAL and missed them): BK=64 on 4 warps none; BK=128 (the only
-    block the fused epilogues take) 272 bytes; with ``maxnreg`` 168 or 128, 160-664 bytes."""
-    return [
-        triton.Config({"BK": bk, "HOIST_S": hoist}, num_warps=w, num_stages=st, maxnreg=mr)
-        for bk, hoist, w, st, mr in [
-            # fewest SASS instructions per program at K=128 (sm_90a): BK=64/128 on 4 warps
-            (64, False, 4, 1, None),
-            (64, False, 4, 1, 168),
-            (64, False, 4, 1, 128),
-            (128, False, 4, 1, None),
-            (32, False, 4, 1, 128),
-            (64, True, 4, 1, 168),
-            (64, False, 8, 1, 128),
-            (64, False, 4, 2, 168),
-        ]
-    ]
-
-
-def bench_configs():
-    """``configs()`` plus candidates not yet timed or checked on a GPU, which
-    scripts/kda_stage_bench.py (``--only ianc``) and the GPU tests force one by one; a candidate
-    joins ``configs()`` only after both (a configuration can miscompile on Hopper). With the
-    l2norm backward fused (as shipped) the autotuner has one configuration, BK=128 on 4 warps,
-    and with the one anchor and gate_monotone ptxas gives it 255 registers and a 224-byte stack
-    (134 spill instructions; sm_90a, ``scripts/sass_stats.py``, 2026-11-30). The same block on 8
-    warps: 221 registers, no stack, half the instructions per thread, and the same 8 warps per
-    SM (one CTA instead of two)."""
-    return configs() + [triton.Config({"BK": 128, "HOIST_S": False}, num_warps=8, num_stages=st)
-                        for st in (1, 2)]
+@triton.jit
+def bit_level(o_r):
+    """[n, n] for a 16-row block: the highest bit where r and c differ (3..0), -1 on r == c.
+    The pairs of one level share an anchor row (the diagonal block's split of the gate factor)."""
+    x_rc = o_r[:, None] ^ o_r[None, :]
+    return tl.where(x_rc >= 8, 3, tl.where(x_rc >= 4, 2, tl.where(x_rc >= 2, 1, tl.where(x_rc >= 1, 0, -1))))
 
 
 @triton.jit
@@ -176,7 +164,7 @@ def _whole_k_prune(configs, named_args, **kwargs):
     return [c for c in configs if c.kwargs["BK"] >= K]
 
 
-@triton.autotune(configs=autotune_configs(configs()), **autotune_cache(),
+@triton.autotune(configs=autotune_configs(CONFIGS), **autotune_cache(),
                  key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION", "L2NORM_BWD", "FAST_RANGE", "GATE_MONOTONE"],
                  prune_configs_by={"early_config_prune": _whole_k_prune})
 @triton.jit(do_not_specialize=["T"])
@@ -337,7 +325,7 @@ def _intra_bwd_kernel(
 
 
 # The widest K block the autotuner may pick (the interpreter runs only the first config).
-_MAX_BK = max(c.kwargs["BK"] for c in autotune_configs(configs()))
+_MAX_BK = max(c.kwargs["BK"] for c in autotune_configs(CONFIGS))
 
 
 def can_fuse_l2norm(H: int, HV: int, K: int, config=None) -> bool:
@@ -432,10 +420,10 @@ def intra_bwd(
             raise ValueError(f"intra_bwd: rstd must have B*T*H = {B * T * H} elements")
     else:
         q_rstd = k_rstd = g  # unused
-    dq_out = _alloc(dq.shape, (out_dtype or dq.dtype) if fuse else dq.dtype, dq.device)
-    dk_out = _alloc(dk.shape, (out_dtype or dk.dtype) if fuse else dk.dtype, dk.device)
-    db_out = _alloc(db.shape, torch.float32, db.device)
-    dg_out = _alloc(dg.shape, torch.float32, dg.device)
+    dq_out = alloc(dq.shape, (out_dtype or dq.dtype) if fuse else dq.dtype, dq.device)
+    dk_out = alloc(dk.shape, (out_dtype or dk.dtype) if fuse else dk.dtype, dk.device)
+    db_out = alloc(db.shape, torch.float32, db.device)
+    dg_out = alloc(dg.shape, torch.float32, dg.device)
     if NT > 0:
         launch(_intra_bwd_kernel, (NT, B * HV), config,
                q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, dq_out, dk_out, db_out, dg_out, q_rstd, k_rstd,

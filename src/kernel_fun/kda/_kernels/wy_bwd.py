@@ -29,38 +29,26 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_cache, autotune_configs
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, launch
 from kernel_fun._common.witness import record_launch
-from kernel_fun.kda._kernels import chunk_grid, chunk_program, launch
+from kernel_fun._delta.chunking import chunk_grid, chunk_program
 
-
-def _alloc(size, dtype=None, device=None):
-    """Output allocation (tests swap in a NaN-filled one to catch unwritten elements)."""
-    return torch.empty(size, dtype=dtype, device=device)
-
-
-def configs():
-    """Every configuration the autotuner may pick (the interpreter runs only the first).
-
-    Measured on the H200 (B=8, T=8192, H=HV=16, K=128, V=256 bf16, every configuration forced
-    and checked against fla, 2026-11-30, bench/records/raw/2026-11-30-h200-kda-stage-bench-r2.json;
-    fla 6.25 ms): these four 3.63, 3.75, 4.19 and 4.29 ms; eight others 4.33-6.94 ms (BK=32 or
-    128 on 8 warps, BV=128, 2 stages, a 128-register cap) were dropped. 8 warps: two warpgroups
-    share the M=64 wgmma tiles. ``EARLY_EPI`` issues the epilogue's loads before the V loop."""
-    return [_cfg(*c) for c in [(64, 64, False, 8, 4), (32, 64, True, 4, 3), (64, 64, False, 8, 3),
-                               (64, 32, False, 8, 4)]]
-
-
-def bench_configs():
-    """``configs()`` plus candidates not yet timed or checked on a GPU, which
-    scripts/kda_stage_bench.py and the GPU tests force one by one; a candidate joins
-    ``configs()`` only after both (a configuration can miscompile on Hopper). These extend the
-    measured trend: deeper pipelining won (s4 3.63, s3 4.19, s2 4.78 ms)."""
-    return configs() + [_cfg(*c) for c in [(64, 64, False, 8, 5), (64, 64, True, 8, 4), (32, 64, True, 4, 4)]]
 
 
 def _cfg(bk, bv, early_epi, warps, stages):
     return triton.Config({"BK": bk, "BV": bv, "EARLY_EPI": early_epi}, num_warps=warps, num_stages=stages)
+
+
+# What the autotuner may pick (the interpreter runs only the first).
+# Measured on the H200 (B=8, T=8192, H=HV=16, K=128, V=256 bf16, every configuration forced
+# and checked against fla, 2026-11-30, bench/records/raw/2026-11-30-h200-kda-stage-bench-r2.json;
+# fla 6.25 ms): these four 3.63, 3.75, 4.19 and 4.29 ms; eight others 4.33-6.94 ms (BK=32 or
+# 128 on 8 warps, BV=128, 2 stages, a 128-register cap) were dropped. 8 warps: two warpgroups
+# share the M=64 wgmma tiles. ``EARLY_EPI`` issues the epilogue's loads before the V loop.
+CONFIGS = [_cfg(*c) for c in [(64, 64, False, 8, 4), (32, 64, True, 4, 3), (64, 64, False, 8, 3), (64, 32, False, 8, 4)]]
+# Not yet timed or checked on a GPU (scripts/kda_stage_bench.py and the GPU tests force them):
+# they extend the measured trend, deeper pipelining won (s4 3.63, s3 4.19, s2 4.78 ms).
+CANDIDATES = [_cfg(*c) for c in [(64, 64, False, 8, 5), (64, 64, True, 8, 4), (32, 64, True, 4, 4)]]
 
 
 @triton.jit
@@ -78,7 +66,7 @@ def _v_only(b_At, b_beta, v, dv, dv2, o_t, m_t, o_v, HVV: tl.constexpr, V: tl.co
     return b_dA, b_db
 
 
-@triton.autotune(configs=autotune_configs(configs()), **autotune_cache(), key=["H", "HV", "K", "V", "BT", "IS_VARLEN", "DOT_PRECISION"])
+@triton.autotune(configs=autotune_configs(CONFIGS), **autotune_cache(), key=["H", "HV", "K", "V", "BT", "IS_VARLEN", "DOT_PRECISION"])
 @triton.jit(do_not_specialize=["T"])
 def _wy_bwd_kernel(
     q, k, v, v_new, g, beta, A, h, do, dh, dv,
@@ -232,7 +220,7 @@ def wy_dqkg_bwd(
         state_v_first: only False (h stored ``[K, V]``) is supported.
         use_graph: fla's static-buffer capture mode; not supported (raises).
         dot_precision: ``tl.dot`` input precision of the fp32-operand products.
-        config: a ``triton.Config`` from ``configs()`` to run instead of autotuning (tests).
+        config: a ``triton.Config`` from ``CONFIGS`` / ``CANDIDATES`` to run instead of autotuning.
 
     Returns:
         ``(dq, dk, dv, db, dg, dA)``: dq, dk, dg ``[B, T, HV, K]`` fp32 (the caller reduces
@@ -256,12 +244,12 @@ def wy_dqkg_bwd(
     q, k, v, v_new, g, beta, A, h, do, dh, dv = (
         x.contiguous() for x in (q, k, v, v_new, g, beta, A, h, do, dh, dv))
     dev = k.device
-    dq = _alloc((B, T, HV, K), torch.float32, dev)
-    dk = _alloc((B, T, HV, K), torch.float32, dev)
-    dv2 = _alloc(v.shape, v.dtype, dev)
-    dg = _alloc(g.shape, torch.float32, dev)
-    db = _alloc(beta.shape, torch.float32, dev)
-    dA = _alloc(A.shape, torch.float32, dev)
+    dq = alloc((B, T, HV, K), torch.float32, dev)
+    dk = alloc((B, T, HV, K), torch.float32, dev)
+    dv2 = alloc(v.shape, v.dtype, dev)
+    dg = alloc(g.shape, torch.float32, dev)
+    db = alloc(beta.shape, torch.float32, dev)
+    dA = alloc(A.shape, torch.float32, dev)
     if NT > 0:
         launch(_wy_bwd_kernel, (NT, B * HV), config, q, k, v, v_new, g, beta, A, h, do, dh, dv,
                dq, dk, dv2, dg, db, dA, cu_seqlens, chunk_indices, scale, T,
