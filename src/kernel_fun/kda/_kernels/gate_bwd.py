@@ -48,9 +48,16 @@ def kda_gate_grad(b_dyg, b_x, b_nA):
 
 
 @triton.jit
+def _row_mask(r, n_valid, m_k):
+    """[BK] valid lanes of row ``r``: a block comparison, not a scalar one and-ed onto the block
+    (Triton 3.9's interpreter splats a scalar int1 to int32 data and rejects it as a mask)."""
+    return m_k & (tl.full(m_k.shape, r, tl.int32) < n_valid)
+
+
+@triton.jit
 def _row_load(p, base, r, n_valid, m_k, HVK: tl.constexpr):
     """Row ``r`` of the chunk as fp32 [BK] (0 past the sequence's end)."""
-    return tl.load(p + base + r * HVK, mask=m_k & (r < n_valid), other=0.).to(tl.float32)
+    return tl.load(p + base + r * HVK, mask=_row_mask(r, n_valid, m_k), other=0.).to(tl.float32)
 
 
 @triton.jit
@@ -65,7 +72,7 @@ def _row_out(dyg, b_x, b_bias, b_nA, dg_out, base, r, n_valid, m_k, HVK: tl.cons
         b_dg, b_dA = kda_gate_grad(dyg, b_x, b_nA)  # rows past the end: dyg = 0, so 0
         dA_acc += b_dA
         dbias_acc += b_dg
-    tl.store(dg_out + base + r * HVK, b_dg.to(dg_out.dtype.element_ty), mask=m_k & (r < n_valid))
+    tl.store(dg_out + base + r * HVK, b_dg.to(dg_out.dtype.element_ty), mask=_row_mask(r, n_valid, m_k))
     return dA_acc, dbias_acc
 
 
