@@ -78,9 +78,9 @@ def per_config(run_with, configs, check=None) -> dict:
 def _selected(V: int, all_configs: bool):
     """Every value-major (VK) configuration, and the key-major ones measured best on
     2026-11-30 (all of them with --all-configs); none wider than V."""
-    from kernel_fun._delta._kernels.state_scan_fwd import CONFIGS, config_name
+    from kernel_fun._delta._kernels.state_scan_fwd import CANDIDATES, CONFIGS, config_name
     keep = {"BV128-w8-s2-rNone", "BV64-w4-s2-rNone", "BV64-w4-s1-r128"}
-    return [c for c in CONFIGS if c.kwargs["BV"] <= V
+    return [c for c in CONFIGS + CANDIDATES if c.kwargs["BV"] <= V
             and (all_configs or c.kwargs["VK"] or config_name(c) in keep)]
 
 
@@ -147,8 +147,8 @@ def kda_rows(B=8, T=8192, H=16, HV=16, K=128, V=256, full=True, all_configs=Fals
     log(f"ours best {name}: {ms:.3f} ms ({r['speedup']:.2f}x fla, {r['ours_tbps']:.2f} TB/s)")
     r.update(dhu_rows(qg, kg, w, gk, u, scale))
     if full:
-        from kernel_fun._delta._kernels.state_scan_fwd import CONFIGS, config_name
-        byname = {config_name(c): c for c in CONFIGS}
+        from kernel_fun._delta._kernels.state_scan_fwd import CANDIDATES, CONFIGS, config_name
+        byname = {config_name(c): c for c in CONFIGS + CANDIDATES}
         log("  q_gated (qg from chunk_kda_fwd_intra(disable_recompute=True)), o and final state vs fla:")
         qg_cf = [c for c in _selected(V, False) if c.kwargs["VK"] and c.kwargs["BV"] >= 64
                  or config_name(c) == "BV128-w8-s2-rNone"]
@@ -186,7 +186,7 @@ def dhu_rows(qg, kg, w, gk, u, scale) -> dict:
     def check(res):
         return {n: rel(o, f) for n, o, f in zip(("dh", "dh0", "dv2"), res, want)}
 
-    r["dhu_per_config"] = rows = per_config(lambda c: sb.state_scan_bwd(**kw, config=c), sb.BENCH_CONFIGS, check)
+    r["dhu_per_config"] = rows = per_config(lambda c: sb.state_scan_bwd(**kw, config=c), sb.CONFIGS + sb.CANDIDATES, check)
     good = {k: v for k, v in rows.items() if isinstance(v, dict) and max(v[n] for n in ("dh", "dh0", "dv2")) < 1e-2}
     if good:
         name, ms = _best(good)

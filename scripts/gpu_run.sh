@@ -2,19 +2,18 @@
 # One batched GPU session step on the lent H200: install the carried fla wheel, then run the
 # named steps, each under its own timeout, logging to $OUT. Usage: scripts/gpu_run.sh STEP...
 # Steps: doctor, gnorm_tests, gnorm_bench, model_kda (kernel-fun bench --model kda; MODEL_ARGS
-#        passes e.g. "--shape steps=8"), gdn_tests, gdn_bench, cconv_tests, cconv_bench, delta_tests, delta_bench, kda_stage_tests,
-#        kda_stage_bench, kda_tests, kda_bench, kda_ab, candidates, candidates_chain, cconv_sweep,
+#        passes e.g. "--shape steps=8"), model_gdn, gdn_tests, gdn_bench, cconv_tests, cconv_bench,
+#        delta_tests, delta_bench, kda_stage_tests, kda_stage_bench, kda_tests, kda_bench,
+#        candidates, cconv_sweep,
 #        cconv_diag (scripts/cconv_diag.py timed, then under Nsight Compute), cconv_pick (the
 #        autotuner's picks beside each shipped config, scripts/cconv_pick.py),
 #        cconv_host (host cost against device time of the two forwards, scripts/cconv_host.py),
 #        ncu_kda (Nsight Compute on our kda stage kernels, scripts/kda_ncu.py), kda_variants (the
-#        backward variants against fla's own chunk_kda and fp64; the one-anchor, score-gradient
-#        and dv-from-A stage tests; the chain with dv made in our dhu)
-# candidates / candidates_chain: the GPU tests (stage-level / whole chain against fp64) of the
-# kda stages and switches not yet on by default.
+#        shipped chain against fla's own chunk_kda and fp64; the one-anchor, score-gradient
+#        and dv-from-A stage tests)
+# candidates: the stage-level GPU tests that force every configuration, candidates included.
 # CCONV_SWEEP_ARGS="--cases prod2048 --dirs fwd" is passed to scripts/cconv_sweep.py.
-# KDA_STAGE_ARGS="--only fwdi --B 16" is passed to scripts/kda_stage_bench.py.
-# KDA_AB_ARGS="--B 8 --combos base,l2" is passed to scripts/kda_switch_ab.py.
+# KDA_STAGE_ARGS="--only wy --B 16" is passed to scripts/kda_stage_bench.py.
 # KDA_CASES="--case prod_b16 ..." picks kda bench cases; KDA_TEST_K="..." is passed to pytest -k.
 set -u
 export PYTHONUNBUFFERED=1
@@ -54,12 +53,10 @@ for step in "$@"; do
     kda_stage_bench) timeout "$T" python3 scripts/kda_stage_bench.py "$OUT/kda_stage_bench.json" ${KDA_STAGE_ARGS:-} 2>&1 | tee "$OUT/kda_stage_bench.log" | tail -40 ;;
     kda_tests) timeout "$T" python3 -m pytest -m gpu tests/kda/test_chain_gpu.py -q -rs -s ${KDA_TEST_K:+-k "$KDA_TEST_K"} 2>&1 | tee "$OUT/kda_tests.log" | tail -40 ;;
     kda_bench) timeout "$T" python3 -m kernel_fun bench --family kda ${KDA_CASES:-} --json "$OUT/kda_bench.json" 2>&1 | tee "$OUT/kda_bench.log" ;;
-    candidates) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_stage_kernels_gpu.py tests/delta/test_state_scan_fwd_gpu.py -k "intra_fwd or fwd_intra or wy_formed or wy_intra or one_anchor or gate_bwd" 2>&1 | tee "$OUT/candidates.log" | grep --line-buffered -E "^\[|passed|failed|Error" | tail -60 ;;
-    candidates_chain) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_chain_gpu.py -k "forward_variants or backward_state_scan" 2>&1 | tee "$OUT/candidates_chain.log" | grep --line-buffered -E "passed|failed|Error|vs fp64|dA_log|wyf|fwdi|ifwd" | tail -60 ;;
-    kda_variants) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_chain_gpu.py tests/kda/test_stage_kernels_gpu.py tests/delta/test_state_scan_bwd_gpu.py -k "backward_variants or one_anchor or dv_from_A or dhu+dvd or score_grad" 2>&1 | tee "$OUT/kda_variants.log" | grep --line-buffered -E "vs fp64|ref dA_log|anchor|passed|failed|Error" | tail -60 ;;
-    kda_ab) timeout "$T" python3 scripts/kda_switch_ab.py "$OUT/kda_ab.json" ${KDA_AB_ARGS:-} 2>&1 | tee "$OUT/kda_ab.log" | tail -40 ;;
+    candidates) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_stage_kernels_gpu.py -k "one_anchor or gate_bwd or every_config" 2>&1 | tee "$OUT/candidates.log" | grep --line-buffered -E "^\[|passed|failed|Error" | tail -60 ;;
+    kda_variants) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_chain_gpu.py tests/kda/test_stage_kernels_gpu.py tests/delta/test_state_scan_bwd_gpu.py -k "against_fla_chunk_kda or one_anchor or dv_from_A or score_grad" 2>&1 | tee "$OUT/kda_variants.log" | grep --line-buffered -E "vs fp64|ref dA_log|anchor|passed|failed|Error" | tail -60 ;;
     ncu_kda) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-      timeout "$T" "$NCU" --clock-control none --target-processes all -k regex:'_intra_fwd_kernel|_intra_bwd_kernel|_wy_bwd_kernel|_wy_intra_bwd_kernel' --launch-count 4 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis python3 scripts/kda_ncu.py 2>&1 | tee "$OUT/ncu_kda.txt" | grep --line-buffered -E "launched|==PROF==|==ERR|Duration|Throughput|Stall|Warp Cycles|Registers|Achieved Occupancy|Theoretical Occupancy|Issued|Eligible" | tail -120 ;;
+      timeout "$T" "$NCU" --clock-control none --target-processes all -k regex:'_intra_bwd_kernel|_wy_bwd_kernel' --launch-count 4 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis python3 scripts/kda_ncu.py 2>&1 | tee "$OUT/ncu_kda.txt" | grep --line-buffered -E "launched|==PROF==|==ERR|Duration|Throughput|Stall|Warp Cycles|Registers|Achieved Occupancy|Theoretical Occupancy|Issued|Eligible" | tail -120 ;;
     cconv_diag) timeout 200 python3 scripts/cconv_diag.py "$OUT/cconv_diag.json" 2>&1 | tee "$OUT/cconv_diag.log"
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       timeout "$T" "$NCU" --clock-control none --kernel-name-base demangled -k regex:'copy|conv_fwd|conv_bwd|dw_reduce' --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_read.sum,smsp__inst_executed.sum,lts__t_sector_hit_rate.pct python3 scripts/cconv_diag.py --once > "$OUT/ncu_cconv.txt" 2>&1
@@ -70,6 +67,7 @@ for step in "$@"; do
     gnorm_tests) timeout "$T" python3 -m pytest -m gpu tests/gnorm -q -x -rs --durations=5 2>&1 | tee "$OUT/gnorm_tests.log" | tail -30 ;;
     gnorm_bench) timeout "$T" python3 -m kernel_fun bench --family gnorm --json "$OUT/gnorm_bench.json" 2>&1 | tee "$OUT/gnorm_bench.log" ;;
     model_kda) timeout "$T" python3 -m kernel_fun bench --model kda ${MODEL_ARGS:-} --json "$OUT/model_kda.json" 2>&1 | tee "$OUT/model_kda.log" ;;
+    model_gdn) timeout "$T" python3 -m kernel_fun bench --model gdn ${MODEL_ARGS:-} --json "$OUT/model_gdn.json" 2>&1 | tee "$OUT/model_gdn.log" ;;
     gdn_tests) timeout "$T" python3 -m pytest -m gpu tests/gdn -q -x -rs --durations=5 2>&1 | tee "$OUT/gdn_tests.log" | tail -30 ;;
     gdn_bench) timeout "$T" python3 -m kernel_fun bench --family gdn ${GDN_CASES:-} --json "$OUT/gdn_bench.json" 2>&1 | tee "$OUT/gdn_bench.log" ;;
     *) echo "unknown step $step" ;;

@@ -2,7 +2,7 @@
 """Driver for Nsight Compute: launch each of our KDA stage kernels once, with a forced
 configuration (no autotuning, so ncu's first matching launch is the kernel as it ships).
 
-    ncu --clock-control none -k regex:'_intra_fwd_kernel|_intra_bwd_kernel|_wy_bwd_kernel|_wy_intra_bwd_kernel' \\
+    ncu --clock-control none -k regex:'_intra_bwd_kernel|_wy_bwd_kernel' \\
         --launch-count 3 --section SpeedOfLight ... python3 scripts/kda_ncu.py [--B 2]
 
 (``scripts/gpu_run.sh ncu_kda`` runs exactly that.) The inputs are the stage benches' (fla's
@@ -22,7 +22,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from kda_inputs import production_inputs  # noqa: E402
 from kda_stage_bench import build_inputs  # noqa: E402
 
 
@@ -32,37 +31,22 @@ def main() -> None:
     ap.add_argument("--T", type=int, default=8192)
     a = ap.parse_args()
     from kernel_fun.kda._kernels import intra_bwd as intra_mod
-    from kernel_fun.kda._kernels import intra_fwd as fwd_mod
     from kernel_fun.kda._kernels import wy_bwd as wy_mod
 
     H = HV = 16
     K, V = 128, 256
-    # forward intra stage (a candidate): the measured best, K slice 32 on 4 warps
-    cfg = next(c for c in fwd_mod.configs() if c.kwargs["BKC"] == 32 and c.num_warps == 4)
-    q, k, v, beta, gk, scale = production_inputs(a.B, a.T, H, HV, K, V)
-    fwd_mod.chunk_fwd_intra(q, k, v, gk, beta, scale, config=cfg, diag_precision="tf32")
-    torch.cuda.synchronize()
-    print("launched _intra_fwd_kernel", cfg, flush=True)
-
     # backward stages, inputs from fla's chain (as scripts/kda_stage_bench.py)
     wy_in, dAqk = build_inputs(a.B, a.T, H, HV, K, V)
-    wy_cfg = wy_mod.configs()[0]
+    wy_cfg = wy_mod.CONFIGS[0]
     dq, dk, _, db, dg, dAkk = wy_mod.wy_dqkg_bwd(**wy_in, config=wy_cfg)
     torch.cuda.synchronize()
     print("launched _wy_bwd_kernel", wy_cfg, flush=True)
     # with the l2norm epilogue (on by default) the chain runs the whole-K block
-    intra_cfg = next(c for c in intra_mod.configs() if c.kwargs["BK"] == 128)
+    intra_cfg = next(c for c in intra_mod.CONFIGS if c.kwargs["BK"] == 128)
     intra_mod.intra_bwd(q=wy_in["q"], k=wy_in["k"], g=wy_in["g"], beta=wy_in["beta"], dAqk=dAqk, dAkk=dAkk,
                         dq=dq, dk=dk, db=db, dg=dg, chunk_size=64, config=intra_cfg)
     torch.cuda.synchronize()
     print("launched _intra_bwd_kernel", intra_cfg, flush=True)
-    # the two in one kernel (a candidate, kda.chain.FUSE_WY_INTRA_BWD)
-    from kernel_fun.kda._kernels import wy_intra_bwd as wyi_mod
-
-    wyi_cfg = wyi_mod.configs()[0]
-    wyi_mod.wy_intra_bwd(**{k: v for k, v in wy_in.items() if k != "chunk_offsets"}, dAqk=dAqk, config=wyi_cfg)
-    torch.cuda.synchronize()
-    print("launched _wy_intra_bwd_kernel", wyi_cfg, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Bench: KDA's two costliest backward stages, ours vs fla's stage functions, on one GPU.
 
-    python scripts/kda_stage_bench.py out.json [--only wy,intra,l2norm,wyi,ianc,fwdi] [--gates model|bench]
+    python scripts/kda_stage_bench.py out.json [--only wy,intra,l2norm,ianc] [--gates model|bench]
                                                [--B 8 --T 8192 ...]
 
 At B=8, T=8192, H=HV=16, K=128, V=256 bf16 (the baseline shape) the stage inputs come from
@@ -12,12 +12,12 @@ fla's own chain: ``kda_gate_chunk_cumsum`` (model-like A_log / dt_bias), ``chunk
 * wy:    fla ``chunk_kda_bwd_wy_dqkg_fused``  vs ours ``wy_dqkg_bwd``   (baseline 6.31 ms)
 * intra: fla ``chunk_kda_bwd_intra``          vs ours ``intra_bwd``     (baseline 7.39 ms)
 
-run side by side (``triton.testing.do_bench`` medians). ``wyi``: our two stages fused in one
-kernel (``wy_intra_bwd``) against them in two launches; ``ianc``: our intra stage with its
-diagonal blocks by one anchor where the gate allows, against the bit levels; ``fwdi``: the forward's intra stage
-(``chunk_fwd_intra``) against fla's ``chunk_kda_fwd_intra``. fla is autotuned once (its wy autotune
+run side by side (``triton.testing.do_bench`` medians). ``ianc``: our intra stage with its
+diagonal blocks by one anchor where the gate allows, against the bit levels; ``l2norm``: the
+intra stage with the l2norm backward in its epilogue against it followed by fla's
+``l2norm_bwd``. fla is autotuned once (its wy autotune
 alone took 67 s on the H200); ours is never autotuned here: every configuration of every
-is forced and timed (``wy_bwd.bench_configs()``, ``intra_bwd.configs()``), and each is checked against fla's
+is forced and timed (``wy_bwd.CONFIGS + CANDIDATES``, ``intra_bwd.CONFIGS``), and each is checked against fla's
 outputs (relative RMS error; the intra stage's own contribution, outputs minus the wy inputs).
 A configuration with non-finite outputs or an error above 2e-2 is flagged BAD and is never
 the best. Prints as it goes; the JSON at argv[1] is rewritten after each stage.
@@ -115,94 +115,10 @@ def build_inputs(B, T, H, HV, K, V, gates="model"):
     return wy_in, dAqk
 
 
-def bench_fwd_intra(a) -> dict:
-    """The forward's intra stage: fla's whole ``chunk_kda_fwd_intra`` (scores, solve and its
-    closing recompute_w_u_fwd) vs ours ``chunk_fwd_intra``, and fla's scores alone vs ours
-    ``intra_fwd``, every configuration of ours forced and checked against fla's outputs."""
-    from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra
-
-    from kernel_fun.kda._kernels import intra_fwd as m
-
-    q, k, v, beta, gk, scale = production_inputs(a.B, a.T, a.H, a.HV, a.K, a.V, a.gates)
-    args = dict(q=q, k=k, v=v, gk=gk, beta=beta, scale=scale, chunk_size=64)
-
-    def fla_all():
-        return chunk_kda_fwd_intra(**args)
-
-    t = time.time()
-    w, u, _, kg, Aqk, Akk = fla_all()
-    torch.cuda.synchronize()
-    log(f"fla fwd intra ready (autotuned) in {time.time() - t:.1f}s")
-    out = {"fla_ms": bench(fla_all)}
-    log(f"fla  chunk_kda_fwd_intra {out['fla_ms']:.3f} ms")
-    names = ("w", "u", "kg", "Aqk", "Akk")
-    # fla leaves Aqk above the diagonal unwritten (torch.empty): compare the lower triangles
-    r_in_chunk = torch.arange(a.T, device=q.device) % 64
-    tril = (torch.arange(64, device=q.device)[None, :] <= r_in_chunk[:, None])[None, :, None, :]
-    Aqk = Aqk.masked_fill(~tril, 0)
-
-    def check_all(res):
-        got = (res[0], res[1], res[3], res[4].masked_fill(~tril, 0), res[5])
-        return {n: rel(o, r) for n, o, r in zip(names, got, (w, u, kg, Aqk, Akk))}
-
-    log("  ours chunk_fwd_intra, every configuration forced:")
-    out["per_config"] = per_config(m.configs(), lambda c: m.chunk_fwd_intra(**args, config=c), check_all, "fwdi")
-    out["best_config"], out["ours_ms"] = best_of(out["per_config"])
-    out["speedup"] = out["fla_ms"] / out["ours_ms"]
-    log(f"ours fwd intra best {out['best_config']}: {out['ours_ms']:.3f} ms ({out['speedup']:.2f}x)")
-    log("  ours intra_fwd (scores only), every configuration forced:")
-    out["scores_per_config"] = per_config(
-        m.configs(), lambda c: m.intra_fwd(q, k, gk, beta, scale, config=c),
-        lambda res: {"Aqk": rel(res[0].masked_fill(~tril, 0), Aqk), "Akk": rel(res[1], Akk)}, "ifwd")
-    # other precisions (autotuned): inside the sub-chunks in plain tf32 (as across them); and
-    # the inverse's 16x16 products on the tensor cores instead of the FMA units. A large change
-    # with the solve's precision says where the time goes.
-    for name, kw in (("diag_tf32", dict(diag_precision="tf32")),
-                     ("diag_tf32_solve_tf32x3", dict(diag_precision="tf32", solve_precision="tf32x3")),
-                     ("diag_tf32_solve_tf32", dict(diag_precision="tf32", solve_precision="tf32"))):
-        run = lambda: m.chunk_fwd_intra(**args, **kw)  # noqa: E731
-        try:
-            errs = check_all(run())
-            out[name] = {"ms": round(bench(run), 4), "err_vs_fla": {n: float(f"{e:.3g}") for n, e in errs.items()}}
-        except Exception as e:  # a precision that does not compile is reported, not fatal
-            out[name] = {"error": f"{type(e).__name__}: {str(e)[:160]}"}
-        log(f"  ours chunk_fwd_intra {name} (autotuned): {out[name]}")
-    return out
-
-
-def bench_wy_intra(wy_in, dAqk) -> dict:
-    """Our WY and intra stages in one kernel (``wy_intra_bwd``, every configuration forced)
-    against the two run one after the other (each autotuned), on the same inputs; errors of
-    the fused outputs against the sequential ones."""
-    from kernel_fun.kda._kernels import intra_bwd as intra_mod
-    from kernel_fun.kda._kernels import wy_bwd as wy_mod
-    from kernel_fun.kda._kernels import wy_intra_bwd as m
-
-    args = {k: v for k, v in wy_in.items() if k != "chunk_offsets"}
-
-    def seq():
-        dq, dk, dv, db, dg, dAkk = wy_mod.wy_dqkg_bwd(**wy_in)
-        o = intra_mod.intra_bwd(q=wy_in["q"], k=wy_in["k"], g=wy_in["g"], beta=wy_in["beta"], dAqk=dAqk,
-                                dAkk=dAkk, dq=dq, dk=dk, db=db, dg=dg, chunk_size=64)
-        return o[0], o[1], dv, o[2], o[3]
-
-    want = seq()
-    out = {"sequential_ms": bench(seq)}
-    log(f"ours wy + intra, two launches: {out['sequential_ms']:.3f} ms")
-    names = ("dq", "dk", "dv", "db", "dg")
-    out["per_config"] = per_config(m.configs(), lambda c: m.wy_intra_bwd(**args, dAqk=dAqk, config=c),
-                                   lambda res: {n: rel(o, w) for n, o, w in zip(names, res, want)}, "wyi")
-    out["best_config"], out["fused_ms"] = best_of(out["per_config"])
-    out["saved_ms"] = out["sequential_ms"] - out["fused_ms"]
-    log(f"ours wy + intra fused, best {out['best_config']}: {out['fused_ms']:.3f} ms "
-        f"(saves {out['saved_ms']:.3f} ms)")
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--only", default="wy,intra,l2norm", help="comma list: wy, intra, l2norm, fwdi, wyi, ianc")
+    ap.add_argument("--only", default="wy,intra,l2norm", help="comma list: wy, intra, l2norm, ianc")
     for n, d in dict(B=8, T=8192, H=16, HV=16, K=128, V=256).items():
         ap.add_argument(f"--{n}", type=int, default=d)
     ap.add_argument("--gates", default="model", choices=["model", "bench"],
@@ -229,11 +145,6 @@ def main() -> None:
         "shape": dict(B=a.B, T=a.T, H=a.H, HV=a.HV, K=a.K, V=a.V, dtype="bfloat16", gates=a.gates),
         "baseline_ms": {"fla_intra_h200_2026_11_30": 7.39, "fla_wy_h200_2026_11_30": 6.31},
     }
-    if "fwdi" in a.only:
-        rec["fwd_intra"] = bench_fwd_intra(a)
-        dump(rec, a.out)
-        if a.only == ["fwdi"]:
-            return
     wy_in, dAqk = build_inputs(a.B, a.T, a.H, a.HV, a.K, a.V, a.gates)
 
     # ---------------- wy ----------------
@@ -253,7 +164,7 @@ def main() -> None:
         # every configuration forced (no autotune): the production set, then the candidates
         log("  ours wy, every configuration forced:")
         names = ("dq", "dk", "dv", "db", "dg", "dA")
-        wy["per_config"] = per_config(wy_mod.bench_configs(), lambda c: ours_wy(config=c),
+        wy["per_config"] = per_config(wy_mod.CONFIGS + wy_mod.CANDIDATES, lambda c: ours_wy(config=c),
                                       lambda res: {n: rel(o, r) for n, o, r in zip(names, res, ref_wy)}, "wy")
         wy["best_config"], wy["ours_ms"] = best_of(wy["per_config"])
         wy["speedup"] = wy["fla_ms"] / wy["ours_ms"]
@@ -291,7 +202,7 @@ def main() -> None:
             return {n: rel(o - x, r) for n, o, x, r in zip(names, res, base, ref_part)}
 
         log("  ours intra, every configuration forced (errors: intra part vs fla's):")
-        intra["per_config"] = per_config(intra_mod.configs(), lambda c: ours_intra(config=c), check, "intra")
+        intra["per_config"] = per_config(intra_mod.CONFIGS, lambda c: ours_intra(config=c), check, "intra")
         intra["best_config"], intra["ours_ms"] = best_of(intra["per_config"])
         intra["speedup"] = intra["fla_ms"] / intra["ours_ms"]
         intra["ours_tbps"] = nbytes / intra["ours_ms"] / 1e9
@@ -316,7 +227,7 @@ def main() -> None:
         ianc["saved_ms"] = ianc["levels_ms"] - min(ianc["anchor_ms"], ianc["anchor_monotone_ms"])
         log(f"ours intra, one anchor where the gate allows: {ianc}")
         # the stage as the chain ships it (l2norm backward fused, one anchor, gate_monotone),
-        # every whole-K configuration forced, the candidates included (intra_bwd.bench_configs);
+        # every whole-K configuration forced, the candidates included (intra_bwd.CANDIDATES);
         # errors against the autotuned shipped setting
         gen = torch.Generator(device="cuda").manual_seed(2)
         nq = intra_in["q"].numel() // intra_in["q"].shape[-1]
@@ -325,7 +236,7 @@ def main() -> None:
         shipped = dict(fast_range=FAST_RANGE, gate_monotone=True, l2norm_rstd=(rq, rk), out_dtype=intra_in["q"].dtype)
         want = ours_intra(**shipped)
         torch.cuda.synchronize()
-        whole_k = [c for c in intra_mod.bench_configs() if c.kwargs["BK"] >= intra_in["q"].shape[-1]]
+        whole_k = [c for c in intra_mod.CONFIGS + intra_mod.CANDIDATES if c.kwargs["BK"] >= intra_in["q"].shape[-1]]
         log("  ours intra as shipped (l2norm fused, one anchor, monotone), every whole-K configuration:")
         ianc["shipped_autotuned_ms"] = bench(lambda: ours_intra(**shipped))
         ianc["shipped_per_config"] = per_config(
@@ -335,10 +246,6 @@ def main() -> None:
         log(f"ours intra as shipped: autotuned {ianc['shipped_autotuned_ms']:.3f} ms, best forced "
             f"{ianc['shipped_best_config']} {ianc['shipped_best_ms']:.3f} ms")
         rec["intra_one_anchor"] = ianc
-        dump(rec, a.out)
-
-    if "wyi" in a.only:
-        rec["wy_intra_fused"] = bench_wy_intra(wy_in, dAqk)
         dump(rec, a.out)
 
     if "l2norm" in a.only:
@@ -359,15 +266,6 @@ def main() -> None:
         def fused():
             return ours_intra(l2norm_rstd=(rq, rk), out_dtype=intra_in["q"].dtype)
 
-        from fla.ops.utils.cumsum import chunk_local_cumsum
-
-        def unfused_both():
-            dq_, dk_, db_, dg_ = unfused()
-            return dq_, dk_, db_, chunk_local_cumsum(g=dg_, chunk_size=64, reverse=True)
-
-        def fused_both():
-            return ours_intra(l2norm_rstd=(rq, rk), out_dtype=intra_in["q"].dtype, dg_reverse_cumsum=True)
-
         want, got = unfused(), fused()
         torch.cuda.synchronize()
         errs = {n: rel(o.float(), w.float()) for n, o, w in zip(("dq", "dk", "db", "dg"), got, want)}
@@ -375,36 +273,6 @@ def main() -> None:
         fl["saved_ms"] = fl["unfused_ms"] - fl["fused_ms"]
         log(f"intra + fla l2norm_bwd x2 {fl['unfused_ms']:.3f} ms; fused {fl['fused_ms']:.3f} ms "
             f"(saves {fl['saved_ms']:.3f}); errors " + " ".join(f"{n} {e:.1e}" for n, e in errs.items()))
-        want, got = unfused_both(), fused_both()
-        torch.cuda.synchronize()
-        errs = {n: rel(o.float(), w.float()) for n, o, w in zip(("dq", "dk", "db", "dg"), got, want)}
-        fl.update(unfused_both_ms=bench(unfused_both), fused_both_ms=bench(fused_both), err_both=errs)
-        fl["saved_both_ms"] = fl["unfused_both_ms"] - fl["fused_both_ms"]
-        log(f"... + fla reverse cumsum of dg {fl['unfused_both_ms']:.3f} ms; both fused {fl['fused_both_ms']:.3f} ms "
-            f"(saves {fl['saved_both_ms']:.3f}); errors " + " ".join(f"{n} {e:.1e}" for n, e in errs.items()))
-        from fla.ops.kda.gate import kda_gate_bwd
-
-        HV, K = intra_in["g"].shape[2], intra_in["g"].shape[3]
-        g_raw = torch.randn(intra_in["g"].shape, device="cuda", generator=gen).to(intra_in["q"].dtype)
-        A_log = torch.rand(HV, device="cuda", generator=gen)
-        dt_bias = torch.randn(HV * K, device="cuda", generator=gen) * 0.1
-
-        def unfused_all():
-            dq_, dk_, db_, dg_ = unfused_both()
-            dg_, dA_, dbias_ = kda_gate_bwd(g=g_raw, A_log=A_log, dt_bias=dt_bias, dyg=dg_)
-            return dq_, dk_, db_, dg_, dA_, dbias_
-
-        def fused_all():
-            return ours_intra(l2norm_rstd=(rq, rk), out_dtype=intra_in["q"].dtype, dg_reverse_cumsum=True,
-                              gate_bwd=(g_raw, A_log, dt_bias))
-
-        want, got = unfused_all(), fused_all()
-        torch.cuda.synchronize()
-        errs = {n: rel(o.float(), w.float()) for n, o, w in zip(("dq", "dk", "db", "dg", "dA_log", "ddt_bias"), got, want)}
-        fl.update(unfused_all_ms=bench(unfused_all), fused_all_ms=bench(fused_all), err_all=errs)
-        fl["saved_all_ms"] = fl["unfused_all_ms"] - fl["fused_all_ms"]
-        log(f"... + fla kda_gate_bwd {fl['unfused_all_ms']:.3f} ms; all three fused {fl['fused_all_ms']:.3f} ms "
-            f"(saves {fl['saved_all_ms']:.3f}); errors " + " ".join(f"{n} {e:.1e}" for n, e in errs.items()))
         rec["l2norm_fused"] = fl
 
     rec["total_s"] = round(time.time() - T0, 1)

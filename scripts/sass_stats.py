@@ -2,7 +2,7 @@
 """Compile our Triton kernels ahead of time for sm_90a on a machine without a GPU.
 
     python scripts/sass_stats.py intra_bwd            # registers, spills, shared memory, static
-    python scripts/sass_stats.py wy_bwd | wy_intra_bwd | state_scan_fwd | state_scan_bwd | intra_fwd | score_grad | gate_bwd | cconv
+    python scripts/sass_stats.py wy_bwd | state_scan_fwd | state_scan_bwd | score_grad | gate_bwd | cconv
     python scripts/sass_stats.py all --frontend       # every config of every kernel, every flag
                                                       # combination, lowered to Triton IR only
 
@@ -105,32 +105,28 @@ def _cfg_label(c) -> str:
 def intra_bwd(full):
     from kernel_fun.kda._kernels import intra_bwd as m
 
-    ptr = {n: "*bf16" for n in ("q", "k", "beta", "dq_out", "dk_out", "g_raw")}
+    ptr = {n: "*bf16" for n in ("q", "k", "beta", "dq_out", "dk_out")}
     ptr.update(cu_seqlens="*i64", chunk_indices="*i64")
-    fusions = [("plain", ()), ("+l2norm", ("L2NORM_BWD",)), ("+l2norm+cumsum", ("L2NORM_BWD", "DG_CUMSUM")),
-               ("+l2norm+cumsum+gate", ("L2NORM_BWD", "DG_CUMSUM", "GATE_BWD", "HAS_DT_BIAS")),
+    fusions = [("plain", ()), ("+l2norm", ("L2NORM_BWD",)),
                ("+l2norm+anchor", ("L2NORM_BWD", "ANCHOR")),
                ("+l2norm+anchor+monotone", ("L2NORM_BWD", "ANCHOR", "GATE_MONOTONE"))]
     if not full:  # the measured best at K=128: BK=128 on 4 warps, one stage
         base = dict(H=16, HV=16, K=128, BT=64, BK=128, HOIST_S=False, IS_VARLEN=False, DOT_PRECISION="tf32")
         for name, flags in fusions:
-            c = dict(base, L2NORM_BWD=False, DG_CUMSUM=False, GATE_BWD=False, HAS_DT_BIAS=False, FAST_RANGE=-1.0,
-                     GATE_MONOTONE=False)
+            c = dict(base, L2NORM_BWD=False, FAST_RANGE=-1.0, GATE_MONOTONE=False)
             c.update({f: True for f in flags if f != "ANCHOR"})
             if "ANCHOR" in flags:
                 c["FAST_RANGE"] = m.FAST_RANGE
             yield f"intra_bwd {name}", m._intra_bwd_kernel.fn, ptr, c, triton.Config({}, num_warps=4, num_stages=1)
-            if "GATE_MONOTONE" in flags:  # as shipped: also the 8-warp candidate (bench_configs)
+            if "GATE_MONOTONE" in flags:  # as shipped: also the 8-warp candidate (CANDIDATES)
                 yield f"intra_bwd {name} w8", m._intra_bwd_kernel.fn, ptr, c, triton.Config({}, num_warps=8, num_stages=1)
         return
-    fusions += [("+cumsum", ("DG_CUMSUM",)), ("+cumsum+gate", ("DG_CUMSUM", "GATE_BWD")),
-                ("+cumsum+gate+dt_bias", ("DG_CUMSUM", "GATE_BWD", "HAS_DT_BIAS")), ("+anchor", ("ANCHOR",))]
-    for cfg, varlen, (name, flags) in itertools.product(m.bench_configs(), (False, True), fusions):
-        if set(flags) - {"ANCHOR"} and cfg.kwargs["BK"] < 128:
+    fusions += [("+anchor", ("ANCHOR",)), ("+anchor+monotone", ("ANCHOR", "GATE_MONOTONE"))]
+    for cfg, varlen, (name, flags) in itertools.product(m.CONFIGS + m.CANDIDATES, (False, True), fusions):
+        if "L2NORM_BWD" in flags and cfg.kwargs["BK"] < 128:
             continue  # the fused epilogues take only whole-K blocks (the launcher prunes the rest)
         c = dict(H=16, HV=16, K=128, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", L2NORM_BWD=False,
-                 DG_CUMSUM=False, GATE_BWD=False, HAS_DT_BIAS=False, FAST_RANGE=-1.0, GATE_MONOTONE=False,
-                 **cfg.kwargs)
+                 FAST_RANGE=-1.0, GATE_MONOTONE=False, **cfg.kwargs)
         c.update({f: True for f in flags if f != "ANCHOR"})
         if "ANCHOR" in flags:
             c["FAST_RANGE"] = m.FAST_RANGE
@@ -142,35 +138,26 @@ def wy_bwd(full):
 
     ptr = {n: "*bf16" for n in ("q", "k", "v", "v_new", "beta", "A", "h", "do", "dh", "dv", "dv2")}
     ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
-    for cfg, varlen, sg in itertools.product(m.bench_configs() if full else m.configs(),
-                                             (False, True) if full else (False,), (False, True)):
-        c = dict(H=16, HV=16, K=128, V=256, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", SCORE_GRAD=sg,
-                 **cfg.kwargs)
-        yield f"wy_bwd varlen={varlen} score_grad={sg} {_cfg_label(cfg)}", m._wy_bwd_kernel.fn, ptr, c, cfg
+    for cfg, varlen in itertools.product(m.CONFIGS + m.CANDIDATES if full else m.CONFIGS, (False, True) if full else (False,)):
+        c = dict(H=16, HV=16, K=128, V=256, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", **cfg.kwargs)
+        yield f"wy_bwd varlen={varlen} {_cfg_label(cfg)}", m._wy_bwd_kernel.fn, ptr, c, cfg
 
 
 def state_scan_fwd(full):
     from kernel_fun._delta._kernels import state_scan_fwd as m
 
-    ptr = {n: "*bf16" for n in ("q", "k", "w", "u", "o", "Aqk", "h", "v_new", "beta")}
+    ptr = {n: "*bf16" for n in ("q", "k", "w", "u", "o", "Aqk", "h", "v_new")}
     ptr.update(cu_seqlens="*i64", chunk_offsets="*i64", scale="fp32", T_total="i32", N="i32")
     base = dict(HQ=16, HK=16, HV=16, K=128, V=256, BT=64, BK=64, GATE=2, Q_GATED=True, HAS_AQK=True,
                 USE_H0=False, STORE_HT=False, SAVE_H=False, SAVE_V_NEW=False, STATE_V_FIRST=False,
-                IS_VARLEN=False, DOT_PRECISION="tf32", WY=False)
-    wy = dict(WY=True, Q_GATED=False)
+                IS_VARLEN=False, DOT_PRECISION="tf32")
     if not full:
-        for cfg in m.PRODUCTION_CONFIGS:
+        for cfg in m.CONFIGS:
             yield f"state_scan_fwd {m.config_name(cfg)}", m.state_scan_fwd_kernel, ptr, dict(base, **cfg.kwargs), cfg
-        for cfg in m.WY_CONFIGS:
-            yield (f"state_scan_fwd WY {m.config_name(cfg)}", m.state_scan_fwd_kernel, ptr,
-                   dict(base, **wy, **cfg.kwargs), cfg)
         return
     variants = [dict(), dict(GATE=1, Q_GATED=False), dict(GATE=0, Q_GATED=False), dict(Q_GATED=False),
-                dict(USE_H0=True, STORE_HT=True, IS_VARLEN=True), dict(SAVE_H=True, SAVE_V_NEW=True, HAS_AQK=False),
-                wy, dict(wy, USE_H0=True, STORE_HT=True, IS_VARLEN=True)]
-    for cfg, v in itertools.product(m.CONFIGS, variants):
-        if v.get("WY") and not cfg.kwargs["VK"]:
-            continue  # the launcher refuses it (value-major only)
+                dict(USE_H0=True, STORE_HT=True, IS_VARLEN=True), dict(SAVE_H=True, SAVE_V_NEW=True, HAS_AQK=False)]
+    for cfg, v in itertools.product(m.CONFIGS + m.CANDIDATES, variants):
         c = dict(base, **v, **cfg.kwargs)
         name = ",".join(f"{k}={x}" for k, x in v.items()) or "kda"
         yield f"state_scan_fwd {name} {m.config_name(cfg)}", m.state_scan_fwd_kernel, ptr, c, cfg
@@ -182,7 +169,7 @@ def state_scan_bwd(full):
     ptr = {n: "*bf16" for n in ("q", "k", "w", "do", "dv", "A", "dh", "dv2")}
     ptr.update(cu_seqlens="*i64", chunk_offsets="*i64", scale="fp32")
     gates = (0, 1, 2) if full else (2,)
-    for cfg, gate, varlen, dva in itertools.product(m.BENCH_CONFIGS if full else m.CONFIGS, gates, (False, True) if full else (False,),
+    for cfg, gate, varlen, dva in itertools.product(m.CONFIGS + m.CANDIDATES if full else m.CONFIGS, gates, (False, True) if full else (False,),
                                                     (False, True)):
         if dva and gate != 2:
             continue  # dv from A: KDA's chain only
@@ -193,10 +180,10 @@ def state_scan_bwd(full):
 
 
 def score_grad(full):
-    from kernel_fun.kda._kernels import score_grad as m
+    from kernel_fun._delta._kernels import score_grad as m
 
     ptr = {"v": "*bf16", "do": "*bf16", "cu_seqlens": "*i64", "chunk_indices": "*i64", "scale": "fp32"}
-    for cfg, varlen in itertools.product(m.configs(), (False, True) if full else (False,)):
+    for cfg, varlen in itertools.product(m.CONFIGS, (False, True) if full else (False,)):
         c = dict(HV=16, V=256, BT=64, IS_VARLEN=varlen, **cfg.kwargs)
         yield f"score_grad varlen={varlen} {_cfg_label(cfg)}", m._score_grad_kernel.fn, ptr, c, cfg
 
@@ -205,7 +192,7 @@ def gate_bwd(full):
     from kernel_fun.kda._kernels import gate_bwd as m
 
     ptr = {"g_raw": "*bf16", "cu_seqlens": "*i64", "chunk_indices": "*i64"}
-    for cfg, varlen, gate in itertools.product(m.configs(), (False, True) if full else (False,),
+    for cfg, varlen, gate in itertools.product(m.CONFIGS, (False, True) if full else (False,),
                                                ((True, True), (True, False), (False, False)) if full else ((True, True),)):
         c = dict(HV=16, K=128, BT=64, IS_VARLEN=varlen, GATE=gate[0], HAS_DT_BIAS=gate[1], **cfg.kwargs)
         yield f"gate_bwd varlen={varlen} GATE/HAS_DT_BIAS={gate} {_cfg_label(cfg)}", m._gate_bwd_kernel.fn, ptr, c, cfg
@@ -260,45 +247,7 @@ def cconv(full):
                    dict(W=4, HAS_BIAS=has_bias, BP=64, BM=128), triton.Config({}, num_warps=4))
 
 
-def intra_fwd(full):
-    from kernel_fun.kda._kernels import intra_fwd as m
-
-    ptr = {n: "*bf16" for n in ("q", "k", "beta", "Aqk", "Akk", "v", "w", "u", "qg", "kg")}
-    ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
-    wys = [dict(WY=False), dict(WY=True, STORE_QG=True, V=256, BV=64)]
-    if full:
-        wys.append(dict(WY=True, STORE_QG=False, V=96, BV=64))
-        wys.append(dict(WY=True, STORE_QG=False, V=256, BV=64, SOLVE_PRECISION="tf32x3"))
-    for cfg, varlen, K, wy in itertools.product(m.configs() if full else m.configs()[:2],
-                                                 (False, True) if full else (False,), (128, 64) if full else (128,), wys):
-        c = dict(H=16, HV=16, K=K, BT=64, BK=K, IS_VARLEN=varlen, DOT_PRECISION="tf32", DIAG_PRECISION="tf32x3",
-                 SOLVE_PRECISION="ieee", FAST_RANGE=m.FAST_RANGE, **cfg.kwargs)
-        c.update(wy)
-        yield f"intra_fwd K={K} varlen={varlen} {wy} {_cfg_label(cfg)}", m._intra_fwd_kernel.fn, ptr, c, cfg
-
-
-def wy_intra_bwd(full):
-    from kernel_fun.kda._kernels import wy_intra_bwd as m
-    from kernel_fun.kda._kernels.intra_bwd import FAST_RANGE
-
-    ptr = {n: "*bf16" for n in ("q", "k", "v", "v_new", "beta", "A", "h", "do", "dh", "dv", "dv2",
-                                "q_i", "k_i", "beta_i", "dq_out", "dk_out", "g_raw")}
-    ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
-    flag_sets = [dict(L2NORM_BWD=True)]
-    if full:
-        flag_sets += [dict(), dict(L2NORM_BWD=True, DG_CUMSUM=True, GATE_BWD=True, HAS_DT_BIAS=True),
-                      dict(L2NORM_BWD=True, FAST_RANGE=FAST_RANGE)]
-    for cfg, varlen, flags in itertools.product(m.configs() if full else m.configs()[:3:2],
-                                                (False, True) if full else (False,), flag_sets):
-        if flags and cfg.kwargs["IBK"] < 128:
-            continue  # the fused epilogues take only whole-K intra blocks (the launcher prunes the rest)
-        c = dict(H=16, HV=16, K=128, V=256, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", L2NORM_BWD=False,
-                 DG_CUMSUM=False, GATE_BWD=False, HAS_DT_BIAS=False, FAST_RANGE=-1.0, **cfg.kwargs)
-        c.update(flags)
-        yield f"wy_intra_bwd {flags} varlen={varlen} {_cfg_label(cfg)}", m._wy_intra_bwd_kernel.fn, ptr, c, cfg
-
-
-KERNELS = {"intra_fwd": intra_fwd, "wy_intra_bwd": wy_intra_bwd, "intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,
+KERNELS = {"intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,
            "state_scan_bwd": state_scan_bwd, "score_grad": score_grad, "gate_bwd": gate_bwd, "cconv": cconv}
 
 

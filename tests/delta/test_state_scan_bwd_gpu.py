@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from kernel_fun._common.numerics import rel_rms
 from kernel_fun._common.witness import launches
 from kernel_fun._delta import reference as ref
-from kernel_fun._delta._kernels.state_scan_bwd import BENCH_CONFIGS, config_name, state_scan_bwd
+from kernel_fun._delta._kernels.state_scan_bwd import CANDIDATES, CONFIGS, config_name, state_scan_bwd
 
 pytestmark = pytest.mark.gpu
 
@@ -88,17 +88,17 @@ def test_against_fla_and_reference(name):
     _check(c, ours)
 
 
-@pytest.mark.parametrize("config", BENCH_CONFIGS, ids=config_name)
+@pytest.mark.parametrize("config", CONFIGS + CANDIDATES, ids=config_name)
 @pytest.mark.parametrize("name", ["kda", "kda_varlen"])
 def test_every_config(name, config):
     c = _case(cu_seqlens=CU if name.endswith("varlen") else None)
     _check(c, state_scan_bwd(**_args(c), config=config))
 
 
-@pytest.mark.parametrize("config", [None] + BENCH_CONFIGS, ids=lambda c: "autotuned" if c is None else config_name(c))
+@pytest.mark.parametrize("config", [None] + CONFIGS + CANDIDATES, ids=lambda c: "autotuned" if c is None else config_name(c))
 @pytest.mark.parametrize("name", ["kda", "kda_varlen"])
 def test_dv_from_A_against_fla_dAv_and_dhu(name, config):
-    """kda.chain.FUSE_DV_DHU: our score gradient (kda/_kernels/score_grad.py) against the dA of
+    """As the KDA chain runs it: our score gradient (_delta/_kernels/score_grad.py) against the dA of
     fla's chunk_kda_bwd_dAv, and our scan with ``A=Aqk`` (dv = Aqk^T do made inside) against
     fla's dhu fed that stage's dv, and against the fp64 reference (dv not rounded to bf16 in
     ours: 5e-3 from fla)."""
@@ -106,7 +106,7 @@ def test_dv_from_A_against_fla_dAv_and_dhu(name, config):
     from fla.ops.kda.chunk_bwd import chunk_kda_bwd_dAv
     from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra
 
-    from kernel_fun.kda._kernels.score_grad import score_grad_bwd
+    from kernel_fun._delta._kernels.score_grad import score_grad_bwd
     from kernel_fun.kda.reference_stages import dAv_reference
 
     c = _case(cu_seqlens=CU if name.endswith("varlen") else None, seed=2)
@@ -120,9 +120,9 @@ def test_dv_from_A_against_fla_dAv_and_dhu(name, config):
                                      cu_seqlens=c["cu_seqlens"], chunk_size=BT, chunk_indices=c["chunk_indices"])
     dA_fla, dv_fla = chunk_kda_bwd_dAv(q=q, k=k, v=v_new, do=c["do"], A=Aqk, scale=c["scale"],
                                        cu_seqlens=c["cu_seqlens"], chunk_size=BT, chunk_indices=c["chunk_indices"])
-    from kernel_fun.kda._kernels.score_grad import configs as sg_configs
+    from kernel_fun._delta._kernels.score_grad import CANDIDATES as sg_candidates, CONFIGS as sg_configs
 
-    for sg in [None] + sg_configs():
+    for sg in [None] + sg_configs + sg_candidates:
         dA = score_grad_bwd(v_new, c["do"], c["scale"], cu_seqlens=c["cu_seqlens"], chunk_size=BT,
                             chunk_indices=c["chunk_indices"], config=sg)
         assert torch.isfinite(dA).all() and rel_rms(dA, dA_fla) < 1e-3, (sg, rel_rms(dA, dA_fla))

@@ -14,7 +14,9 @@ import torch.nn.functional as F
 
 from kernel_fun._common.witness import launches
 from kernel_fun._delta import reference as ref
-from kernel_fun._delta._kernels.state_scan_fwd import CONFIGS, config_name, state_scan_fwd
+from kernel_fun._delta._kernels.state_scan_fwd import CANDIDATES, CONFIGS, config_name, state_scan_fwd
+
+ALL_CONFIGS = CONFIGS + CANDIDATES
 from kernel_fun._common.numerics import rel_rms
 
 pytestmark = pytest.mark.gpu
@@ -54,13 +56,12 @@ def _kda_case(B=2, T=1000, H=2, HV=4, K=128, V=256, cu_seqlens=None, decay=1.0, 
     g_raw = decay * F.logsigmoid(torch.randn(B, T, HV, K, device=dev))
     scale = K ** -0.5
     gk = chunk_local_cumsum(g_raw, chunk_size=BT, scale=RCP_LN2, cu_seqlens=cu, chunk_indices=ci)
-    w, u, _, kg, Aqk, Akk = chunk_kda_fwd_intra(q=q, k=k, v=v, gk=gk, beta=beta, scale=scale,
+    w, u, _, kg, Aqk, _ = chunk_kda_fwd_intra(q=q, k=k, v=v, gk=gk, beta=beta, scale=scale,
                                                cu_seqlens=cu, chunk_size=BT, chunk_indices=ci)
     N = B if cu is None else len(cu_seqlens) - 1
     h0 = torch.randn(N, HV, K, V, device=dev, dtype=torch.float32)
-    # wy: what the scan reads when it forms w, u, kg itself (state_scan_fwd's wy_inputs)
     return dict(q=q, k=kg, w=w, u=u, gk=gk, Aqk=Aqk, scale=scale, initial_state=h0,
-                cu_seqlens=cu, chunk_indices=ci, wy=dict(k=k, v=v, beta=beta, Akk=Akk))
+                cu_seqlens=cu, chunk_indices=ci)
 
 
 def _gdn_case(B=2, T=1000, H=2, HV=4, K=128, V=128, cu_seqlens=None, decay=1.0, seed=0):
@@ -151,7 +152,7 @@ CASES = {"kda": _kda_case, "gdn": _gdn_case}
 
 
 @pytest.mark.parametrize("kind", ["kda", "gdn"])
-@pytest.mark.parametrize("config", CONFIGS, ids=config_name)
+@pytest.mark.parametrize("config", ALL_CONFIGS, ids=config_name)
 def test_every_config(kind, config):
     """Each configuration once, varlen with grouped values, against fla and the reference."""
     c = CASES[kind](cu_seqlens=CU)
@@ -175,7 +176,7 @@ def test_head_shapes(i):
     """K in {64, 128}, V in {64, 128, 256}; each with a different forced configuration (one
     compile per shape instead of a whole autotune)."""
     kind, K, V = SHAPES[i]
-    fitting = [cf for cf in CONFIGS if cf.kwargs["BV"] <= V]
+    fitting = [cf for cf in ALL_CONFIGS if cf.kwargs["BV"] <= V]
     c = CASES[kind](K=K, V=V)
     _compare(c, _ours(c, save_h=True, save_v_new=True, config=fitting[(3 * i + 1) % len(fitting)]))
 
@@ -218,28 +219,3 @@ def test_profiler_witness():
     names = [e.key for e in prof.key_averages()]
     assert any("state_scan_fwd_kernel" in n for n in names), names
     assert not any("chunk_gated_delta_rule_fwd_kernel_h" in n or "chunk_gla_fwd_kernel_o" in n for n in names)
-
-
-def _ours_wy(c, **kw):
-    x = c["wy"]
-    return state_scan_fwd(
-        c["q"], x["k"], None, None, gk=c["gk"], Aqk=c["Aqk"], scale=c["scale"],
-        initial_state=c["initial_state"], output_final_state=True, cu_seqlens=c["cu_seqlens"],
-        chunk_indices=c["chunk_indices"], chunk_size=BT, wy_inputs=(x["v"], x["beta"], x["Akk"]), **kw)
-
-
-@pytest.mark.parametrize("config", [None] + [c for c in CONFIGS if c.kwargs["VK"]],
-                         ids=["autotuned"] + [config_name(c) for c in CONFIGS if c.kwargs["VK"]])
-def test_wy_formed_in_the_scan(config):
-    """w, u, kg formed per chunk in the scan (wy_inputs) against fla's fwd_h + fwd_o on fla's
-    own w, u, kg: every value-major configuration forced (varlen, grouped values, a 7-token
-    document, padding), and the autotuned pick."""
-    c = _kda_case(cu_seqlens=CU)
-    o, ht, h, vn = _ours_wy(c, config=config)
-    assert h is None and vn is None
-    _compare(c, (o, ht, None, None), check_saved=False)
-
-
-def test_wy_formed_in_the_scan_fixed_length_strong_decay():
-    c = _kda_case(B=2, T=1000, H=4, HV=4, K=128, V=256, decay=8.0, seed=2)
-    _compare(c, _ours_wy(c)[:2] + (None, None), check_saved=False)

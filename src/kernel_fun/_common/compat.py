@@ -47,37 +47,16 @@ FLA_CALLS: tuple = (
     FlaCall("fla.ops.utils.index", "prepare_chunk_offsets", ("cu_seqlens", "chunk_size")),
     FlaCall("fla.ops.kda.gate", "kda_gate_chunk_cumsum", (
         "g", "A_log", "dt_bias", "scale", "chunk_size", "cu_seqlens", "chunk_indices")),
-    FlaCall("fla.ops.kda.gate", "kda_gate_bwd", ("g", "A_log", "dt_bias", "dyg")),
     FlaCall("fla.ops.utils.cumsum", "chunk_local_cumsum", (
-        "g", "chunk_size", "reverse", "scale", "cu_seqlens", "chunk_indices")),
+        "g", "chunk_size", "scale", "cu_seqlens", "chunk_indices")),
     FlaCall("fla.ops.kda.chunk_intra", "chunk_kda_fwd_intra", (
         "q", "k", "v", "gk", "beta", "scale", "cu_seqlens", "chunk_size", "chunk_indices",
         "disable_recompute")),
-    # chunk_kda_fwd_intra's two score stages without its closing recompute_w_u_fwd (the chain's
-    # forward with chain.FUSE_WY_FWD forms w, u, kg inside our scan instead).
-    FlaCall("fla.ops.kda.chunk_intra_token_parallel", "chunk_kda_fwd_intra_token_parallel", (
-        "q", "k", "gk", "beta", "Aqk", "Akk", "scale", "cu_seqlens", "chunk_size", "sub_chunk_size")),
-    FlaCall("fla.ops.kda.chunk_intra", "chunk_kda_fwd_kernel_inter_solve_fused", kernel_args=(
-        "q", "k", "g", "beta", "Aqk", "Akkd", "Akk", "scale", "cu_seqlens", "chunk_indices", "T", "H", "HV",
-        "K", "BT", "BC", "NC", "BK", "IS_VARLEN", "USE_SAFE_GATE", "USE_GRAPH")),
-    FlaCall("fla.ops.kda.chunk_intra", "chunk_kda_bwd_intra", (
-        "q", "k", "g", "beta", "dAqk", "dAkk", "dq", "dk", "db", "dg", "cu_seqlens",
-        "chunk_indices", "chunk_size")),
     FlaCall("fla.ops.kda.wy_fast", "recompute_w_u_fwd", (
         "q", "k", "v", "beta", "A", "gk", "cu_seqlens", "chunk_indices")),
     FlaCall("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_fwd_h", (
-        "k", "w", "u", "gk", "initial_state", "output_final_state", "cu_seqlens", "cu_seqlens_cpu",
-        "chunk_indices", "chunk_offsets", "chunk_size")),
-    FlaCall("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_bwd_dhu", (
-        "q", "k", "w", "gk", "h0", "dht", "do", "dv", "scale", "cu_seqlens", "chunk_size",
-        "chunk_indices", "chunk_offsets")),
-    FlaCall("fla.ops.gla.chunk", "chunk_gla_fwd_o_gk", (
-        "q", "v", "g", "A", "h", "scale", "cu_seqlens", "chunk_size", "chunk_indices")),
-    FlaCall("fla.ops.kda.chunk_bwd", "chunk_kda_bwd_dAv", (
-        "q", "k", "v", "do", "A", "scale", "cu_seqlens", "chunk_size", "chunk_indices")),
-    FlaCall("fla.ops.kda.chunk_bwd", "chunk_kda_bwd_wy_dqkg_fused", (
-        "q", "k", "v", "v_new", "g", "beta", "A", "h", "do", "dh", "dv", "scale", "cu_seqlens",
-        "chunk_size", "chunk_indices", "chunk_offsets")),
+        "k", "w", "u", "gk", "initial_state", "output_final_state", "cu_seqlens", "chunk_indices",
+        "chunk_offsets", "chunk_size")),
     FlaCall("fla.modules.norm.l2norm", "l2norm_fwd", ("x",)),
     FlaCall("fla.modules.norm.l2norm", "l2norm_bwd", ("y", "rstd", "dy")),
     FlaCall("fla.ops.common.gate", "fused_beta_sigmoid_fwd", ("x", "scale")),

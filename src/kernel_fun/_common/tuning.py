@@ -1,4 +1,10 @@
-"""Autotune helpers shared by every family's kernels.
+"""Launch and autotune helpers shared by every family's kernels.
+
+The config convention: each kernel module lists ``CONFIGS`` (the shipped configurations: what
+the autotuner sees, each timed and checked on a GPU) and ``CANDIDATES`` (extra ones a bench or
+a GPU test may force with ``launch(..., config=c)``; a candidate joins ``CONFIGS`` only after
+both). Every output a launcher allocates goes through ``alloc``, so tests can poison outputs
+with NaN (``POISON_OUTPUTS``) and an element a kernel forgets to write fails.
 
 Under Triton's interpreter (``TRITON_INTERPRET=1``, read by ``triton.jit`` when a kernel
 module is imported) autotuning would run every configuration on the CPU for nothing, so
@@ -12,6 +18,37 @@ import os
 def interpreting() -> bool:
     """True when Triton kernels run through the interpreter (CPU tensors)."""
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+# Tests set this (monkeypatch) to make ``alloc`` fill with NaN.
+POISON_OUTPUTS = False
+
+
+def alloc(size, dtype=None, device=None):
+    """A kernel output: ``torch.empty``, or NaN-filled while ``POISON_OUTPUTS`` (tests)."""
+    import torch
+
+    if POISON_OUTPUTS:
+        return torch.full(size, float("nan"), dtype=dtype, device=device)
+    return torch.empty(size, dtype=dtype, device=device)
+
+
+def launch(kernel, grid, config, *args, **kwargs):
+    """Launch an autotuned kernel, or, with ``config`` (a ``triton.Config`` from its module's
+    ``CONFIGS`` or ``CANDIDATES``), the underlying jit function with exactly that
+    configuration (GPU tests check every configuration: Triton 3.4-3.7.0 miscompiles some dot
+    patterns on Hopper, per configuration)."""
+    if config is None:
+        return kernel[grid](*args, **kwargs)
+    return kernel.fn[grid](*args, **kwargs, **config.all_kwargs())
+
+
+def config_name(c) -> str:
+    """A short, stable name of a configuration for test ids and bench records:
+    ``BK64-HOIST_S0-w4-s1-r168``."""
+    parts = [f"{k}{int(v) if isinstance(v, bool) else v}" for k, v in c.kwargs.items()]
+    parts += [f"w{c.num_warps}", f"s{c.num_stages}"] + ([f"r{c.maxnreg}"] if getattr(c, "maxnreg", None) else [])
+    return "-".join(parts)
 
 
 def autotune_configs(configs: list) -> list:

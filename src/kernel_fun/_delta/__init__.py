@@ -12,4 +12,9 @@ kind; the families only classify calls and wire the stages together.
   recurrence) that the kernels are held to.
 - ``_kernels.state_scan_fwd``: the forward state scan that also produces ``o``.
 - ``_kernels.state_scan_bwd``: the backward state scan (state gradients and the full dv).
+- ``_kernels.score_grad``: the score gradient dAqk alone (with a precomputed Aqk: KDA).
+- ``chunking``: chunk metadata of packed documents (``cu_seqlens``), the grids, and what one
+  program of a chunk-parallel stage or of a scan owns.
+
+Configurations, the forced-config launcher and the NaN-poison allocation: ``_common/tuning.py``.
 """

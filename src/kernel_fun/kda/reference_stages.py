@@ -1,7 +1,7 @@
 """Plain-torch references of KDA's backward stages, written from the math.
 
 They are the oracles for ``kda/_kernels/intra_bwd.py``, ``kda/_kernels/wy_bwd.py``,
-``kda/_kernels/score_grad.py`` and ``kda/_kernels/gate_bwd.py`` and take the arguments of fla
+``_delta/_kernels/score_grad.py`` and ``kda/_kernels/gate_bwd.py`` and take the arguments of fla
 0.6.0's ``chunk_kda_bwd_intra``, ``chunk_kda_bwd_wy_dqkg_fused``, ``chunk_kda_bwd_dAv`` and
 ``chunk_local_cumsum`` + ``kda_gate_bwd``. Everything is computed in ``dtype`` (fp64 by default) and
 returned in that dtype; nothing here is fast.

@@ -15,7 +15,7 @@ to first:
 and ``dh0`` is the final ``dS``. With ``A=`` (KDA's Aqk) in place of dv, the intra-chunk
 ``dv = tril(A)^T do`` is made per chunk inside the scan (one more [BV, BT] x [BT, BT] product
 on the do tile it loads anyway) instead of being read: fla's ``chunk_kda_bwd_dAv`` writes that
-dv only for this stage to read it (``kda.chain.FUSE_DV_DHU``).
+dv only for this stage to read it (as the KDA chain runs it).
 
 Rounding follows fla's kernel: the state enters ``k dS`` in k's dtype, dv2 enters ``w^T dv2``
 in w's dtype; with the scalar gate the gated q and do enter their product in fp32 (as fla's
@@ -29,7 +29,7 @@ dot (the Triton 3.4-3.7.0 Hopper miscompile). The forward scan in this layout ra
 against fla's fwd_h + fwd_o 1.86 at B=8 (H200, 2026-11-30). fla's dhu is 2.98 ms at B=16; this
 stage 2.86 in the KDA chain (bench/records/raw/2026-11-30-h200-kda-prod_b16-anchor-dhu.json),
 and with dv made from A the chain's fwd+bwd 32.10 ms against 32.93 with fla's dhu and dAv
-(``kda.chain.FUSE_DV_DHU``, shipped in ``kda.chain.STAGES``).
+(shipped in the KDA chain).
 """
 from __future__ import annotations
 
@@ -37,11 +37,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch
 from kernel_fun._common.witness import record_launch
 
-from .state_scan_fwd import (GATE_CHANNEL, GATE_NONE, GATE_SCALAR, _chunk_offsets, _prune, launch_scan,
-                             scan_program)
+from kernel_fun._delta.chunking import check_varlen_batch, scan_grid, scan_program, total_chunks
+
+from .state_scan_fwd import GATE_CHANNEL, GATE_NONE, GATE_SCALAR, _prune
 
 install_interpreter_shims()
 
@@ -57,7 +58,6 @@ CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
 # they join CONFIGS only after both): BV=64 on 8 warps, 206 registers and no stack with dv
 # from A (the 4-warp one: 255 and 88 bytes), at one 136 KB CTA per SM either way.
 CANDIDATES = [triton.Config({"BV": 64}, num_warps=8, num_stages=2)]
-BENCH_CONFIGS = CONFIGS + CANDIDATES
 
 
 def config_name(c) -> str:
@@ -167,8 +167,6 @@ state_scan_bwd_kernel_tuned = triton.autotune(
     prune_configs_by={"early_config_prune": _prune},
 )(state_scan_bwd_kernel)
 
-# Every output is allocated through this name, so that tests can poison outputs with NaN.
-_alloc = torch.empty
 
 
 def state_scan_bwd(
@@ -230,23 +228,17 @@ def state_scan_bwd(
     if g is not None and tuple(g.shape) != (B, T, HV):
         raise ValueError(f"state_scan_bwd: g {tuple(g.shape)} must be {(B, T, HV)}")
     is_varlen = cu_seqlens is not None
-    if is_varlen and B != 1:
-        raise ValueError("state_scan_bwd: varlen (cu_seqlens) needs B == 1")
+    check_varlen_batch("state_scan_bwd", B, cu_seqlens)
     N = cu_seqlens.numel() - 1 if is_varlen else B
     if dht is not None and tuple(dht.shape) != (N, HV, K, V):
         raise ValueError(f"state_scan_bwd: dht {tuple(dht.shape)} must be {(N, HV, K, V)}")
-    if is_varlen:
-        if chunk_offsets is None:
-            chunk_offsets = _chunk_offsets(cu_seqlens, BT)
-        NT = len(chunk_indices) if chunk_indices is not None else int(chunk_offsets[-1])
-    else:
-        NT = triton.cdiv(T, BT)
+    NT, chunk_offsets = total_chunks(B, T, BT, cu_seqlens, chunk_indices, chunk_offsets)
     q, k, w, do, dv_like = (x.contiguous() for x in (q, k, w, do, dv_like))
     gate = gk if gk is not None else g
     gate_kind = GATE_CHANNEL if gk is not None else (GATE_SCALAR if g is not None else GATE_NONE)
-    dh = _alloc((B, NT, HV, K, V), dtype=q.dtype, device=q.device)
-    dh0 = _alloc((N, HV, K, V), dtype=torch.float32, device=q.device) if h0 is not None else None
-    dv2 = _alloc(tuple(dv_like.shape), dtype=dv_like.dtype, device=dv_like.device)
+    dh = alloc((B, NT, HV, K, V), dtype=q.dtype, device=q.device)
+    dh0 = alloc((N, HV, K, V), dtype=torch.float32, device=q.device) if h0 is not None else None
+    dv2 = alloc(tuple(dv_like.shape), dtype=dv_like.dtype, device=dv_like.device)
     dummy = dv2
     args = dict(
         q=q, k=k, w=w, g=gate.contiguous() if gate is not None else dummy,
@@ -259,6 +251,6 @@ def state_scan_bwd(
         STORE_DH0=dh0 is not None, IS_VARLEN=is_varlen,
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32", DV_FROM_A=A is not None,
     )
-    launch_scan(state_scan_bwd_kernel, state_scan_bwd_kernel_tuned, args, N * HV, config)
+    launch(state_scan_bwd_kernel_tuned, scan_grid(V, N * HV), config, **args)
     record_launch("delta.state_scan_bwd")
     return dh, dh0, dv2

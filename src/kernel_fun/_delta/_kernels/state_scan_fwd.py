@@ -44,8 +44,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch
 from kernel_fun._common.witness import record_launch
+from kernel_fun._delta.chunking import check_varlen_batch, scan_grid, scan_program, total_chunks
 
 
 install_interpreter_shims()
@@ -87,8 +88,8 @@ _CONFIG_TUPLES = [
     (32, 4, 2, None, True),
     (256, 16, 2, None, True),
 ]
-CONFIGS = [triton.Config({"BV": bv, "VK": vk}, num_warps=nw, num_stages=ns, maxnreg=mr)
-           for bv, nw, ns, mr, vk in _CONFIG_TUPLES]
+_ALL = [triton.Config({"BV": bv, "VK": vk}, num_warps=nw, num_stages=ns, maxnreg=mr)
+        for bv, nw, ns, mr, vk in _CONFIG_TUPLES]
 
 
 def config_name(c) -> str:
@@ -97,11 +98,8 @@ def config_name(c) -> str:
 
 
 def _prune(configs, named_args, **kwargs):
-    """Drop V-blocks wider than V (all masked lanes), and key-major ones when the WY pieces are
-    formed in the scan (value-major only); keep at least one configuration."""
+    """Drop V-blocks wider than V (all masked lanes); keep at least one configuration."""
     V = kwargs.get("V", named_args.get("V"))
-    if kwargs.get("WY", named_args.get("WY", False)):
-        configs = [c for c in configs if c.kwargs["VK"]]
     kept = [c for c in configs if c.kwargs["BV"] <= max(V, 32)]
     return kept or list(configs[:1])
 
@@ -122,47 +120,16 @@ def _gated_q(q, g, o_i, o_k, m_tk, HQ: tl.constexpr, HV: tl.constexpr, K: tl.con
 
 
 @triton.jit
-def scan_program(cu_seqlens, chunk_offsets, T, V, HQ: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr,
-                 BT: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, NEED_BOH: tl.constexpr):
-    """What a scan program owns, from its id (V-blocks of one head adjacent): (V-block, head
-    of all sequences, sequence, value head, q head, k head, first and end token (int64), the
-    sequence length, and with NEED_BOH its first chunk in h's chunk axis, else 0)."""
-    pid = tl.program_id(0).to(tl.int64)
-    NV = tl.cdiv(V, BV)
-    i_nh = pid // NV
-    i_n = i_nh // HV
-    i_hv = i_nh % HV
-    boh = i_n * 0
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = (eos - bos).to(tl.int32)
-        if NEED_BOH:
-            boh = tl.load(chunk_offsets + i_n).to(tl.int64)
-    else:
-        bos = i_n * T
-        eos = bos + T
-        if NEED_BOH:
-            boh = i_n * tl.cdiv(T, BT)
-    return pid % NV, i_nh, i_n, i_hv, i_hv // (HV // HQ), i_hv // (HV // HK), bos, eos, T, boh
-
-
-@triton.jit
-def _next_chunk(q, k, w, u, o, g, Aqk, v_new, h, beta, HQ: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr,
+def _next_chunk(q, k, w, u, o, g, Aqk, v_new, h, HQ: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr,
                 K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr, Q_GATED: tl.constexpr,
-                HAS_AQK: tl.constexpr, SAVE_V_NEW: tl.constexpr, SAVE_H: tl.constexpr, WY: tl.constexpr):
-    """Every per-chunk pointer of the scan advanced by one chunk (both layouts). With WY, w
-    points at Akk ``[.., BT]`` rows and u at v, and beta advances too."""
+                HAS_AQK: tl.constexpr, SAVE_V_NEW: tl.constexpr, SAVE_H: tl.constexpr):
+    """Every per-chunk pointer of the scan advanced by one chunk (both layouts)."""
     if Q_GATED:
         q += BT * HV * K
     else:
         q += BT * HQ * K
     k += BT * HK * K
-    if WY:
-        w += BT * HV * BT
-        beta += BT * HV
-    else:
-        w += BT * HV * K
+    w += BT * HV * K
     u += BT * HV * V
     o += BT * HV * V
     if GATE == 1:
@@ -175,7 +142,7 @@ def _next_chunk(q, k, w, u, o, g, Aqk, v_new, h, beta, HQ: tl.constexpr, HK: tl.
         v_new += BT * HV * V
     if SAVE_H:
         h += HV * K * V
-    return q, k, w, u, o, g, Aqk, v_new, h, beta
+    return q, k, w, u, o, g, Aqk, v_new, h
 
 
 @triton.jit(do_not_specialize=["T", "T_total", "N"])
@@ -191,7 +158,6 @@ def state_scan_fwd_kernel(
     ht,  # [N, HV, K, V] fp32 | unused
     h,  # [B, NT, HV, K, V] | unused
     v_new,  # [B, T, HV, V] | unused
-    beta,  # [B, T, HV] (WY) | unused
     cu_seqlens,  # [N + 1] | unused
     chunk_offsets,  # [N + 1] | unused
     scale,
@@ -217,7 +183,6 @@ def state_scan_fwd_kernel(
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     VK: tl.constexpr = False,
-    WY: tl.constexpr = False,
 ):
     # One program per (V-block, value head, sequence); the V-blocks of one head are adjacent
     # program ids, so they run together and share q, k, w and the gate through L2.
@@ -253,14 +218,7 @@ def state_scan_fwd_kernel(
     else:
         q += (bos * HQ + i_hq) * K
     k += (bos * HK + i_hk) * K
-    if WY:
-        # The WY pieces are formed here, per chunk, from what fla's recompute_w_u_fwd reads:
-        # w points at Akk (rows of BT), u at v, k is the raw keys (KDA: gate kind 2).
-        tl.static_assert(VK and GATE == 2 and not Q_GATED, "WY: value-major layout, per-channel gate, raw q")
-        w += (bos * HV + i_hv) * BT
-        beta += bos * HV + i_hv
-    else:
-        w += (bos * HV + i_hv) * K
+    w += (bos * HV + i_hv) * K
     u += (bos * HV + i_hv) * V
     o += (bos * HV + i_hv) * V
     o_seq = o
@@ -325,22 +283,8 @@ def state_scan_fwd_kernel(
             b_o *= scale
 
             # v_new^T = u^T - S^T w^T  (w^T and u^T loaded transposed from memory)
-            if WY:
-                # w^T = (beta k exp2(gk))^T Akk^T and u^T = (beta v)^T Akk^T, Akk^T [j, i]
-                # loaded transposed; operands rounded to the input dtype and w, u rounded
-                # after, as fla's recompute_w_u_fwd stores them.
-                b_bt = tl.load(beta + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
-                b_akt = tl.load(w + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_t[:, None] & m_t[None, :],
-                                other=0.0)
-                b_kt = tl.load(k + o_i[None, :] * (HK * K) + o_k[:, None], mask=m_kt, other=0.0)
-                b_kbt = (b_kt.to(tl.float32) * b_ekt * b_bt[None, :]).to(b_akt.dtype)
-                b_wt = tl.dot(b_kbt, b_akt, input_precision=DOT_PRECISION).to(b_akt.dtype)
-                b_vt = tl.load(u + o_i[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0)
-                b_vbt = (b_vt.to(tl.float32) * b_bt[None, :]).to(b_akt.dtype)
-                b_vn = tl.dot(b_vbt, b_akt, input_precision=DOT_PRECISION).to(b_vt.dtype).to(tl.float32)
-            else:
-                b_wt = tl.load(w + o_i[None, :] * (HV * K) + o_k[:, None], mask=m_kt, other=0.0)
-                b_vn = tl.load(u + o_i[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0).to(tl.float32)
+            b_wt = tl.load(w + o_i[None, :] * (HV * K) + o_k[:, None], mask=m_kt, other=0.0)
+            b_vn = tl.load(u + o_i[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0).to(tl.float32)
             b_vn = b_vn - tl.dot(b_sc, b_wt, input_precision=DOT_PRECISION)
             if SAVE_V_NEW:
                 tl.store(v_new + o_i[None, :] * (HV * V) + o_v[:, None], b_vn.to(v_new.dtype.element_ty), mask=m_vt)
@@ -356,11 +300,6 @@ def state_scan_fwd_kernel(
             if GATE == 2:
                 b_glk = tl.load(g + last * (HV * K) + o_k, mask=m_k, other=0.0).to(tl.float32)
                 b_s *= tl.exp2(b_glk)[None, :]
-                if WY:  # kg = k exp2(gk_last - gk), zero past the chunk's end
-                    b_gk = tl.load(g + o_i[:, None] * (HV * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
-                                   other=0.0).to(tl.float32)
-                    b_k = (b_k.to(tl.float32) * tl.exp2(tl.where(m_t[:, None], b_glk[None, :] - b_gk, float("-inf")))
-                           ).to(b_k.dtype)
             if GATE == 1:
                 b_s *= tl.exp2(b_gl)
             b_s = tl.dot(b_vu, b_k, b_s, input_precision=DOT_PRECISION)
@@ -381,9 +320,9 @@ def state_scan_fwd_kernel(
                 b_o += tl.dot(b_vnc, b_at.to(b_vnc.dtype), input_precision=DOT_PRECISION) * scale
             tl.store(o + o_i[None, :] * (HV * V) + o_v[:, None], b_o.to(o.dtype.element_ty), mask=m_vt)
 
-            q, k, w, u, o, g, Aqk, v_new, h, beta = _next_chunk(
-                q, k, w, u, o, g, Aqk, v_new, h, beta, HQ, HK, HV, K, V, BT, GATE, Q_GATED, HAS_AQK,
-                SAVE_V_NEW, SAVE_H, WY)
+            q, k, w, u, o, g, Aqk, v_new, h = _next_chunk(
+                q, k, w, u, o, g, Aqk, v_new, h, HQ, HK, HV, K, V, BT, GATE, Q_GATED, HAS_AQK,
+                SAVE_V_NEW, SAVE_H)
 
         if STORE_HT:
             tl.store(ht + i_nh * K * V + s_off, b_s.to(ht.dtype.element_ty), mask=m_vk)
@@ -481,9 +420,9 @@ def state_scan_fwd_kernel(
                 b_o += tl.dot(b_a.to(b_vnc.dtype), b_vnc, input_precision=DOT_PRECISION) * scale
             tl.store(o + o_i[:, None] * (HV * V) + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
 
-            q, k, w, u, o, g, Aqk, v_new, h, beta = _next_chunk(
-                q, k, w, u, o, g, Aqk, v_new, h, beta, HQ, HK, HV, K, V, BT, GATE, Q_GATED, HAS_AQK,
-                SAVE_V_NEW, SAVE_H, WY)
+            q, k, w, u, o, g, Aqk, v_new, h = _next_chunk(
+                q, k, w, u, o, g, Aqk, v_new, h, HQ, HK, HV, K, V, BT, GATE, Q_GATED, HAS_AQK,
+                SAVE_V_NEW, SAVE_H)
 
         if STORE_HT:
             tl.store(ht + i_nh * K * V + s_off1, b_s1.to(ht.dtype.element_ty), mask=m_kv1)
@@ -501,42 +440,22 @@ def state_scan_fwd_kernel(
 
 
 _AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "Q_GATED", "HAS_AQK", "USE_H0", "STORE_HT",
-                 "SAVE_H", "SAVE_V_NEW", "STATE_V_FIRST", "IS_VARLEN", "WY"]
+                 "SAVE_H", "SAVE_V_NEW", "STATE_V_FIRST", "IS_VARLEN"]
 # Production autotune set: the measured winners. H200, KDA T=8192, H=HV=16, K=128, V=256, bf16,
 # every configuration forced, 2026-11-30 (bench/records/raw/2026-11-30-h200-delta-scan-bench-r2.json):
 # at B=8 VK-BV128-w8-s2 1.265 ms, BV128-w8-s2 1.576, VK-BV64-w4-s2 2.024, BV64-w4-s2 2.020 (fla's
 # fwd_h + fwd_o 1.863); at B=16 2.520 / 3.118 (fla 3.714); with q_gated VK-BV64-w4-s2 0.930 and
-# VK-BV128-w8-s2 1.076 at B=8. Every other configuration was slower (1.39-4.6 ms). The first
-# entry in CONFIGS order is the one the interpreter runs.
-PRODUCTION_CONFIGS = [c for c in CONFIGS if config_name(c) in
-                      ("VK-BV128-w8-s2-rNone", "BV128-w8-s2-rNone", "VK-BV64-w4-s2-rNone", "BV64-w4-s2-rNone")]
+# VK-BV128-w8-s2 1.076 at B=8. Every other configuration (CANDIDATES, which benches and GPU tests
+# force) was slower (1.39-4.6 ms). The first entry (in _CONFIG_TUPLES order) is the one the
+# interpreter runs.
+_SHIPPED = ("VK-BV128-w8-s2-rNone", "BV128-w8-s2-rNone", "VK-BV64-w4-s2-rNone", "BV64-w4-s2-rNone")
+CONFIGS = [c for c in _ALL if config_name(c) in _SHIPPED]
+CANDIDATES = [c for c in _ALL if config_name(c) not in _SHIPPED]
 state_scan_fwd_kernel_tuned = triton.autotune(
-    configs=autotune_configs(PRODUCTION_CONFIGS), **autotune_cache(),
+    configs=autotune_configs(CONFIGS), **autotune_cache(),
     key=_AUTOTUNE_KEY,
     prune_configs_by={"early_config_prune": _prune},
 )(state_scan_fwd_kernel)
-# With the WY pieces formed in the scan (``wy_inputs``): value-major configurations only, the
-# two measured ones above and BV32 (the most registers per thread for the extra tiles). Not
-# yet timed on a GPU. The interpreter runs the first.
-WY_CONFIGS = [c for c in CONFIGS if config_name(c) in ("VK-BV64-w4-s2-rNone", "VK-BV128-w8-s2-rNone",
-                                                       "VK-BV32-w4-s2-rNone")]
-WY_CONFIGS.sort(key=lambda c: ["VK-BV64-w4-s2-rNone", "VK-BV128-w8-s2-rNone", "VK-BV32-w4-s2-rNone"].index(
-    config_name(c)))
-state_scan_fwd_kernel_tuned_wy = triton.autotune(
-    configs=autotune_configs(WY_CONFIGS), **autotune_cache(),
-    key=_AUTOTUNE_KEY,
-    prune_configs_by={"early_config_prune": _prune},
-)(state_scan_fwd_kernel)
-
-
-# Every output is allocated through this name, so that tests can poison outputs with NaN.
-_alloc = torch.empty
-
-
-def _chunk_offsets(cu_seqlens: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    lens = torch.diff(cu_seqlens.long())
-    return torch.nn.functional.pad(triton.cdiv(lens, chunk_size), (1, 0)).cumsum(-1)
-
 
 def state_scan_fwd(
     q: torch.Tensor,
@@ -558,7 +477,6 @@ def state_scan_fwd(
     state_v_first: bool = False,
     *,
     q_gated: bool = False,
-    wy_inputs: tuple | None = None,
     config: triton.Config | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """The forward state scan of the chunked delta rule, with the output made inside it.
@@ -594,18 +512,12 @@ def state_scan_fwd(
     in each chunk instead of all of it (half the bytes of its biggest input, and no gating
     registers).
 
-    ``wy_inputs=(v, beta, Akk)`` (KDA only): the scan forms w, u and kg per chunk itself, from
-    what fla's ``recompute_w_u_fwd`` would read (v ``[B, T, HV, V]``, beta ``[B, T, HV]``, Akk
-    ``[B, T, HV, BT]`` from the intra stage), so they are never written or read back; then
-    w and u are None, k is the raw keys ``[B, T, H, K]`` and q the raw queries. Value-major
-    configurations only; the same roundings as fla's w, u, kg (each rounded to the input dtype).
-
     scale: float, required (fla's ``scale``; with a given Aqk it only scales the inter part).
     initial_state ``[N, HV, K, V]`` (any float dtype, read as fp32; ``[N, HV, V, K]`` with
     ``state_v_first``). cu_seqlens ``[N + 1]`` (then ``B == 1``). chunk_indices is only used
     for the number of chunks of ``h`` (saves a host sync when ``save_h``); chunk_offsets
     ``[N + 1]`` (fla's ``prepare_chunk_offsets``) is computed when needed and not given.
-    ``config`` forces one autotune configuration (a ``triton.Config`` from ``CONFIGS``).
+    ``config`` forces one configuration (a ``triton.Config`` from ``CONFIGS`` or ``CANDIDATES``).
 
     Returns ``(o, final_state, h, v_new)``:
         o           ``[B, T, HV, V]`` in u's dtype: what fla's fwd_o returns, before the
@@ -625,19 +537,8 @@ def state_scan_fwd(
     B, T, HQ, K = q.shape
     HK = k.shape[2]
     BT = chunk_size
-    beta = None
-    if wy_inputs is not None:
-        if w is not None or u is not None or gk is None or q_gated:
-            raise ValueError("state_scan_fwd: wy_inputs replace w and u (pass None), need gk, exclude q_gated")
-        u, beta, w = wy_inputs  # v in u's place, Akk in w's
-        HV = u.shape[2]
-        if tuple(beta.shape) != (B, T, HV) or tuple(w.shape) != (B, T, HV, BT):
-            raise ValueError(f"state_scan_fwd: wy_inputs beta {tuple(beta.shape)} / Akk {tuple(w.shape)} must be "
-                             f"{(B, T, HV)} / {(B, T, HV, BT)}")
-        beta = beta.contiguous()
     HV, V = u.shape[2], u.shape[3]
-    w_cols = BT if wy_inputs is not None else K
-    if k.shape[:2] != (B, T) or k.shape[3] != K or tuple(w.shape) != (B, T, HV, w_cols) or u.shape[:2] != (B, T):
+    if k.shape[:2] != (B, T) or k.shape[3] != K or tuple(w.shape) != (B, T, HV, K) or u.shape[:2] != (B, T):
         raise ValueError(f"state_scan_fwd: shapes q {tuple(q.shape)} k {tuple(k.shape)} "
                          f"w {tuple(w.shape)} u {tuple(u.shape)} do not agree")
     if HV % HQ or HV % HK:
@@ -652,11 +553,8 @@ def state_scan_fwd(
         raise ValueError(f"state_scan_fwd: g {tuple(g.shape)} must be {(B, T, HV)}")
     if Aqk is not None and tuple(Aqk.shape) != (B, T, HV, BT):
         raise ValueError(f"state_scan_fwd: Aqk {tuple(Aqk.shape)} must be {(B, T, HV, BT)}")
-    if wy_inputs is not None and config is not None and not config.kwargs.get("VK"):
-        raise ValueError("state_scan_fwd: wy_inputs needs a value-major (VK) configuration")
     is_varlen = cu_seqlens is not None
-    if is_varlen and B != 1:
-        raise ValueError("state_scan_fwd: varlen (cu_seqlens) needs B == 1")
+    check_varlen_batch("state_scan_fwd", B, cu_seqlens)
     N = cu_seqlens.numel() - 1 if is_varlen else B
     state_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
     if initial_state is not None and tuple(initial_state.shape) != state_shape:
@@ -672,19 +570,14 @@ def state_scan_fwd(
     if initial_state is not None:
         initial_state = initial_state.contiguous()
 
-    o = _alloc((B, T, HV, V), dtype=u.dtype, device=u.device)
-    final_state = _alloc(state_shape, dtype=torch.float32, device=u.device) if output_final_state else None
-    v_new = _alloc(tuple(u.shape), dtype=u.dtype, device=u.device) if save_v_new else None
+    o = alloc((B, T, HV, V), dtype=u.dtype, device=u.device)
+    final_state = alloc(state_shape, dtype=torch.float32, device=u.device) if output_final_state else None
+    v_new = alloc(tuple(u.shape), dtype=u.dtype, device=u.device) if save_v_new else None
     h = None
     if save_h:
-        if is_varlen:
-            if chunk_offsets is None:
-                chunk_offsets = _chunk_offsets(cu_seqlens, BT)
-            NT = len(chunk_indices) if chunk_indices is not None else int(chunk_offsets[-1])
-        else:
-            NT = triton.cdiv(T, BT)
+        NT, chunk_offsets = total_chunks(B, T, BT, cu_seqlens, chunk_indices, chunk_offsets)
         h_shape = (B, NT, HV, V, K) if state_v_first else (B, NT, HV, K, V)
-        h = _alloc(h_shape, dtype=k.dtype, device=k.device)
+        h = alloc(h_shape, dtype=k.dtype, device=k.device)
 
     dummy = o  # pointer for arguments a constexpr switch leaves unused
     args = dict(
@@ -696,33 +589,18 @@ def state_scan_fwd(
         ht=final_state if final_state is not None else dummy,
         h=h if h is not None else dummy,
         v_new=v_new if v_new is not None else dummy,
-        beta=beta if beta is not None else dummy,
         cu_seqlens=cu_seqlens if is_varlen else dummy,
         chunk_offsets=chunk_offsets if (is_varlen and save_h) else dummy,
         scale=float(scale), T=T, T_total=T, N=N,
         HQ=HQ, HK=HK, HV=HV, K=K, V=V, BT=BT, BK=min(64, max(16, triton.next_power_of_2(K))),
         GATE=gate_kind, Q_GATED=q_gated, HAS_AQK=Aqk is not None, USE_H0=initial_state is not None,
         STORE_HT=output_final_state, SAVE_H=save_h, SAVE_V_NEW=save_v_new,
-        STATE_V_FIRST=state_v_first, IS_VARLEN=is_varlen, WY=wy_inputs is not None,
+        STATE_V_FIRST=state_v_first, IS_VARLEN=is_varlen,
         # fp32 inputs: exact fp32 products (the GPU default would be tf32); 16-bit inputs keep
         # the default, which only concerns fp32 operands.
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",
     )
-    tuned = state_scan_fwd_kernel_tuned_wy if wy_inputs is not None else state_scan_fwd_kernel_tuned
-    launch_scan(state_scan_fwd_kernel, tuned, args, N * HV, config)
+    launch(state_scan_fwd_kernel_tuned, scan_grid(V, N * HV), config, **args)
     record_launch("delta.state_scan_fwd")
     return o, final_state, h, v_new
 
-
-def launch_scan(kernel, tuned, args: dict, n_heads: int, config=None) -> None:
-    """Launch a state scan, one program per (V-block, value head, sequence), V-blocks of a head
-    adjacent: autotuned (``tuned``), or the jit ``kernel`` with one forced ``config``."""
-    V = args["V"]
-
-    def grid(meta):
-        return (triton.cdiv(V, meta["BV"]) * n_heads,)
-
-    if config is not None:
-        kernel[grid](**args, **config.all_kwargs())
-    else:
-        tuned[grid](**args)

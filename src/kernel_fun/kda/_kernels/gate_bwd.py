@@ -21,22 +21,17 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_cache, autotune_configs
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, launch
 from kernel_fun._common.witness import record_launch
-from kernel_fun.kda._kernels import chunk_grid, chunk_program, launch
+from kernel_fun._delta.chunking import chunk_grid, chunk_program
 
 
-def _alloc(size, dtype=None, device=None):
-    """Output allocation (tests swap in a NaN-filled one to catch unwritten elements)."""
-    return torch.empty(size, dtype=dtype, device=device)
 
-
-def configs():
-    """Every configuration the autotuner may pick (the interpreter runs only the first, BK=32,
-    so the CPU tests cross K blocks); each checked against fla on the H200
-    (tests/kda/test_stage_kernels_gpu.py), the autotuned pick 0.56 ms at B=16 (record 0dab741)."""
-    return [triton.Config({"BK": bk}, num_warps=nw, num_stages=1)
-            for bk, nw in [(32, 1), (128, 1), (64, 1), (128, 2)]]
+# What the autotuner may pick (the interpreter runs only the first, BK=32, so the CPU tests
+# cross K blocks); each checked against fla on the H200 (tests/kda/test_stage_kernels_gpu.py),
+# the autotuned pick 0.56 ms at B=16 (record 0dab741).
+CONFIGS = [triton.Config({"BK": bk}, num_warps=nw, num_stages=1) for bk, nw in [(32, 1), (128, 1), (64, 1), (128, 2)]]
+CANDIDATES: list = []
 
 
 @triton.jit
@@ -53,9 +48,16 @@ def kda_gate_grad(b_dyg, b_x, b_nA):
 
 
 @triton.jit
+def _row_mask(r, n_valid, m_k):
+    """[BK] valid lanes of row ``r``: a block comparison, not a scalar one and-ed onto the block
+    (Triton 3.9's interpreter splats a scalar int1 to int32 data and rejects it as a mask)."""
+    return m_k & (tl.full(m_k.shape, r, tl.int32) < n_valid)
+
+
+@triton.jit
 def _row_load(p, base, r, n_valid, m_k, HVK: tl.constexpr):
     """Row ``r`` of the chunk as fp32 [BK] (0 past the sequence's end)."""
-    return tl.load(p + base + r * HVK, mask=m_k & (r < n_valid), other=0.).to(tl.float32)
+    return tl.load(p + base + r * HVK, mask=_row_mask(r, n_valid, m_k), other=0.).to(tl.float32)
 
 
 @triton.jit
@@ -70,11 +72,11 @@ def _row_out(dyg, b_x, b_bias, b_nA, dg_out, base, r, n_valid, m_k, HVK: tl.cons
         b_dg, b_dA = kda_gate_grad(dyg, b_x, b_nA)  # rows past the end: dyg = 0, so 0
         dA_acc += b_dA
         dbias_acc += b_dg
-    tl.store(dg_out + base + r * HVK, b_dg.to(dg_out.dtype.element_ty), mask=m_k & (r < n_valid))
+    tl.store(dg_out + base + r * HVK, b_dg.to(dg_out.dtype.element_ty), mask=_row_mask(r, n_valid, m_k))
     return dA_acc, dbias_acc
 
 
-@triton.autotune(configs=autotune_configs(configs()), **autotune_cache(),
+@triton.autotune(configs=autotune_configs(CONFIGS), **autotune_cache(),
                  key=["HV", "K", "BT", "IS_VARLEN", "GATE", "HAS_DT_BIAS"])
 @triton.jit(do_not_specialize=["T"])
 def _gate_bwd_kernel(dg, g_raw, A_log, dt_bias, dg_out, dA_part, dbias_part, cu_seqlens, chunk_indices, T,
@@ -144,7 +146,7 @@ def dg_cumsum_gate_bwd(
     cu_seqlens=...)`` (fp32), dA_log and ddt_bias None. With ``g`` (the raw gate input, its
     shape) and ``A_log [HV]`` (``dt_bias [HV*K]`` optional): fla's ``kda_gate_bwd(g, A_log,
     dt_bias, dyg=<that cumsum>)``: dg_out in g's dtype, dA_log in A_log's, ddt_bias in
-    dt_bias's (None without it). ``config``: one of ``configs()`` instead of autotuning."""
+    dt_bias's (None without it). ``config``: one of ``CONFIGS`` / ``CANDIDATES`` instead of autotuning."""
     if dg.dim() != 4:
         raise ValueError(f"dg_cumsum_gate_bwd: dg must be [B, T, HV, K], got {tuple(dg.shape)}")
     B, T, HV, K = dg.shape
@@ -161,11 +163,11 @@ def dg_cumsum_gate_bwd(
     chunk_indices, NT = chunk_grid("dg_cumsum_gate_bwd", B, T, BT, cu_seqlens, chunk_indices)
     dg = dg.contiguous()
     dev = dg.device
-    out = _alloc((B, T, HV, K), g.dtype if gate else torch.float32, dev)
+    out = alloc((B, T, HV, K), g.dtype if gate else torch.float32, dev)
     # sums per (chunk, head, channel), reduced here in a fixed order
     n_part = B * NT * HV  # (varlen: B == 1)
-    dA_part = _alloc((n_part, K), torch.float32, dev) if gate else None
-    dbias_part = _alloc((n_part, K), torch.float32, dev) if gate else None
+    dA_part = alloc((n_part, K), torch.float32, dev) if gate else None
+    dbias_part = alloc((n_part, K), torch.float32, dev) if gate else None
     if NT > 0:
         grid = lambda meta: (NT, B * HV, triton.cdiv(K, meta["BK"]))  # noqa: E731
         launch(_gate_bwd_kernel, grid, config, dg,

@@ -48,16 +48,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch
 from kernel_fun._common.witness import record_launch
-from kernel_fun.kda._kernels import bit_level, chunk_grid, chunk_program, launch
-from kernel_fun.kda._kernels.gate_bwd import kda_gate_grad
+from kernel_fun._delta.chunking import chunk_grid, chunk_program
 
 install_interpreter_shims()  # runtime-bound loops under TRITON_INTERPRET=1 (see tuning.py)
 
-
-
-# With ``fast_range=FAST_RANGE`` (kda.chain.INTRA_BWD_ONE_ANCHOR) a 16-row sub-chunk's
+# With ``fast_range=FAST_RANGE`` (as the chain calls it) a 16-row sub-chunk's
 # diagonal block takes one anchor for a K block where, on every channel, the gate's range over
 # the block's valid rows is within this many log2 units: the anchor is the middle of that
 # range, so both gate factors stay within 2^-FAST_RANGE/2..2^FAST_RANGE/2 (2^+-96 at 192).
@@ -75,45 +72,33 @@ install_interpreter_shims()  # runtime-bound loops under TRITON_INTERPRET=1 (see
 FAST_RANGE = 192.0
 
 
-def _alloc(size, dtype=None, device=None):
-    """Output allocation (tests swap in a NaN-filled one to catch unwritten elements)."""
-    return torch.empty(size, dtype=dtype, device=device)
+# What the autotuner may pick (the interpreter runs only the first). ptxas takes every
+# register it is allowed (255), which caps a 4-warp CTA at 2 per SM. Its stack (spills;
+# sm_90a ahead-of-time compile, triton 3.6, ``scripts/sass_stats.py``, which before 2026-11-30
+# read LOCAL and missed them): BK=64 on 4 warps none; BK=128 (the only block the fused l2norm
+# epilogue takes) 272 bytes; with ``maxnreg`` 168 or 128, 160-664 bytes. Fewest SASS
+# instructions per program at K=128 (sm_90a): BK=64/128 on 4 warps.
+CONFIGS = [
+    triton.Config({"BK": bk, "HOIST_S": hoist}, num_warps=w, num_stages=st, maxnreg=mr)
+    for bk, hoist, w, st, mr in [(64, False, 4, 1, None), (64, False, 4, 1, 168), (64, False, 4, 1, 128),
+                                 (128, False, 4, 1, None), (32, False, 4, 1, 128), (64, True, 4, 1, 168),
+                                 (64, False, 8, 1, 128), (64, False, 4, 2, 168)]
+]
+# Not yet timed or checked on a GPU (scripts/kda_stage_bench.py ``--only ianc`` and the GPU
+# tests force them). With the l2norm backward fused (as shipped) the autotuner has one
+# configuration, BK=128 on 4 warps, and with the one anchor and gate_monotone ptxas gives it 255
+# registers and a 224-byte stack (134 spill instructions; sm_90a, 2026-11-30). The same block on
+# 8 warps: 221 registers, no stack, half the instructions per thread, and the same 8 warps per SM
+# (one CTA instead of two).
+CANDIDATES = [triton.Config({"BK": 128, "HOIST_S": False}, num_warps=8, num_stages=st) for st in (1, 2)]
 
 
-def configs():
-    """Every configuration the autotuner may pick (the interpreter runs only the first).
-
-    ptxas takes every register it is allowed (255), which caps a 4-warp CTA at 2 per SM. Its
-    stack (spills; sm_90a ahead-of-time compile, triton 3.6, ``scripts/sass_stats.py``, which
-    before 2026-11-30 read LOCAL and missed them): BK=64 on 4 warps none; BK=128 (the only
-    block the fused epilogues take) 272 bytes; with ``maxnreg`` 168 or 128, 160-664 bytes."""
-    return [
-        triton.Config({"BK": bk, "HOIST_S": hoist}, num_warps=w, num_stages=st, maxnreg=mr)
-        for bk, hoist, w, st, mr in [
-            # fewest SASS instructions per program at K=128 (sm_90a): BK=64/128 on 4 warps
-            (64, False, 4, 1, None),
-            (64, False, 4, 1, 168),
-            (64, False, 4, 1, 128),
-            (128, False, 4, 1, None),
-            (32, False, 4, 1, 128),
-            (64, True, 4, 1, 168),
-            (64, False, 8, 1, 128),
-            (64, False, 4, 2, 168),
-        ]
-    ]
-
-
-def bench_configs():
-    """``configs()`` plus candidates not yet timed or checked on a GPU, which
-    scripts/kda_stage_bench.py (``--only ianc``) and the GPU tests force one by one; a candidate
-    joins ``configs()`` only after both (a configuration can miscompile on Hopper). With the
-    l2norm backward fused (as shipped) the autotuner has one configuration, BK=128 on 4 warps,
-    and with the one anchor and gate_monotone ptxas gives it 255 registers and a 224-byte stack
-    (134 spill instructions; sm_90a, ``scripts/sass_stats.py``, 2026-11-30). The same block on 8
-    warps: 221 registers, no stack, half the instructions per thread, and the same 8 warps per
-    SM (one CTA instead of two)."""
-    return configs() + [triton.Config({"BK": 128, "HOIST_S": False}, num_warps=8, num_stages=st)
-                        for st in (1, 2)]
+@triton.jit
+def bit_level(o_r):
+    """[n, n] for a 16-row block: the highest bit where r and c differ (3..0), -1 on r == c.
+    The pairs of one level share an anchor row (the diagonal block's split of the gate factor)."""
+    x_rc = o_r[:, None] ^ o_r[None, :]
+    return tl.where(x_rc >= 8, 3, tl.where(x_rc >= 4, 2, tl.where(x_rc >= 2, 1, tl.where(x_rc >= 1, 0, -1))))
 
 
 @triton.jit
@@ -170,60 +155,31 @@ def _diag_one_anchor(b_q, b_k, b_bk, b_g, g_b, s_qk, s_kk, m_i, o_r, acc_q, acc_
     return acc_q, acc_r, acc_t
 
 
-def whole_k_prune(block: str):
-    """An autotune ``early_config_prune``: with a fused epilogue (L2NORM_BWD, DG_CUMSUM), only
-    configurations whose intra K block (the config key ``block``) covers all of K: the l2norm
-    backward needs whole rows of dq and dk, the cumsum one carry over K. Shared with
-    ``wy_intra_bwd`` (its intra block is ``IBK``)."""
-    def prune(configs, named_args, **kwargs):
-        flag = lambda n: kwargs.get(n, named_args.get(n, False))  # noqa: E731
-        if not (flag("L2NORM_BWD") or flag("DG_CUMSUM")):
-            return configs
-        K = kwargs.get("K", named_args.get("K"))
-        return [c for c in configs if c.kwargs[block] >= K]
-    return prune
+def _whole_k_prune(configs, named_args, **kwargs):
+    """An autotune ``early_config_prune``: with the l2norm backward fused (L2NORM_BWD), only
+    configurations whose K block covers all of K (it needs whole rows of dq and dk)."""
+    if not kwargs.get("L2NORM_BWD", named_args.get("L2NORM_BWD", False)):
+        return configs
+    K = kwargs.get("K", named_args.get("K"))
+    return [c for c in configs if c.kwargs["BK"] >= K]
 
 
-@triton.autotune(configs=autotune_configs(configs()), **autotune_cache(),
-                 key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION", "L2NORM_BWD", "DG_CUMSUM", "GATE_BWD",
-                      "FAST_RANGE", "GATE_MONOTONE"],
-                 prune_configs_by={"early_config_prune": whole_k_prune("BK")})
+@triton.autotune(configs=autotune_configs(CONFIGS), **autotune_cache(),
+                 key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION", "L2NORM_BWD", "FAST_RANGE", "GATE_MONOTONE"],
+                 prune_configs_by={"early_config_prune": _whole_k_prune})
 @triton.jit(do_not_specialize=["T"])
 def _intra_bwd_kernel(
     q, k, g, beta, dAqk, dAkk,
     dq, dk, db, dg,
     dq_out, dk_out, db_out, dg_out,
     q_rstd, k_rstd,
-    g_raw, A_log, dt_bias, dA_part, dbias_part,
     cu_seqlens, chunk_indices, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, HOIST_S: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    L2NORM_BWD: tl.constexpr = False, DG_CUMSUM: tl.constexpr = False,
-    GATE_BWD: tl.constexpr = False, HAS_DT_BIAS: tl.constexpr = False, FAST_RANGE: tl.constexpr = -1.0,
-    GATE_MONOTONE: tl.constexpr = False,
+    L2NORM_BWD: tl.constexpr = False, FAST_RANGE: tl.constexpr = -1.0, GATE_MONOTONE: tl.constexpr = False,
 ):
-    _, i_hv, i_h, i_tg, t0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
-    intra_bwd_program(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, dq_out, dk_out, db_out, dg_out, q_rstd, k_rstd,
-                      g_raw, A_log, dt_bias, dA_part, dbias_part, i_hv, i_h, i_tg, t0, n_valid,
-                      H, HV, K, BT, BK, HOIST_S, DOT_PRECISION, L2NORM_BWD, DG_CUMSUM, GATE_BWD, HAS_DT_BIAS,
-                      FAST_RANGE, GATE_MONOTONE)
-
-
-@triton.jit
-def intra_bwd_program(
-    q, k, g, beta, dAqk, dAkk,
-    dq, dk, db, dg,
-    dq_out, dk_out, db_out, dg_out,
-    q_rstd, k_rstd,
-    g_raw, A_log, dt_bias, dA_part, dbias_part,
-    i_hv, i_h, i_tg, t0, n_valid,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, HOIST_S: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    L2NORM_BWD: tl.constexpr, DG_CUMSUM: tl.constexpr, GATE_BWD: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    FAST_RANGE: tl.constexpr, GATE_MONOTONE: tl.constexpr = False,
-):
-    """One program's work (one chunk x one value head, from ``chunk_program``); also the
-    second half of ``wy_intra_bwd``'s fused kernel."""
+    """One program: one chunk x one value head (``chunk_program``)."""
+    _, i_hv, i_h, _, t0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     BC: tl.constexpr = 16
     NC: tl.constexpr = BT // BC
     NEG_INF: tl.constexpr = float("-inf")  # exp2(-inf) = 0: masked gate factors
@@ -253,21 +209,7 @@ def intra_bwd_program(
     lvl = bit_level(o_r)
 
     # one output sub-chunk I (16 rows) at a time: its dq / dk / dg rows for every K block
-    # DG_CUMSUM: dg leaves chunk-local reverse-cumsummed (dg_i = sum over the chunk's rows
-    # j >= i), so the sub-chunks run last to first with the sum of the later rows carried.
-    carry = tl.zeros([BK], dtype=tl.float32)
-    # GATE_BWD (after DG_CUMSUM): the gate's own backward, dg_raw = -exp(A_log) sigmoid(g_raw +
-    # dt_bias) dyg, with this program's sums toward dA_log and ddt_bias (reduced on the host).
-    if GATE_BWD:
-        g_raw += t0 * HVK + i_hv * K
-        b_nA = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
-    dA_acc = tl.zeros([BK], dtype=tl.float32)
-    dbias_acc = tl.zeros([BK], dtype=tl.float32)
-    for I_ in range(0, NC):
-        if DG_CUMSUM:
-            I = NC - 1 - I_
-        else:
-            I = I_
+    for I in range(0, NC):
         if I * BC < n_valid:
             r_i = I * BC + o_r
             m_i = r_i < n_valid
@@ -365,17 +307,6 @@ def intra_bwd_program(
                 b_dki = tl.load(dk + o_out, mask=m_ik, other=0.).to(tl.float32)
                 b_dgi = tl.load(dg + o_out, mask=m_ik, other=0.).to(tl.float32)
                 b_dgf = b_dgi + b_q * acc_q + (acc_r - acc_t) * b_k  # rows past the end are 0
-                if DG_CUMSUM:
-                    b_rs = tl.cumsum(b_dgf, axis=0, reverse=True) + carry[None, :]
-                    carry += tl.sum(b_dgf, axis=0)
-                    b_dgf = b_rs
-                if GATE_BWD:
-                    b_gr = tl.load(g_raw + o_out, mask=m_ik, other=0.).to(tl.float32)
-                    if HAS_DT_BIAS:
-                        b_gr += tl.load(dt_bias + i_hv * K + o_k, mask=o_k < K, other=0.).to(tl.float32)[None, :]
-                    b_dgf, b_dAt = kda_gate_grad(b_dgf, b_gr, b_nA)  # rows past the end: dyg = 0
-                    dA_acc += tl.sum(b_dAt, axis=0)
-                    dbias_acc += tl.sum(b_dgf, axis=0)
                 tl.store(dg_out + o_out, b_dgf.to(dg_out.dtype.element_ty), mask=m_ik)
                 b_dqf = b_dqi + acc_q
                 b_dkf = b_dki + acc_r + acc_t
@@ -390,33 +321,18 @@ def intra_bwd_program(
                 tl.store(dk_out + o_out, b_dkf.to(dk_out.dtype.element_ty), mask=m_ik)
             b_dbi = tl.load(db + r_i * HV, mask=m_i, other=0.).to(tl.float32)
             tl.store(db_out + r_i * HV, (b_dbi + b_db).to(db_out.dtype.element_ty), mask=m_i)
-    if GATE_BWD:
-        o_kk = tl.arange(0, BK)
-        i_p = i_tg * HV + i_hv  # partial rows: [B * NT, HV], one per program
-        tl.store(dA_part + i_p, tl.sum(dA_acc, axis=0))
-        tl.store(dbias_part + i_p * K + o_kk, dbias_acc, mask=o_kk < K)
+
 
 
 # The widest K block the autotuner may pick (the interpreter runs only the first config).
-_MAX_BK = max(c.kwargs["BK"] for c in autotune_configs(configs()))
-
-
-def whole_k_block(K: int, config=None) -> bool:
-    """Whether a K block covering K is available: the given config's, or one the autotuner may
-    pick (the fused epilogues need it)."""
-    return (config.kwargs["BK"] if config is not None else _MAX_BK) >= K
-
-
-def l2norm_fusable(H: int, HV: int, whole_k: bool) -> bool:
-    """The l2norm backward fuses into the epilogue given one q/k head per value head (grouped
-    heads are summed after this stage, before the l2norm backward) and a whole-K block."""
-    return H == HV and whole_k
+_MAX_BK = max(c.kwargs["BK"] for c in autotune_configs(CONFIGS))
 
 
 def can_fuse_l2norm(H: int, HV: int, K: int, config=None) -> bool:
-    """Whether ``intra_bwd(..., l2norm_rstd=...)`` can run (``l2norm_fusable`` with this
-    launch's K block)."""
-    return l2norm_fusable(H, HV, whole_k_block(K, config))
+    """Whether ``intra_bwd(..., l2norm_rstd=...)`` can run: one q/k head per value head
+    (grouped heads are summed after this stage, before the l2norm backward) and a K block
+    covering K (the given config's, or one the autotuner may pick)."""
+    return H == HV and (config.kwargs["BK"] if config is not None else _MAX_BK) >= K
 
 
 def intra_bwd(
@@ -441,8 +357,6 @@ def intra_bwd(
     *,
     l2norm_rstd: tuple[torch.Tensor, torch.Tensor] | None = None,
     out_dtype: torch.dtype | None = None,
-    dg_reverse_cumsum: bool = False,
-    gate_bwd: tuple | None = None,
     fast_range: float | None = None,
     gate_monotone: bool = False,
 ):
@@ -464,54 +378,28 @@ def intra_bwd(
             in fla, not different math, and this kernel needs no bound on the gate.
         use_graph: fla's static-buffer capture mode; not supported (raises).
         dot_precision: ``tl.dot`` input precision for the fp32 gated products.
-        config: a ``triton.Config`` from ``configs()`` to run instead of autotuning (tests,
-            bench).
+        config: a ``triton.Config`` from ``CONFIGS`` or ``CANDIDATES`` to run instead of
+            autotuning (tests, bench).
         l2norm_rstd: ``(q_rstd, k_rstd)``, each ``[B, T, H]`` fp32 (``l2norm_fwd``'s rstd, any
             shape with that many elements), when q and k are l2-normalized in the op: dq and dk
             then come out as the gradients of the raw (un-normalized) q and k, the l2norm
             backward done in the epilogue. Needs ``HV == H`` and a K block covering K
             (``can_fuse_l2norm``); kernel-fun's extension, not in fla's signature.
         out_dtype: dtype of dq and dk when ``l2norm_rstd`` is given (default: dq's).
-        dg_reverse_cumsum: dg comes out chunk-local reverse-cumsummed (what fla's chain does
-            next with ``chunk_local_cumsum(reverse=True)``). Needs a K block covering K
-            (``whole_k_block``); kernel-fun's extension.
-        gate_bwd: ``(g_raw, A_log, dt_bias)`` (dt_bias may be None), with
-            ``dg_reverse_cumsum``: the KDA gate's backward too (fla's ``kda_gate_bwd``, without a
-            lower bound): dg comes out for the raw gate input in its dtype, and the return gains
-            ``dA_log`` (A_log's dtype) and ``ddt_bias`` (dt_bias's dtype, or None).
         fast_range: the gate spread (log2) up to which a diagonal block takes one anchor
-            (``FAST_RANGE``); None or negative: the bit levels always (the default).
+            (``FAST_RANGE``, as the chain passes it); None or negative: the bit levels always.
         gate_monotone: with ``fast_range``, the caller guarantees g is non-increasing along
             each chunk (a cumsum of log decays <= 0, as the gate in the op makes): a block's
             gate range is then read from its first and last rows instead of reduced over them.
 
     Returns:
         ``(dq, dk, db, dg)``: new tensors (inputs are not modified) holding the inputs plus the
-        intra-chunk contributions; dq/dk in the dtype of the given dq/dk, db and dg in fp32,
-        dq/dk at ``HV`` heads (the caller reduces grouped heads), dg chunk-local (not yet
-        reverse-cumsummed).
+        intra-chunk contributions; dq/dk in the dtype of the given dq/dk (``out_dtype`` with
+        ``l2norm_rstd``), db and dg in fp32, dq/dk at ``HV`` heads (the caller reduces grouped
+        heads), dg chunk-local (not yet reverse-cumsummed).
     """
     if use_graph:
         raise NotImplementedError("kernel_fun intra_bwd: use_graph (static buffers) is not supported")
-    ptrs, meta = prepare(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, cu_seqlens, chunk_indices, chunk_size,
-                         whole_k_block(k.shape[3], config), config, l2norm_rstd, out_dtype, dg_reverse_cumsum,
-                         gate_bwd, fast_range=fast_range, gate_monotone=gate_monotone)
-    if meta["NT"] > 0:
-        launch(_intra_bwd_kernel, meta["grid"], config, *ptrs, meta["cu_seqlens"], meta["chunk_indices"], meta["T"],
-               **meta["constexprs"], DOT_PRECISION=dot_precision)
-        record_launch("kda.intra_bwd")
-    return meta["finish"]()
-
-
-def prepare(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, cu_seqlens, chunk_indices, chunk_size, whole_k, config,
-            l2norm_rstd, out_dtype, dg_reverse_cumsum, gate_bwd, in_place=False, fast_range=None,
-            gate_monotone=False):
-    """Check the arguments (``whole_k``: whether the launch's K block covers K), make them
-    contiguous and allocate the outputs: ``(ptrs, meta)``, ``ptrs`` the kernel's pointer
-    arguments in order, ``meta`` the grid, scalars, constexprs and ``finish()`` (the return
-    value, after the launch). Shared with ``wy_intra_bwd``, which passes ``in_place``: each
-    output that has its input's dtype is written over that input (the kernel reads every
-    element of dq, dk, db, dg just before it writes the same element)."""
     B, T, H, K = k.shape
     HV = g.shape[2]
     BT = chunk_size
@@ -522,12 +410,9 @@ def prepare(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, cu_seqlens, chunk_indices
     chunk_indices, NT = chunk_grid("intra_bwd", B, T, BT, cu_seqlens, chunk_indices)
     q, k, g, beta, dAqk, dAkk, dq, dk, db, dg = (
         x.contiguous() for x in (q, k, g, beta, dAqk, dAkk, dq, dk, db, dg))
-
-    if dg_reverse_cumsum and not whole_k:
-        raise ValueError(f"intra_bwd: the dg cumsum fuses only with a K block covering K (K={K}, config={config})")
     fuse = l2norm_rstd is not None
     if fuse:
-        if not l2norm_fusable(H, HV, whole_k):
+        if not can_fuse_l2norm(H, HV, K, config):
             raise ValueError(f"intra_bwd: the l2norm backward fuses only with HV == H and a K block "
                              f"covering K (H={H}, HV={HV}, K={K}, config={config})")
         q_rstd, k_rstd = (r.contiguous() for r in l2norm_rstd)
@@ -535,40 +420,16 @@ def prepare(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, cu_seqlens, chunk_indices
             raise ValueError(f"intra_bwd: rstd must have B*T*H = {B * T * H} elements")
     else:
         q_rstd = k_rstd = g  # unused
-    if gate_bwd is not None:
-        if not dg_reverse_cumsum:
-            raise ValueError("intra_bwd: gate_bwd needs dg_reverse_cumsum")
-        g_raw, A_log, dt_bias = gate_bwd
-        if g_raw.shape != g.shape or A_log.numel() != HV or (dt_bias is not None and dt_bias.numel() != HV * K):
-            raise ValueError(f"intra_bwd: gate_bwd shapes: g_raw {tuple(g_raw.shape)} (want {tuple(g.shape)}), "
-                             f"A_log {A_log.numel()} (want {HV}), dt_bias (want {HV * K})")
-        g_raw = g_raw.contiguous()
-        n_part = NT * B * HV
-        dA_part = _alloc((n_part,), torch.float32, g.device)  # every program writes its row
-        dbias_part = _alloc((n_part * K,), torch.float32, g.device)
-    else:
-        g_raw = A_log = dt_bias = dA_part = dbias_part = g  # unused
-    def out(x, dtype):
-        return x if in_place and x.dtype == dtype else _alloc(x.shape, dtype, x.device)
-
-    dq_out = out(dq, (out_dtype or dq.dtype) if fuse else dq.dtype)
-    dk_out = out(dk, (out_dtype or dk.dtype) if fuse else dk.dtype)
-    db_out = out(db, torch.float32)
-    dg_out = out(dg, g_raw.dtype if gate_bwd is not None else torch.float32)
-    ptrs = (q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, dq_out, dk_out, db_out, dg_out, q_rstd, k_rstd,
-            g_raw, A_log, dt_bias if dt_bias is not None else g, dA_part, dbias_part)
-
-    def finish():
-        if gate_bwd is not None:
-            dA_log = dA_part.view(-1, HV).sum(0).to(A_log.dtype)
-            ddt_bias = dbias_part.view(-1, HV * K).sum(0).to(dt_bias.dtype) if dt_bias is not None else None
-            return dq_out, dk_out, db_out, dg_out, dA_log, ddt_bias
-        return dq_out, dk_out, db_out, dg_out
-
-    constexprs = dict(H=H, HV=HV, K=K, BT=BT, IS_VARLEN=cu_seqlens is not None, L2NORM_BWD=fuse,
-                      DG_CUMSUM=bool(dg_reverse_cumsum), GATE_BWD=gate_bwd is not None,
-                      HAS_DT_BIAS=gate_bwd is not None and dt_bias is not None,
-                      FAST_RANGE=-1.0 if fast_range is None else float(fast_range),
-                      GATE_MONOTONE=bool(gate_monotone) and fast_range is not None)
-    return ptrs, dict(NT=NT, grid=(NT, B * HV), cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, T=T,
-                      constexprs=constexprs, finish=finish)
+    dq_out = alloc(dq.shape, (out_dtype or dq.dtype) if fuse else dq.dtype, dq.device)
+    dk_out = alloc(dk.shape, (out_dtype or dk.dtype) if fuse else dk.dtype, dk.device)
+    db_out = alloc(db.shape, torch.float32, db.device)
+    dg_out = alloc(dg.shape, torch.float32, dg.device)
+    if NT > 0:
+        launch(_intra_bwd_kernel, (NT, B * HV), config,
+               q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, dq_out, dk_out, db_out, dg_out, q_rstd, k_rstd,
+               cu_seqlens, chunk_indices, T, H=H, HV=HV, K=K, BT=BT, IS_VARLEN=cu_seqlens is not None,
+               DOT_PRECISION=dot_precision, L2NORM_BWD=fuse,
+               FAST_RANGE=-1.0 if fast_range is None else float(fast_range),
+               GATE_MONOTONE=bool(gate_monotone) and fast_range is not None)
+        record_launch("kda.intra_bwd")
+    return dq_out, dk_out, db_out, dg_out

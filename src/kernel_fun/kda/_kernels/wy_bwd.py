@@ -18,8 +18,6 @@ Kernel design (one program = one 64-token chunk x one value head):
   run them as wgmma.
 * The ``dA`` chain ``-A^T dA A^T`` runs at the end on the register-resident ``A^T``; no dot
   result is transposed into another dot (the Triton 3.4-3.7.0 Hopper miscompile).
-* ``with_score_grad``: a prologue also makes ``dAqk = scale tril(do v_new^T)`` (fla's
-  ``chunk_kda_bwd_dAv``'s dA) and stores it before the K loop.
 
 Precision: products of bf16 inputs run in bf16 with fp32 accumulation (exact products);
 products with an fp32 intermediate (``dw (k E)^T``, ``A^T dw``, the final ``A^T dA A^T``)
@@ -31,39 +29,26 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_cache, autotune_configs
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, launch
 from kernel_fun._common.witness import record_launch
-from kernel_fun.kda._kernels import chunk_grid, chunk_program, launch
-from kernel_fun.kda._kernels.score_grad import score_grad_program
+from kernel_fun._delta.chunking import chunk_grid, chunk_program
 
-
-def _alloc(size, dtype=None, device=None):
-    """Output allocation (tests swap in a NaN-filled one to catch unwritten elements)."""
-    return torch.empty(size, dtype=dtype, device=device)
-
-
-def configs():
-    """Every configuration the autotuner may pick (the interpreter runs only the first).
-
-    Measured on the H200 (B=8, T=8192, H=HV=16, K=128, V=256 bf16, every configuration forced
-    and checked against fla, 2026-11-30, bench/records/raw/2026-11-30-h200-kda-stage-bench-r2.json;
-    fla 6.25 ms): these four 3.63, 3.75, 4.19 and 4.29 ms; eight others 4.33-6.94 ms (BK=32 or
-    128 on 8 warps, BV=128, 2 stages, a 128-register cap) were dropped. 8 warps: two warpgroups
-    share the M=64 wgmma tiles. ``EARLY_EPI`` issues the epilogue's loads before the V loop."""
-    return [_cfg(*c) for c in [(64, 64, False, 8, 4), (32, 64, True, 4, 3), (64, 64, False, 8, 3),
-                               (64, 32, False, 8, 4)]]
-
-
-def bench_configs():
-    """``configs()`` plus candidates not yet timed or checked on a GPU, which
-    scripts/kda_stage_bench.py and the GPU tests force one by one; a candidate joins
-    ``configs()`` only after both (a configuration can miscompile on Hopper). These extend the
-    measured trend: deeper pipelining won (s4 3.63, s3 4.19, s2 4.78 ms)."""
-    return configs() + [_cfg(*c) for c in [(64, 64, False, 8, 5), (64, 64, True, 8, 4), (32, 64, True, 4, 4)]]
 
 
 def _cfg(bk, bv, early_epi, warps, stages):
     return triton.Config({"BK": bk, "BV": bv, "EARLY_EPI": early_epi}, num_warps=warps, num_stages=stages)
+
+
+# What the autotuner may pick (the interpreter runs only the first).
+# Measured on the H200 (B=8, T=8192, H=HV=16, K=128, V=256 bf16, every configuration forced
+# and checked against fla, 2026-11-30, bench/records/raw/2026-11-30-h200-kda-stage-bench-r2.json;
+# fla 6.25 ms): these four 3.63, 3.75, 4.19 and 4.29 ms; eight others 4.33-6.94 ms (BK=32 or
+# 128 on 8 warps, BV=128, 2 stages, a 128-register cap) were dropped. 8 warps: two warpgroups
+# share the M=64 wgmma tiles. ``EARLY_EPI`` issues the epilogue's loads before the V loop.
+CONFIGS = [_cfg(*c) for c in [(64, 64, False, 8, 4), (32, 64, True, 4, 3), (64, 64, False, 8, 3), (64, 32, False, 8, 4)]]
+# Not yet timed or checked on a GPU (scripts/kda_stage_bench.py and the GPU tests force them):
+# they extend the measured trend, deeper pipelining won (s4 3.63, s3 4.19, s2 4.78 ms).
+CANDIDATES = [_cfg(*c) for c in [(64, 64, False, 8, 5), (64, 64, True, 8, 4), (32, 64, True, 4, 4)]]
 
 
 @triton.jit
@@ -81,35 +66,19 @@ def _v_only(b_At, b_beta, v, dv, dv2, o_t, m_t, o_v, HVV: tl.constexpr, V: tl.co
     return b_dA, b_db
 
 
-@triton.autotune(configs=autotune_configs(configs()), **autotune_cache(), key=["H", "HV", "K", "V", "BT", "IS_VARLEN", "DOT_PRECISION"])
+@triton.autotune(configs=autotune_configs(CONFIGS), **autotune_cache(), key=["H", "HV", "K", "V", "BT", "IS_VARLEN", "DOT_PRECISION"])
 @triton.jit(do_not_specialize=["T"])
 def _wy_bwd_kernel(
     q, k, v, v_new, g, beta, A, h, do, dh, dv,
-    dq, dk, dv2, dg, db, dA, dAqk,
+    dq, dk, dv2, dg, db, dA,
     cu_seqlens, chunk_indices, scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    EARLY_EPI: tl.constexpr = False, SCORE_GRAD: tl.constexpr = False,
+    EARLY_EPI: tl.constexpr = False,
 ):
-    # h / dh are indexed by the global chunk number i_tg
+    """One program: one chunk x one value head (``chunk_program``); h / dh are indexed by
+    the global chunk number i_tg."""
     _, i_hv, i_h, i_tg, t0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
-    wy_bwd_program(q, k, v, v_new, g, beta, A, h, do, dh, dv, dq, dk, dv2, dg, db, dA, dAqk, scale,
-                   i_hv, i_h, i_tg, t0, n_valid, H, HV, K, V, BT, BK, BV, DOT_PRECISION, EARLY_EPI, SCORE_GRAD)
-
-
-@triton.jit
-def wy_bwd_program(
-    q, k, v, v_new, g, beta, A, h, do, dh, dv,
-    dq, dk, dv2, dg, db, dA, dAqk, scale,
-    i_hv, i_h, i_tg, t0, n_valid,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, DOT_PRECISION: tl.constexpr, EARLY_EPI: tl.constexpr,
-    SCORE_GRAD: tl.constexpr,
-):
-    """One program's work (one chunk x one value head, from ``chunk_program``); also the first
-    half of ``wy_intra_bwd``'s fused kernel. SCORE_GRAD: also the score gradient
-    ``dAqk = scale tril(do v_new^T)`` (fla's chunk_kda_bwd_dAv's dA), in a prologue of its own
-    so its [BT, BT] accumulator is stored before the K loop."""
     NEG_INF: tl.constexpr = float("-inf")
     HK: tl.constexpr = H * K
     HVK: tl.constexpr = HV * K
@@ -138,9 +107,6 @@ def wy_bwd_program(
     b_beta = tl.load(beta + o_t * HV, mask=m_t, other=0.).to(tl.float32)
     # A^T: b_At[a, t] = Akk[t, a], loaded transposed (never a transposed dot result)
     b_At = tl.load(A + o_t[None, :] * HVBT + o_t[:, None], mask=m_t[None, :], other=0.)
-
-    if SCORE_GRAD:
-        score_grad_program(v_new, do, dAqk + t0 * HVBT + i_hv * BT, scale, o_t, m_t, HV, V, BT, BV)
 
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
     b_db = tl.zeros([BT], dtype=tl.float32)
@@ -241,7 +207,6 @@ def wy_dqkg_bwd(
     use_graph: bool = False,
     dot_precision: str = "tf32",
     config=None,
-    with_score_grad: bool = False,
 ):
     """WY / state backward of KDA; drop-in for fla's ``chunk_kda_bwd_wy_dqkg_fused``.
 
@@ -255,36 +220,17 @@ def wy_dqkg_bwd(
         state_v_first: only False (h stored ``[K, V]``) is supported.
         use_graph: fla's static-buffer capture mode; not supported (raises).
         dot_precision: ``tl.dot`` input precision of the fp32-operand products.
-        config: a ``triton.Config`` from ``configs()`` to run instead of autotuning (tests).
-        with_score_grad: also return dAqk ``[B, T, HV, BT]`` fp32 = ``scale tril(do v_new^T)``
-            (what fla's ``chunk_kda_bwd_dAv`` returns first; ``kda.chain.FUSE_DAQK_WY``).
+        config: a ``triton.Config`` from ``CONFIGS`` / ``CANDIDATES`` to run instead of autotuning.
 
     Returns:
         ``(dq, dk, dv, db, dg, dA)``: dq, dk, dg ``[B, T, HV, K]`` fp32 (the caller reduces
         grouped heads), dv ``[B, T, HV, V]`` in v's dtype (the gradient of v),
-        db ``[B, T, HV]`` fp32, dA ``[B, T, HV, BT]`` fp32 (gradient of L, strictly lower);
-        with ``with_score_grad``, dAqk after them.
+        db ``[B, T, HV]`` fp32, dA ``[B, T, HV, BT]`` fp32 (gradient of L, strictly lower).
     """
     if state_v_first:
         raise NotImplementedError("kernel_fun wy_dqkg_bwd: state_v_first=True is not supported")
     if use_graph:
         raise NotImplementedError("kernel_fun wy_dqkg_bwd: use_graph (static buffers) is not supported")
-    ins, outs, meta = prepare(q, k, v, v_new, g, beta, A, h, do, dh, dv, scale, cu_seqlens, chunk_size,
-                              chunk_indices)
-    dAqk = _alloc(A.shape, torch.float32, k.device) if with_score_grad else outs[5]
-    if meta["NT"] > 0:
-        launch(_wy_bwd_kernel, meta["grid"], config, *ins, *outs, dAqk, meta["cu_seqlens"], meta["chunk_indices"],
-               meta["scale"], meta["T"], **meta["constexprs"], DOT_PRECISION=dot_precision,
-               SCORE_GRAD=with_score_grad)
-        record_launch("kda.wy_bwd")
-    dq, dk, dv2, dg, db, dA = outs
-    return (dq, dk, dv2, db, dg, dA, dAqk) if with_score_grad else (dq, dk, dv2, db, dg, dA)
-
-
-def prepare(q, k, v, v_new, g, beta, A, h, do, dh, dv, scale, cu_seqlens, chunk_size, chunk_indices):
-    """Check the arguments, make them contiguous and allocate the outputs: ``(ins, outs, meta)``
-    with ``ins``/``outs`` in the kernel's pointer order (outs: dq, dk, dv2, dg, db, dA) and
-    ``meta`` the launch's grid, scalars and shape constexprs (shared with ``wy_intra_bwd``)."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     BT = chunk_size
@@ -297,11 +243,16 @@ def prepare(q, k, v, v_new, g, beta, A, h, do, dh, dv, scale, cu_seqlens, chunk_
     chunk_indices, NT = chunk_grid("wy_dqkg_bwd", B, T, BT, cu_seqlens, chunk_indices)
     q, k, v, v_new, g, beta, A, h, do, dh, dv = (
         x.contiguous() for x in (q, k, v, v_new, g, beta, A, h, do, dh, dv))
-
     dev = k.device
-    outs = (_alloc((B, T, HV, K), torch.float32, dev), _alloc((B, T, HV, K), torch.float32, dev),
-            _alloc(v.shape, v.dtype, dev), _alloc(g.shape, torch.float32, dev),
-            _alloc(beta.shape, torch.float32, dev), _alloc(A.shape, torch.float32, dev))
-    meta = dict(NT=NT, grid=(NT, B * HV), cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, scale=scale, T=T,
-                constexprs=dict(H=H, HV=HV, K=K, V=V, BT=BT, IS_VARLEN=cu_seqlens is not None))
-    return (q, k, v, v_new, g, beta, A, h, do, dh, dv), outs, meta
+    dq = alloc((B, T, HV, K), torch.float32, dev)
+    dk = alloc((B, T, HV, K), torch.float32, dev)
+    dv2 = alloc(v.shape, v.dtype, dev)
+    dg = alloc(g.shape, torch.float32, dev)
+    db = alloc(beta.shape, torch.float32, dev)
+    dA = alloc(A.shape, torch.float32, dev)
+    if NT > 0:
+        launch(_wy_bwd_kernel, (NT, B * HV), config, q, k, v, v_new, g, beta, A, h, do, dh, dv,
+               dq, dk, dv2, dg, db, dA, cu_seqlens, chunk_indices, scale, T,
+               H=H, HV=HV, K=K, V=V, BT=BT, IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision)
+        record_launch("kda.wy_bwd")
+    return dq, dk, dv2, db, dg, dA

@@ -1,11 +1,11 @@
-"""KDA's score gradient: ``dAqk = scale * tril(do v_new^T)`` per 64-token chunk, diagonal
-included, fp32; the first half of fla 0.6.0's ``chunk_kda_bwd_dAv`` (``fla/ops/kda/chunk_bwd.py``).
+"""The score gradient of the chunked delta rule with a precomputed Aqk (KDA's chain):
+``dAqk = scale * tril(do v_new^T)`` per 64-token chunk, diagonal included, fp32; the first half of fla 0.6.0's ``chunk_kda_bwd_dAv`` (``fla/ops/kda/chunk_bwd.py``).
 
 Its other half, the intra-chunk ``dv = Aqk^T do``, is then made inside our backward state
 scan (``_delta/_kernels/state_scan_bwd.py`` with ``A=``), which reads do anyway: fla's
 stage writes that dv (``[B, T, HV, V]``, 1.07 GB in bf16 at B=16) for dhu to read it back.
 This kernel reads do and v_new once and writes dA: about 2.7 GB at B=16 against fla's
-stage's 4.0 GB. Used by ``kda.chain`` under ``FUSE_DV_DHU``.
+stage's 4.0 GB.
 
 One program per (chunk, batch x value head), grid ``(NT, B * HV)``; the V blocks accumulate
 one [BT, BT] product each (bf16 operands, fp32 accumulation, M = 64 rows: wgmma-eligible on
@@ -18,25 +18,20 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_cache, autotune_configs
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, launch
 from kernel_fun._common.witness import record_launch
-from kernel_fun.kda._kernels import chunk_grid, chunk_program, launch
+from kernel_fun._delta.chunking import chunk_grid, chunk_program
 
 
-def _alloc(size, dtype=None, device=None):
-    """Output allocation (tests swap in a NaN-filled one to catch unwritten elements)."""
-    return torch.empty(size, dtype=dtype, device=device)
+
+# What the autotuner may pick (the interpreter runs only the first, BV=32, so the CPU tests
+# cross V blocks); the autotuned pick 0.63 ms at B=16 on the H200 (record 0dab741).
+CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
+           for bv, nw, ns in [(32, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 3)]]
+CANDIDATES: list = []
 
 
-def configs():
-    """Every configuration the autotuner may pick (the interpreter runs only the first, BV=32,
-    so the CPU tests cross V blocks); the autotuned pick 0.63 ms at B=16 on the H200
-    (record 0dab741)."""
-    return [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
-            for bv, nw, ns in [(32, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 3)]]
-
-
-@triton.autotune(configs=autotune_configs(configs()), **autotune_cache(), key=["HV", "V", "BT", "IS_VARLEN"])
+@triton.autotune(configs=autotune_configs(CONFIGS), **autotune_cache(), key=["HV", "V", "BT", "IS_VARLEN"])
 @triton.jit(do_not_specialize=["T"])
 def _score_grad_kernel(v, do, dA, cu_seqlens, chunk_indices, scale, T,
                        HV: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
@@ -48,15 +43,7 @@ def _score_grad_kernel(v, do, dA, cu_seqlens, chunk_indices, scale, T,
     do += t0 * HVV + i_hv * V
     dA += t0 * HVBT + i_hv * BT
     o_t = tl.arange(0, BT)
-    score_grad_program(v, do, dA, scale, o_t, o_t < n_valid, HV, V, BT, BV)
-
-
-@triton.jit
-def score_grad_program(v, do, dA, scale, o_t, m_t, HV: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                       BV: tl.constexpr):
-    """One chunk x value head (pointers at its first row; ``m_t`` its valid rows): dA = scale
-    tril(do v^T), stored. Also the prologue of ``wy_bwd``'s SCORE_GRAD."""
-    HVV: tl.constexpr = HV * V
+    m_t = o_t < n_valid
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
@@ -66,7 +53,7 @@ def score_grad_program(v, do, dA, scale, o_t, m_t, HV: tl.constexpr, V: tl.const
         b_vt = tl.load(v + o_t[None, :] * HVV + o_v[:, None], mask=m_v[:, None] & m_t[None, :], other=0.)
         b_dA = tl.dot(b_do, b_vt, b_dA)
     b_dA = tl.where(o_t[:, None] >= o_t[None, :], b_dA * scale, 0.)
-    tl.store(dA + o_t[:, None] * (HV * BT) + o_t[None, :], b_dA.to(dA.dtype.element_ty), mask=m_t[:, None])
+    tl.store(dA + o_t[:, None] * HVBT + o_t[None, :], b_dA.to(dA.dtype.element_ty), mask=m_t[:, None])
 
 
 def score_grad_bwd(
@@ -80,7 +67,7 @@ def score_grad_bwd(
     config: triton.Config | None = None,
 ) -> torch.Tensor:
     """``dAqk [B, T, HV, BT]`` fp32 from v (v_new) and do ``[B, T, HV, V]``: fla's
-    ``chunk_kda_bwd_dAv(...)[0]``. ``config``: one of ``configs()`` instead of autotuning."""
+    ``chunk_kda_bwd_dAv(...)[0]``. ``config``: one of ``CONFIGS`` / ``CANDIDATES`` instead of autotuning."""
     if v.shape != do.shape or v.dim() != 4:
         raise ValueError(f"score_grad_bwd: v {tuple(v.shape)} and do {tuple(do.shape)} must be one [B, T, HV, V] shape")
     B, T, HV, V = v.shape
@@ -89,9 +76,9 @@ def score_grad_bwd(
         raise ValueError(f"score_grad_bwd: chunk_size 16, 32 or 64, got {BT}")
     chunk_indices, NT = chunk_grid("score_grad_bwd", B, T, BT, cu_seqlens, chunk_indices)
     v, do = v.contiguous(), do.contiguous()
-    dA = _alloc((B, T, HV, BT), torch.float32, v.device)
+    dA = alloc((B, T, HV, BT), torch.float32, v.device)
     if NT > 0:
         launch(_score_grad_kernel, (NT, B * HV), config, v, do, dA, cu_seqlens, chunk_indices, float(scale), T,
                HV=HV, V=V, BT=BT, IS_VARLEN=cu_seqlens is not None)
-        record_launch("kda.score_grad")
+        record_launch("delta.score_grad")
     return dA
