@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernel_fun import cconv
-from kernel_fun._common import compat, support
+from kernel_fun._common import capture, compat
 from kernel_fun.cconv.reference import conv_ref, conv_ref_bwd
 
 pytestmark = pytest.mark.gpu
@@ -90,7 +90,7 @@ def test_cuda_graph_capture_replay_bit_identical(fwd_path):
 
 def test_cold_signature_under_capture_goes_to_fla():
     x, w, b = _inputs(3, 777, 256, 4)
-    support.reset_warm()
+    capture.reset_warm()
     with torch.no_grad():
         graph = torch.cuda.CUDAGraph()
         try:

@@ -205,23 +205,6 @@ def test_no_import_circle_in_common():
     assert graph["compat"] <= {"switches"}
 
 
-def test_transitional_support_reexports_and_forwards_patches(monkeypatch):
-    from kernel_fun._common import support
-
-    for name in ("decide", "report", "tensor_gate", "capture_gate", "is_capturing", "mark_warm",
-                 "reset_logged", "reset_warm", "device_capability", "device_gate", "reset_probes",
-                 "disabled_reason", "min_ctas", "debug", "fallback_on_drift", "cconv_tma",
-                 "unknown_variables", "machine_gate", "log_once"):
-        assert callable(getattr(support, name)), name
-    # older branches patch support's private hooks: the patch must reach the home module
-    monkeypatch.setattr(support, "_capturing", lambda: True)
-    assert capture.is_capturing()
-    monkeypatch.setattr(support, "_read_capability", lambda index: (8, 0))
-    assert not hardware.device_gate(0)[0]
-    monkeypatch.undo()
-    assert capture._capturing is support._capturing
-
-
 def test_getenv_sees_changes_at_once(monkeypatch):
     monkeypatch.setenv("KERNEL_FUN_DEBUG", "1")
     assert switches.getenv("KERNEL_FUN_DEBUG") == "1" and switches.debug()

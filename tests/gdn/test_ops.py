@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernel_fun import gdn
-from kernel_fun._common import compat, support
+from kernel_fun._common import compat, hardware
 from kernel_fun._common.classify import signature_problems
 from kernel_fun._common.witness import launch_counts
 from kernel_fun.gdn import ops
@@ -155,8 +155,8 @@ def test_bad_input_raises_before_any_launch(fla_calls, name, change, needle):
 
 
 def test_note_fla_refuses_backward_on_hopper_with_triton_below_3_7_1(monkeypatch):
-    monkeypatch.setattr(support, "_read_capability", lambda index: (9, 0))
-    support.reset_probes()
+    monkeypatch.setattr(hardware, "_read_capability", lambda index: (9, 0))
+    hardware.reset_probes()
     try:
         # a CPU tensor that reports cuda:0 (the probe reads only .device and the capability)
         monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 0)), raising=False)
@@ -168,12 +168,12 @@ def test_note_fla_refuses_backward_on_hopper_with_triton_below_3_7_1(monkeypatch
             assert (note is not None) == refused, ver
             if refused:
                 assert "refuses this call's backward" in note and "fla #640" in note
-        monkeypatch.setattr(support, "_read_capability", lambda index: (10, 0))
-        support.reset_probes()
+        monkeypatch.setattr(hardware, "_read_capability", lambda index: (10, 0))
+        hardware.reset_probes()
         monkeypatch.setattr(ops, "_triton_version", lambda: (3, 6, 0))
         assert ops.fla_refuses_backward(q) is None  # Blackwell: fla trains
     finally:
-        support.reset_probes()
+        hardware.reset_probes()
 
 
 def test_routed_training_call_carries_the_note(fla_calls, monkeypatch):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernel_fun import gnorm
-from kernel_fun._common import compat, support
+from kernel_fun._common import capture, compat
 from kernel_fun._common.numerics import rel_rms
 
 from gnorm_cases import compare, make_inputs  # noqa: E402  (conftest: this folder on sys.path)
@@ -141,7 +141,7 @@ def test_capture_with_an_unused_prenorm_output_after_an_eager_call_that_used_it(
 
 def test_cold_signature_under_capture_goes_to_fla():
     inp = make_inputs((3, 777, 96), torch.bfloat16, device="cuda")
-    support.reset_warm()
+    capture.reset_warm()
     ok, reason = True, ""
     with torch.no_grad():
         graph = torch.cuda.CUDAGraph()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernel_fun import gnorm
-from kernel_fun._common import compat, support
+from kernel_fun._common import capture, compat
 from kernel_fun._common.classify import signature_problems
 from kernel_fun._common.numerics import rel_rms
 from kernel_fun._common.witness import launches
@@ -208,13 +208,13 @@ def test_bad_input_is_a_clear_value_error(make, match):
 
 def test_capture_gate_routes_cold_signature(fla_calls, monkeypatch):
     x, g, w = _xgw()
-    monkeypatch.setattr(support, "_capturing", lambda: True)
+    monkeypatch.setattr(capture, "_capturing", lambda: True)
     ok, reason = gnorm.is_supported(x, g, w, None, activation="sigmoid")
     assert not ok and "capture" in reason
-    monkeypatch.setattr(support, "_capturing", lambda: False)
+    monkeypatch.setattr(capture, "_capturing", lambda: False)
     y = gnorm.rms_norm_gated(x, g, w, None, activation="sigmoid")  # eager fwd + bwd warm it
     y.backward(torch.ones_like(y))
-    monkeypatch.setattr(support, "_capturing", lambda: True)
+    monkeypatch.setattr(capture, "_capturing", lambda: True)
     assert gnorm.is_supported(x, g, w, None, activation="sigmoid") == (True, "")
     with torch.no_grad():
         assert gnorm.is_supported(x, g, w, None, activation="sigmoid")[0]

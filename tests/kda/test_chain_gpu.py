@@ -257,15 +257,14 @@ def test_launch_witness_replaced_fla_kernels_did_not_run():
 
 
 def test_warmup_makes_the_signature_capturable(capsys):
-    from kernel_fun._common import support
-
-    support.reset_warm()
+    from kernel_fun._common import capture
+    capture.reset_warm()
     kda.warmup(K=128, V=128, HV=4, H=2, B=1, T=256)
     assert "kernel-fun kda warmup [1/1]" in capsys.readouterr().err
     t = _make(1, 256, 2, 4, 128, 128)
     import unittest.mock as mock
 
-    with mock.patch.object(support, "_capturing", lambda: True):
+    with mock.patch.object(capture, "_capturing", lambda: True):
         ok, reason = kda.is_supported(t["q"], t["k"], t["v"], t["g"], t["beta"], A_log=t["A_log"],
                                       dt_bias=t["dt_bias"], use_qk_l2norm_in_kernel=True,
                                       use_gate_in_kernel=True)

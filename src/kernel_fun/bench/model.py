@@ -20,7 +20,6 @@ a per-kernel profile of one step (ours / fla's / torch GEMM / other).
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import statistics
 import time

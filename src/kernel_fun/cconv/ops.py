@@ -18,7 +18,7 @@ from .._common.compat import fla_symbol
 from .._common.gate import decide
 from .._common.hardware import tensor_gate
 from .._common.report import report
-from .._common.varlen import check_cu_seqlens
+from .._common.varlen import packed_gate
 
 FAMILY = "cconv"
 _kernels = None  # (use_tma, CausalConv1dFunction), imported on the first call (Triton is heavy)
@@ -113,10 +113,9 @@ def _box(x, weight, cu_seqlens, cu_seqlens_cpu):
     # Empty B, T or D stay ours: y is empty and the gradients are zeros, computed without a
     # launch (conv_fwd / conv_bwd return before launching), whatever fla's launcher would do
     # with a zero-size grid.
-    if cu_seqlens is not None:
-        if x.shape[0] != 1:
-            return False, f"cu_seqlens with batch size {x.shape[0]} (packed documents need B == 1)"
-        check_cu_seqlens(FAMILY, cu_seqlens, cu_seqlens_cpu, x.shape[1])
+    routed, _ = packed_gate(FAMILY, x.shape[0], x.shape[1], cu_seqlens, cu_seqlens_cpu)
+    if routed:
+        return False, routed
     return True, ""
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .._common import support
+from .._common import capture
 from . import chain
 
 
@@ -34,8 +34,8 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
                               initial_state, cu_seqlens, chunk_indices, chunk_offsets)
         ctx.flags = (scale, use_gate_in_kernel, use_beta_sigmoid, beta_scale)
         ctx.signature = signature
-        if not support.is_capturing():
-            support.mark_warm("gdn", signature, "fwd")
+        if not capture.is_capturing():
+            capture.mark_warm("gdn", signature, "fwd")
         return o.to(dtype), final_state
 
     @staticmethod
@@ -54,7 +54,7 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         dA_log = ddt_bias = None
         if use_gate_in_kernel:
             dg, dA_log, ddt_bias = chain.gate_bwd(g, A_log, dt_bias, dg)
-        if not support.is_capturing():
-            support.mark_warm("gdn", ctx.signature, "bwd")
+        if not capture.is_capturing():
+            capture.mark_warm("gdn", ctx.signature, "bwd")
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), db.to(beta_raw.dtype),
                 dA_log, ddt_bias, dh0, None, None, None, None, None, None, None, None, None, None)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from .._common.compat import fla_symbol
 # The one place gdn reaches into the shared engine (kept small for the engine's refactors).
+from .._delta import chunking
 from .._delta._kernels.state_scan_bwd import state_scan_bwd
 from .._delta._kernels.state_scan_fwd import state_scan_fwd
 from ._kernels.scores import gated_scores
@@ -35,14 +36,11 @@ def _fla(module: str, symbol: str):
 
 
 def chunk_meta(cu_seqlens, cu_seqlens_cpu, chunk_indices=None):
-    """(chunk_indices, chunk_offsets) for packed documents, or (None, None)."""
-    if cu_seqlens is None:
-        return None, None
-    if chunk_indices is None:
-        chunk_indices = _fla("fla.ops.utils.index", "prepare_chunk_indices")(
-            cu_seqlens, BT, cu_seqlens_cpu=cu_seqlens_cpu)
-    off = _fla("fla.ops.utils.index", "prepare_chunk_offsets")(cu_seqlens, BT)
-    return chunk_indices, off
+    """(chunk_indices, chunk_offsets) for packed documents, or (None, None); a caller's
+    ``chunk_indices`` (fla's signature takes them) are used as given."""
+    if cu_seqlens is None or chunk_indices is None:
+        return chunking.chunk_meta(cu_seqlens, BT, cu_seqlens_cpu)
+    return chunk_indices, chunking.chunk_offsets(cu_seqlens, BT)
 
 
 def gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices):

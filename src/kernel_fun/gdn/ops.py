@@ -10,9 +10,12 @@ import warnings
 import torch
 
 from .._common import classify as C
-from .._common import support
+from .._common import capture
+from .._common import gate
+from .._common import hardware
+from .._common import report
 from .._common.compat import fla_symbol
-from .._common.varlen import check_cu_seqlens
+from .._common.varlen import packed_gate
 
 FAMILY = "gdn"
 _HALF = (torch.bfloat16, torch.float16)
@@ -100,13 +103,10 @@ def _box(call: dict, extra: dict):
     if V not in (64, 128, 256):
         return False, f"V={V} (ours: 64, 128, 256)"
     cu = call["cu_seqlens"]
-    N = B
-    if cu is not None:
-        if B != 1:
-            return False, f"cu_seqlens with batch size {B} (packed documents need B == 1; fla raises)"
-        check_cu_seqlens(FAMILY, cu, call["cu_seqlens_cpu"], T)
-        N = cu.numel() - 1
-    elif call["chunk_indices"] is not None:
+    routed, N = packed_gate(FAMILY, B, T, cu, call["cu_seqlens_cpu"])
+    if routed:
+        return False, routed
+    if cu is None and call["chunk_indices"] is not None:
         return False, "chunk_indices without cu_seqlens"
     h0 = call["initial_state"]
     if h0 is not None:
@@ -163,7 +163,7 @@ def fla_refuses_backward(q) -> str | None:
     if not isinstance(q, torch.Tensor) or q.device.type != "cuda":
         return None
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    if tuple(support.device_capability(index)) != (9, 0):
+    if tuple(hardware.device_capability(index)) != (9, 0):
         return None
     ver = _triton_version()
     if (3, 4, 0) <= ver < (3, 7, 1):
@@ -177,14 +177,14 @@ def _decide(call: dict, extra: dict):
         return _signature(call, extra), _needs_grad(call, extra)
 
     def tensors():
-        return support.tensor_gate(*_tensors(call, extra), call["cu_seqlens"])
+        return hardware.tensor_gate(*_tensors(call, extra), call["cu_seqlens"])
 
-    ok, reason = support.decide(
+    ok, reason = gate.decide(
         FAMILY,
         lambda: C.classify(RULES, call, extra),
         lambda: _box(call, extra),
         tensors,
-        lambda: support.capture_gate(FAMILY, describe),
+        lambda: capture.capture_gate(FAMILY, describe),
     )
     if not ok and _needs_grad(call, extra):
         note = fla_refuses_backward(call["q"])
@@ -238,7 +238,7 @@ def chunk_gated_delta_rule(
     call = dict(locals())
     kwargs = call.pop("kwargs")
     ok, reason = _decide(call, kwargs)
-    support.report(FAMILY, ok, reason,
+    report.report(FAMILY, ok, reason,
                    detail=f"q {tuple(q.shape)} v {tuple(v.shape)}" if hasattr(q, "shape") else "")
     if not ok:
         return fla_symbol("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")(**call, **kwargs)

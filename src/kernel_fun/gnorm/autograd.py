@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .._common import support
+from .._common import capture
 from ._kernels.bwd import gnorm_bwd
 from ._kernels.fwd import gnorm_fwd
 
@@ -44,8 +44,8 @@ class RMSNormGatedFunction(torch.autograd.Function):
         ctx.shapes = (shape, g.shape)
         ctx.dtypes = (x.dtype, residual.dtype if residual is not None else None)
         ctx.signature = signature
-        if not support.is_capturing():
-            support.mark_warm("gnorm", signature, "fwd")
+        if not capture.is_capturing():
+            capture.mark_warm("gnorm", signature, "fwd")
         y = y.view(shape)
         return (y, h.view(shape)) if prenorm else y
 
@@ -67,8 +67,8 @@ class RMSNormGatedFunction(torch.autograd.Function):
         need = ctx.needs_input_grad
         dx, dg, dw, db, dres_in = gnorm_bwd(h, g2, weight, bias, rstd, dy2, dres2, ctx.activation,
                                             x_dtype, res_dtype, need[2], need[3])
-        if not support.is_capturing():
-            support.mark_warm("gnorm", ctx.signature, "bwd")
+        if not capture.is_capturing():
+            capture.mark_warm("gnorm", ctx.signature, "bwd")
         dx = dx.view(shape)
         d_res = None
         if res_dtype is not None and need[4]:

@@ -11,7 +11,10 @@ import numbers
 import torch
 
 from .._common import classify as C
-from .._common import support
+from .._common import capture
+from .._common import gate
+from .._common import hardware
+from .._common import report
 from .._common.compat import fla_symbol
 from ._kernels.common import GATES, MAX_V
 
@@ -100,12 +103,12 @@ def _decide(call: dict, extra: dict) -> tuple[bool, str]:
         return (_signature(x, g, weight, bias, residual, call["activation"], call["prenorm"],
                            call["residual_in_fp32"]), needs_grad)
 
-    return support.decide(
+    return gate.decide(
         FAMILY,
         lambda: C.classify(RULES, call, extra),
         lambda: _box(x, g, weight, bias, residual),
-        lambda: support.tensor_gate(x, g, weight, bias, residual),
-        lambda: support.capture_gate(FAMILY, describe),
+        lambda: hardware.tensor_gate(x, g, weight, bias, residual),
+        lambda: capture.capture_gate(FAMILY, describe),
     )
 
 
@@ -146,7 +149,7 @@ def rms_norm_gated(
     call = {"x": x, "g": g, "weight": weight, "bias": bias, "activation": activation,
             "residual": residual, "prenorm": prenorm, "residual_in_fp32": residual_in_fp32, "eps": eps}
     ok, reason = _decide(call, kwargs)
-    support.report(FAMILY, ok, reason, detail=f"x {tuple(x.shape)} {x.dtype}" if hasattr(x, "shape") else "")
+    report.report(FAMILY, ok, reason, detail=f"x {tuple(x.shape)} {x.dtype}" if hasattr(x, "shape") else "")
     if not ok:
         return fla_symbol("fla.modules.norm.fused_norm_gate", "rms_norm_gated")(**call, **kwargs)
     from .autograd import RMSNormGatedFunction

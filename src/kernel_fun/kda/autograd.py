@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .._common import support
+from .._common import capture
 from . import chain
 
 
@@ -34,8 +34,8 @@ class ChunkKDAFunction(torch.autograd.Function):
                               initial_state, Aqk, Akk, cu_seqlens, chunk_indices, chunk_offsets)
         ctx.flags = (scale, use_gate_in_kernel, use_beta_sigmoid, beta_scale)
         ctx.signature = signature
-        if not support.is_capturing():
-            support.mark_warm("kda", signature, "fwd")
+        if not capture.is_capturing():
+            capture.mark_warm("kda", signature, "fwd")
         return o.to(dtype), final_state
 
     @staticmethod
@@ -50,7 +50,7 @@ class ChunkKDAFunction(torch.autograd.Function):
             dht, use_gate_in_kernel, cu_seqlens, chunk_indices, chunk_offsets, q_rstd, k_rstd)
         if use_beta_sigmoid:
             db = chain.beta_sigmoid_bwd(beta_raw, db, beta_scale)
-        if not support.is_capturing():
-            support.mark_warm("kda", ctx.signature, "bwd")
+        if not capture.is_capturing():
+            capture.mark_warm("kda", ctx.signature, "bwd")
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), db.to(beta_raw.dtype),
                 dA_log, ddt_bias, dh0, None, None, None, None, None, None, None, None, None)

@@ -9,9 +9,12 @@ import warnings
 import torch
 
 from .._common import classify as C
-from .._common import support
+from .._common import capture
+from .._common import gate
+from .._common import hardware
+from .._common import report
 from .._common.compat import fla_symbol
-from .._common.varlen import check_cu_seqlens
+from .._common.varlen import packed_gate
 
 FAMILY = "kda"
 _HALF = (torch.bfloat16, torch.float16)
@@ -102,13 +105,9 @@ def _box(call: dict, extra: dict):
         return False, f"K={K} (ours: 64, 128)"
     if V not in (64, 128, 256):
         return False, f"V={V} (ours: 64, 128, 256)"
-    cu = call["cu_seqlens"]
-    N = B
-    if cu is not None:
-        if B != 1:
-            return False, f"cu_seqlens with batch size {B} (packed documents need B == 1; fla raises)"
-        check_cu_seqlens(FAMILY, cu, call["cu_seqlens_cpu"], T)
-        N = cu.numel() - 1
+    routed, N = packed_gate(FAMILY, B, T, call["cu_seqlens"], call["cu_seqlens_cpu"])
+    if routed:
+        return False, routed
     h0 = call["initial_state"]
     if h0 is not None:
         if h0.dtype != torch.float32:
@@ -144,16 +143,16 @@ def _decide(call: dict, extra: dict):
         return _signature(call, extra), needs_grad
 
     def tensors():
-        return support.tensor_gate(call["q"], call["k"], call["v"], call["g"], call["beta"],
+        return hardware.tensor_gate(call["q"], call["k"], call["v"], call["g"], call["beta"],
                                    call["initial_state"], call["cu_seqlens"],
                                    extra.get("A_log"), extra.get("dt_bias"))
 
-    return support.decide(
+    return gate.decide(
         FAMILY,
         lambda: C.classify(RULES, call, extra),
         lambda: _box(call, extra),
         tensors,
-        lambda: support.capture_gate(FAMILY, describe),
+        lambda: capture.capture_gate(FAMILY, describe),
     )
 
 
@@ -208,7 +207,7 @@ def chunk_kda(
     call = dict(locals())
     kwargs = call.pop("kwargs")
     ok, reason = _decide(call, kwargs)
-    support.report(FAMILY, ok, reason,
+    report.report(FAMILY, ok, reason,
                    detail=f"q {tuple(q.shape)} v {tuple(v.shape)}" if hasattr(q, "shape") else "")
     if not ok:
         return fla_symbol("fla.ops.kda", "chunk_kda")(**call, **kwargs)

@@ -37,7 +37,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernel_fun._common import support
+from kernel_fun._common import hardware
+
+from kernel_fun._common import switches
 from kernel_fun._common.fastmath import FAST_MATH, sigmoid
 from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
@@ -395,12 +397,12 @@ def tma_ok(x: torch.Tensor) -> bool:
     if x.device.type != "cuda":
         return True  # the interpreter
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    return support.device_capability(index)[0] >= 9
+    return hardware.device_capability(index)[0] >= 9
 
 
 def use_tma(x: torch.Tensor) -> bool:
     """Whether conv_fwd takes the TMA forward for x by default (KERNEL_FUN_CCONV_TMA=0: never)."""
-    return x.numel() * x.element_size() >= _TMA_MIN_BYTES and tma_ok(x) and support.cconv_tma()
+    return x.numel() * x.element_size() >= _TMA_MIN_BYTES and tma_ok(x) and switches.cconv_tma()
 
 
 @triton.jit
