@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from kernel_fun._common.numerics import rel_rms
 from kernel_fun._common.witness import launches
 from kernel_fun._delta import reference as ref
-from kernel_fun._delta._kernels import state_scan_bwd as mod
 from kernel_fun._delta._kernels.state_scan_bwd import CANDIDATES, CONFIGS, config_name, state_scan_bwd
 
 BT = 64
@@ -52,7 +51,7 @@ def _inputs(gate, dtype, B=2, T=130, HQ=1, HV=2, K=32, V=64, cu_seqlens=None, de
 
 
 @pytest.fixture
-def poisoned(poisoned_outputs):
+def poisoned(poison_outputs):
     pass
 
 

@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 from kernel_fun._common.witness import launches
 from kernel_fun._delta import reference as ref
-from kernel_fun._delta._kernels import state_scan_fwd as mod
 from kernel_fun._delta._kernels.state_scan_fwd import CANDIDATES, CONFIGS, config_name, state_scan_fwd
 
 ALL_CONFIGS = CONFIGS + CANDIDATES
@@ -73,7 +72,7 @@ def _reference(x, h0, cu_seqlens, state_v_first=False):
 
 
 @pytest.fixture
-def poisoned(poisoned_outputs):
+def poisoned(poison_outputs):
     """Every output the launcher allocates starts as NaN: an unwritten element fails."""
 
 

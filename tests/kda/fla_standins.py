@@ -144,6 +144,7 @@ def chunk_gated_delta_rule_fwd_h(k, w, u, gk, initial_state=None, output_final_s
 
 
 def l2norm_fwd(x, eps=1e-6, output_dtype=None):
+    x.view(-1, x.shape[-1])  # as fla's l2norm_fwd does: raises on a strided x, as fla would
     xd = x.double()
     rstd = 1.0 / torch.sqrt((xd * xd).sum(-1) + eps)
     return (xd * rstd[..., None]).to(output_dtype or x.dtype), rstd.reshape(-1).float()

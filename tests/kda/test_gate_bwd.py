@@ -9,7 +9,6 @@ import torch
 
 from kernel_fun._common.numerics import rel_rms
 from kernel_fun._common.witness import launch_counts
-from kernel_fun.kda._kernels import gate_bwd as mod
 from kernel_fun.kda._kernels.gate_bwd import CANDIDATES, CONFIGS, dg_cumsum_gate_bwd
 from kernel_fun.kda.reference_stages import dg_cumsum_gate_bwd_reference
 
@@ -17,7 +16,7 @@ BT = 64
 
 
 @pytest.fixture(autouse=True)
-def poison(poisoned_outputs):
+def poison(poison_outputs):
     pass
 
 

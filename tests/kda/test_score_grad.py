@@ -8,7 +8,6 @@ import torch
 
 from kernel_fun._common.numerics import rel_rms
 from kernel_fun._common.witness import launch_counts
-from kernel_fun._delta._kernels import score_grad as mod
 from kernel_fun._delta._kernels.score_grad import CANDIDATES, CONFIGS, score_grad_bwd
 from kernel_fun.kda.reference_stages import dAv_reference
 
@@ -17,7 +16,7 @@ SCALE = 0.3
 
 
 @pytest.fixture(autouse=True)
-def poison(poisoned_outputs):
+def poison(poison_outputs):
     pass
 
 

@@ -17,7 +17,6 @@ import torch
 
 from kernel_fun._common.witness import launch_counts
 from kernel_fun.kda import reference_stages as refs
-from kernel_fun.kda._kernels import intra_bwd as intra_mod
 
 RCP_LN2 = 1.4426950408889634
 BT = 64
@@ -27,7 +26,7 @@ from kernel_fun._common.numerics import rel_rms as rel_err  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def poison(poisoned_outputs):
+def poison(poison_outputs):
     pass
 
 

@@ -65,3 +65,17 @@ def test_v_first_state_shape_is_checked():
     with pytest.raises(ValueError, match=r"\[N, HV, V, K\]"):
         kda.chunk_kda(*args, A_log=t["A_log"], dt_bias=t["dt_bias"], use_gate_in_kernel=True,
                       state_v_first=True, initial_state=torch.zeros(1, 2, 64, 128))
+
+
+def test_strided_q_k_v_run_like_contiguous_ones():
+    """Column slices of a wider projection (fla's entry makes its inputs contiguous; so do we
+    before fla's stages, whose l2norm would fail on a strided view)."""
+    t = make_inputs(1, 70, 1, 2, 64, 64, device="cpu", dtype=torch.float16)
+    wide = torch.cat([t["q"].detach(), torch.zeros_like(t["q"].detach())], -1)[..., :64]
+    assert not wide.is_contiguous()
+    args = [t[n].detach() for n in ("k", "v", "g", "beta")]
+    kw = dict(A_log=t["A_log"].detach(), dt_bias=t["dt_bias"].detach(), use_gate_in_kernel=True,
+              use_qk_l2norm_in_kernel=True, state_v_first=True)
+    o_strided, _ = kda.chunk_kda(wide, *args, **kw)
+    o_dense, _ = kda.chunk_kda(wide.contiguous(), *args, **kw)
+    assert torch.equal(o_strided, o_dense)

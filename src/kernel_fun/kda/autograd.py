@@ -18,6 +18,9 @@ class ChunkKDAFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, A_log, dt_bias, initial_state, scale, output_final_state,
                 use_qk_l2norm, use_gate_in_kernel, use_beta_sigmoid, allow_neg_eigval,
                 cu_seqlens, cu_seqlens_cpu, signature):
+        # fla's stages need contiguous inputs (its entries' input_guard makes them so): GDN's
+        # fused q/k/v conv hands over column slices of one [B, T, 2K'+V'] buffer
+        q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
         q_rstd = k_rstd = None
         dtype = q.dtype
         if use_qk_l2norm:

@@ -32,14 +32,12 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.fastmath import FAST_MATH, sigmoid
-from kernel_fun._common.tuning import autotune_cache, autotune_configs
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs
 from kernel_fun._common.witness import record_launch
 
 from .fwd import (aligned16, block_coords, conv_row, load_rows, seq_advance, t_major, time_chunks,
                   varlen_args, window_setup)
 
-# Test-only hook (see fwd._alloc): tests swap in a NaN-filling allocator.
-_alloc = torch.empty
 
 # Grid sizing (fwd.time_chunks), set from scripts/cconv_sweep.py (H200, bf16, W=4, silu,
 # 2026-11-30; bench/records/raw/2026-11-30-h200-cconv-sweep-e5fe2db.json). Dense input: one
@@ -280,9 +278,9 @@ def conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, d
     assert tuple(dy.shape) == (B, T, D), (tuple(dy.shape), tuple(x.shape))
     assert cu_seqlens is None or B == 1, "cu_seqlens needs B == 1"
     has_bias = bias is not None
-    dx = _alloc((B, T, D), dtype=x.dtype, device=x.device)
-    dw = _alloc((D, W), dtype=weight.dtype, device=x.device)
-    db = _alloc((D,), dtype=bias.dtype, device=x.device) if has_bias else None
+    dx = alloc((B, T, D), dtype=x.dtype, device=x.device)
+    dw = alloc((D, W), dtype=weight.dtype, device=x.device)
+    db = alloc((D,), dtype=bias.dtype, device=x.device) if has_bias else None
     if x.numel() == 0:
         dw.zero_()
         if db is not None:
@@ -293,7 +291,7 @@ def conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, d
                _MIN_ROWS_BWD))
     n_chunks, rows = time_chunks(B, T, D, x.device, *sizing)
     n_part = B * n_chunks
-    part = _alloc((n_part, W + int(has_bias), D), dtype=torch.float32, device=x.device)
+    part = alloc((n_part, W + int(has_bias), D), dtype=torch.float32, device=x.device)
     n_seq, n_steps = varlen_args(cu_seqlens)
     conv_bwd_kernel[lambda meta: (triton.cdiv(D, meta["BD"]) * n_chunks, B)](
         x, weight, bias if has_bias else weight, dy, dx, part,

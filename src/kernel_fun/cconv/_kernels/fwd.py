@@ -37,19 +37,14 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernel_fun._common import hardware
-
-from kernel_fun._common import switches
+from kernel_fun._common import hardware, switches
 from kernel_fun._common.fastmath import FAST_MATH, sigmoid
-from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
 
 
 install_interpreter_shims()
 
-# Test-only hook: tests swap in an allocator that fills with NaN, so an element a kernel
-# forgets to write fails the comparison. Production allocates with torch.empty.
-_alloc = torch.empty
 
 # Grid sizing (`time_chunks`): chunks of at most `_MAX_ROWS_FWD` rows; more (shorter) ones,
 # down to `_MIN_ROWS_FWD` rows, while the grid has fewer than `_WARPS_PER_SM_FWD` warp-units per
@@ -445,7 +440,7 @@ def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, s
     W = weight.shape[1]
     assert weight.shape[0] == D and 1 <= W <= 4, (tuple(x.shape), tuple(weight.shape))
     assert cu_seqlens is None or B == 1, "cu_seqlens needs B == 1"
-    y = _alloc((B, T, D), dtype=x.dtype, device=x.device)
+    y = alloc((B, T, D), dtype=x.dtype, device=x.device)
     if y.numel() == 0:
         return y
     n_seq, n_steps = varlen_args(cu_seqlens)

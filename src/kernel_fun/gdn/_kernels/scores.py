@@ -17,8 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
+
 
 install_interpreter_shims()
 
@@ -78,9 +79,6 @@ gated_scores_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(), key=["H", "HV", "K", "BT", "IS_VARLEN"],
 )(gated_scores_kernel)
 
-# Every output is allocated through this name, so that tests can poison outputs with NaN.
-_alloc = torch.empty
-
 
 def gated_scores(q, k, g, scale, cu_seqlens=None, chunk_indices=None, chunk_size: int = 64,
                  *, config: triton.Config | None = None):
@@ -95,7 +93,7 @@ def gated_scores(q, k, g, scale, cu_seqlens=None, chunk_indices=None, chunk_size
     is_varlen = cu_seqlens is not None
     NT = len(chunk_indices) if is_varlen else triton.cdiv(T, BT)
     q, k, g = q.contiguous(), k.contiguous(), g.contiguous()
-    A = _alloc((B, T, HV, BT), dtype=q.dtype, device=q.device)
+    A = alloc((B, T, HV, BT), dtype=q.dtype, device=q.device)
     args = dict(q=q, k=k, g=g, A=A, cu_seqlens=cu_seqlens if is_varlen else A,
                 chunk_indices=chunk_indices if is_varlen else A, scale=float(scale), T=T, H=H, HV=HV, K=K,
                 BT=BT, KP=max(16, triton.next_power_of_2(K)), IS_VARLEN=is_varlen,

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
 
 from .wy_dv_bwd import config_name, prune_bv  # noqa: F401  (config_name: the tests' ids)
@@ -178,9 +178,6 @@ wy_dqk_bwd_kernel_tuned = triton.autotune(
     prune_configs_by={"early_config_prune": prune_bv},
 )(wy_dqk_bwd_kernel)
 
-# Every output is allocated through this name, so that tests can poison outputs with NaN.
-_alloc = torch.empty
-
 
 def wy_dqk_bwd(q, k, v_new, g, h, dh, do, dv, dAqk, dAkk, dgz, scale, NT: int, cu_seqlens=None,
                chunk_indices=None, chunk_size: int = 64, out_dtype=None, *, config: triton.Config | None = None):
@@ -192,9 +189,9 @@ def wy_dqk_bwd(q, k, v_new, g, h, dh, do, dv, dAqk, dAkk, dgz, scale, NT: int, c
     B, T, H, K = q.shape
     HV, V = v_new.shape[2], v_new.shape[3]
     out_dtype = out_dtype or q.dtype
-    dq = _alloc((B, T, H, K), dtype=out_dtype, device=q.device)
-    dk = _alloc((B, T, H, K), dtype=out_dtype, device=q.device)
-    dg = _alloc((B, T, HV), dtype=torch.float32, device=q.device)
+    dq = alloc((B, T, H, K), dtype=out_dtype, device=q.device)
+    dk = alloc((B, T, H, K), dtype=out_dtype, device=q.device)
+    dg = alloc((B, T, HV), dtype=torch.float32, device=q.device)
     is_varlen = cu_seqlens is not None
     args = dict(
         q=q, k=k, v_new=v_new, g=g, h=h, dh=dh, do=do, dv=dv, dAqk=dAqk, dAkk=dAkk, dgz=dgz, dq=dq, dk=dk, dg=dg,

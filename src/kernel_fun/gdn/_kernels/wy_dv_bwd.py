@@ -31,8 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
+
 
 install_interpreter_shims()
 
@@ -196,9 +197,6 @@ wy_dv_bwd_kernel_tuned = triton.autotune(
     prune_configs_by={"early_config_prune": prune_bv},
 )(wy_dv_bwd_kernel)
 
-# Every output is allocated through this name, so that tests can poison outputs with NaN.
-_alloc = torch.empty
-
 
 def wy_dv_bwd(k, v, v_new, g, beta, A, h, do, dv2, scale, NT: int, cu_seqlens=None, chunk_indices=None,
               chunk_size: int = 64, *, config: triton.Config | None = None):
@@ -211,11 +209,11 @@ def wy_dv_bwd(k, v, v_new, g, beta, A, h, do, dv2, scale, NT: int, cu_seqlens=No
     HV, V = v.shape[2], v.shape[3]
     BT = chunk_size
     dev = k.device
-    dv = _alloc((B, T, HV, V), dtype=v.dtype, device=dev)
-    db = _alloc((B, T, HV), dtype=torch.float32, device=dev)
-    dAqk = _alloc((B, T, HV, BT), dtype=k.dtype, device=dev)
-    dAkk = _alloc((B, T, HV, BT), dtype=k.dtype, device=dev)
-    dgz = _alloc((B, T, HV), dtype=torch.float32, device=dev)
+    dv = alloc((B, T, HV, V), dtype=v.dtype, device=dev)
+    db = alloc((B, T, HV), dtype=torch.float32, device=dev)
+    dAqk = alloc((B, T, HV, BT), dtype=k.dtype, device=dev)
+    dAkk = alloc((B, T, HV, BT), dtype=k.dtype, device=dev)
+    dgz = alloc((B, T, HV), dtype=torch.float32, device=dev)
     is_varlen = cu_seqlens is not None
     args = dict(
         k=k, v=v, v_new=v_new, g=g, beta=beta, A=A, h=h, do=do, dv2=dv2, dv=dv, db=db, dAqk=dAqk, dAkk=dAkk,

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.fastmath import FAST_MATH
-from kernel_fun._common.tuning import autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
 from kernel_fun.cconv._kernels.fwd import sm_count
 
@@ -40,7 +40,6 @@ from .dw_reduce import dw_reduce
 
 install_interpreter_shims()
 
-_alloc = torch.empty  # test hook (see fwd._alloc)
 
 # TILE elements per tile, PPS programs per SM, NS loop stages (1: plain loop; > 1: Triton's
 # pipeliner, cp.async into shared memory), num_warps. Each config caps registers so that PPS
@@ -147,14 +146,14 @@ def gnorm_bwd(h, g, weight, bias, rstd, dy, dres, activation: str, x_dtype, res_
     """
     N, V = h.shape
     dev = h.device
-    dx = _alloc((N, V), dtype=x_dtype, device=dev)
-    dg = _alloc((N, V), dtype=g.dtype, device=dev)
+    dx = alloc((N, V), dtype=x_dtype, device=dev)
+    dg = alloc((N, V), dtype=g.dtype, device=dev)
     store_dres = res_dtype is not None and res_dtype != x_dtype
-    dres_in = _alloc((N, V), dtype=res_dtype, device=dev) if store_dres else None
+    dres_in = alloc((N, V), dtype=res_dtype, device=dev) if store_dres else None
     # dw/db are reduced whenever the parameter exists (a few KB), needed or not, so the reduce's
     # compiled variant depends on the call's signature alone (CUDA graph capture)
-    dw = _alloc((V,), dtype=weight.dtype, device=dev) if weight is not None else None
-    db = _alloc((V,), dtype=bias.dtype, device=dev) if bias is not None else None
+    dw = alloc((V,), dtype=weight.dtype, device=dev) if weight is not None else None
+    db = alloc((V,), dtype=bias.dtype, device=dev) if bias is not None else None
     if N == 0:
         for t in (dw, db):
             if t is not None:
@@ -162,7 +161,7 @@ def gnorm_bwd(h, g, weight, bias, rstd, dy, dres, activation: str, x_dtype, res_
         return dx, dg, dw if need_dw else None, db if need_db else None, dres_in
     BV = block_v(V)
     n_sm = sm_count(dev)
-    part = _alloc((n_sm * MAX_PPS, 2, V), dtype=torch.float32, device=dev)
+    part = alloc((n_sm * MAX_PPS, 2, V), dtype=torch.float32, device=dev)
 
     def grid(meta):
         return (min(triton.cdiv(N, meta["BR"]), n_sm * meta["PPS"]),)
