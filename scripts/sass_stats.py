@@ -15,6 +15,18 @@ an if/else whose branches give one name two shapes, a constexpr mismatch, a miss
 Triton's interpreter, which runs the CPU tests, does none of those checks, so a kernel can pass
 every interpreted test and still fail to compile on the GPU. Exit status 1 if any fails;
 tests/common/test_frontend_compile.py runs this in CI. About 0.3 s per kernel variant.
+
+``--compile``: the production configurations (default mode's list) compiled all the way to a
+cubin (Triton's GPU passes for the target, LLVM, ptxas), nothing printed but ok/FAILED and
+the seconds; ``--jobs N`` compiles in N processes. With ``--frontend`` or ``--compile`` it also
+checks coverage: every kernel the package ships (`discover`: the ``*_kernel`` objects of each
+``kernel_fun.<pkg>._kernels`` module) has a spec here, and every configuration its autotuner
+sees has one; a kernel or config without one counts as a failure.
+
+``--target sm_90a`` (default) | ``sm_100a`` | ``sm_90a,sm_100a`` | ``all``: the GPU to compile
+for (Hopper, Blackwell B200/B300). No GPU is needed: Triton compiles for a named
+``GPUTarget("cuda", 90 | 100, 32)``, and its wheel ships a ptxas for each (``ptxas`` and
+``ptxas-blackwell`` in Triton 3.6; 3.9 uses ``ptxas-blackwell``, CUDA 13, for both).
 """
 from __future__ import annotations
 
@@ -30,7 +42,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-TARGET = GPUTarget("cuda", 90, 32)
+TARGETS = {"sm_90a": GPUTarget("cuda", 90, 32), "sm_100a": GPUTarget("cuda", 100, 32)}
+TARGET = TARGETS["sm_90a"]
 
 
 def _source(fn, pointer_types: dict, constexprs: dict) -> ASTSource:
@@ -62,24 +75,31 @@ def _options(num_warps, num_stages, maxnreg) -> dict:
     return opts
 
 
-def lower(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None):
+def lower(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None, target=None):
     """Triton IR of the kernel (raises where Triton's frontend rejects it)."""
     from triton._C.libtriton import ir
     from triton.compiler.compiler import make_backend
 
-    backend = make_backend(TARGET)
+    target = target or TARGET
+    backend = make_backend(target)
     options = backend.parse_options(_options(num_warps, num_stages, maxnreg))
     context = ir.context()
     ir.load_dialects(context)
     backend.load_dialects(context)
     return _source(fn, pointer_types, constexprs).make_ir(
-        TARGET, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
+        target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
 
 
-def stats(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None) -> dict:
-    """Compile for sm_90a: registers, local memory (spills), shared memory, SASS and MUFU counts."""
-    k = triton.compile(_source(fn, pointer_types, constexprs), target=TARGET,
-                       options=_options(num_warps, num_stages, maxnreg))
+def build(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None, target=None):
+    """The kernel compiled to a cubin for ``target`` (default sm_90a): Triton's compiled kernel."""
+    return triton.compile(_source(fn, pointer_types, constexprs), target=target or TARGET,
+                          options=_options(num_warps, num_stages, maxnreg))
+
+
+def stats(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None, target=None) -> dict:
+    """Compile for ``target`` (default sm_90a): registers, local memory (spills), shared memory,
+    SASS and MUFU counts."""
+    k = build(fn, pointer_types, constexprs, num_warps, num_stages, maxnreg, target)
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(k.asm["cubin"])
     res = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "--dump-resource-usage", f.name],
@@ -96,6 +116,49 @@ def stats(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None) 
 # Each spec generator yields (label, jit function, pointer types, constexprs, config); with
 # full=False only what the default mode reports (production configs), with full=True every
 # configuration any launcher, bench or test can force, at every flag combination.
+
+def _module_attr(m, *names):
+    """The first of ``names`` that module ``m`` has (a value, or a function's return): config
+    lists go by the ``CONFIGS`` / ``CANDIDATES`` convention, or by the older per-module names."""
+    for n in names:
+        if hasattr(m, n):
+            v = getattr(m, n)
+            return v() if callable(v) and not isinstance(v, triton.Config) else v
+    raise AttributeError(f"{m.__name__} has none of {names}")
+
+
+def shipped_configs(kernel) -> list:
+    """The configurations a kernel is launched with on a GPU: its autotuner's list (Triton's
+    ``Autotuner.configs``; outside the interpreter ``tuning.autotune_configs`` passes them all)."""
+    from triton.runtime.autotuner import Autotuner
+
+    while not isinstance(kernel, Autotuner):
+        if not hasattr(kernel, "fn"):
+            raise TypeError(f"{kernel!r} is not autotuned")
+        kernel = kernel.fn
+    return list(kernel.configs)
+
+
+def candidates(m, kernel, *names) -> list:
+    """Extra configurations a bench may force (the first of ``names`` module ``m`` has; none:
+    []), those whose parameters are ``kernel``'s constexprs."""
+    try:
+        cfgs = _module_attr(m, *names)
+    except AttributeError:
+        return []
+    fn = _jit_fn(kernel)
+    params = {p.name for p in fn.params if p.is_constexpr}
+    return [c for c in cfgs if set(c.kwargs) <= params]
+
+
+def _jit_fn(kernel):
+    """The ``triton.jit`` function under an autotuner or heuristics wrapper."""
+    from triton.runtime.jit import JITFunction
+
+    while not isinstance(kernel, JITFunction):
+        kernel = kernel.fn
+    return kernel
+
 
 def _cfg_label(c) -> str:
     extra = f" r{c.maxnreg}" if getattr(c, "maxnreg", None) else ""
@@ -202,8 +265,11 @@ def cconv(full):
     from kernel_fun.cconv._kernels import bwd, fwd
 
     ptr = dict(x="*bf16", y="*bf16", dy="*bf16", dx="*bf16", cu_seqlens="*i64")
-    lists = (("fwd", fwd.conv_fwd_kernel, fwd._FWD_CONFIGS + (fwd._FWD_CANDIDATES if full else [])),
-             ("bwd", bwd.conv_bwd_kernel, bwd._BWD_CONFIGS + (bwd._BWD_CANDIDATES if full else [])))
+    # shipped: what the autotuner sees; candidates by whichever name the module gives them
+    lists = (("fwd", fwd.conv_fwd_kernel, shipped_configs(fwd.conv_fwd_kernel) + (
+                 candidates(fwd, fwd.conv_fwd_kernel, "CANDIDATES", "FWD_CANDIDATES", "_FWD_CANDIDATES") if full else [])),
+             ("bwd", bwd.conv_bwd_kernel, shipped_configs(bwd.conv_bwd_kernel) + (
+                 candidates(bwd, bwd.conv_bwd_kernel, "CANDIDATES", "BWD_CANDIDATES", "_BWD_CANDIDATES") if full else [])))
     for name, kernel, configs in lists:
         fn = kernel.fn
         # the production launch: D = 2048, D-major x, dy, a [D, 4] weight (s_wd = 4): strides and
@@ -229,8 +295,12 @@ def cconv(full):
                     c["s_gd"] = 1
             yield f"cconv {name} {lay} {_cfg_label(cfg)}", fn, types, c, cfg
     # the TMA forward (fwd._TMA_CONFIG, then the candidates): x read through a [B, T, D] descriptor, box [1, R, BD]
-    fn = fwd.conv_fwd_tma_kernel  # a JITFunction (no autotuner)
-    for cfg in [fwd._TMA_CONFIG] + fwd._TMA_CANDIDATES:
+    fn = fwd.conv_fwd_tma_kernel  # a JITFunction (no autotuner): one fixed config
+    tma = _module_attr(fwd, "TMA_CONFIGS", "TMA_CONFIG", "_TMA_CONFIG")
+    tma = list(tma) if isinstance(tma, (list, tuple)) else [tma]
+    if full:
+        tma += candidates(fwd, fn, "TMA_CANDIDATES", "_TMA_CANDIDATES")
+    for cfg in tma:
         types = dict(ptr, x_desc=f"tensordesc<bf16[1,{cfg.kwargs['R']},{cfg.kwargs['BD']}]>",
                      **{a: "i32:16" if a in ("D", "s_xb", "s_xt") else "i32"
                         for a in fn.arg_names if a.startswith("s_") or a in ("D", "TC", "N_SEQ", "N_STEPS")})
@@ -240,38 +310,164 @@ def cconv(full):
         for lay in lays:
             c = dict(**lay, **cfg.kwargs, s_wi=1, FAST=True)
             yield f"cconv fwd_tma {lay} {_cfg_label(cfg)}", fn, types, c, cfg
-    if full:
-        fn = bwd.dw_reduce_kernel
-        for has_bias in (False, True):
-            yield (f"cconv dw_reduce HAS_BIAS={has_bias}", fn, dict(n_part="i32", D="i32"),
-                   dict(W=4, HAS_BIAS=has_bias, BP=64, BM=128), triton.Config({}, num_warps=4))
+    fn = bwd.dw_reduce_kernel  # one fixed config (conv_bwd): the summation order must not vary
+    for has_bias in (False, True) if full else (True,):
+        yield (f"cconv dw_reduce HAS_BIAS={has_bias}", fn, dict(n_part="i32", D="i32"),
+               dict(W=4, HAS_BIAS=has_bias, BP=64, BM=128), triton.Config({}, num_warps=4))
 
 
 KERNELS = {"intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,
            "state_scan_bwd": state_scan_bwd, "score_grad": score_grad, "gate_bwd": gate_bwd, "cconv": cconv}
 
 
+def discover() -> dict:
+    """Every kernel the package ships, found by the convention the code follows: the objects
+    named ``*_kernel`` that each module of a ``kernel_fun.<pkg>._kernels`` package defines
+    (jit functions, or autotuners around them). {"<module>.<name>": (jit function, shipped
+    configs or None)}: an autotuned kernel's shipped configs are its autotuner's list; None for
+    a kernel its launcher runs with a fixed configuration."""
+    import importlib
+    import pkgutil
+
+    import kernel_fun
+    from triton.runtime.jit import JITFunction
+
+    found = {}
+    for pkg in pkgutil.iter_modules(kernel_fun.__path__):
+        if not pkg.ispkg:
+            continue
+        try:
+            kpkg = importlib.import_module(f"kernel_fun.{pkg.name}._kernels")
+        except ModuleNotFoundError as e:
+            if e.name == f"kernel_fun.{pkg.name}._kernels":
+                continue  # a package without kernels
+            raise
+        mods = [kpkg] + [importlib.import_module(f"{kpkg.__name__}.{m.name}") for m in pkgutil.iter_modules(kpkg.__path__)]
+        for m in mods:
+            for name, obj in vars(m).items():
+                if not name.endswith("_kernel") or not hasattr(obj, "fn") and not isinstance(obj, JITFunction):
+                    continue
+                fn = _jit_fn(obj)
+                if fn.fn.__module__ != m.__name__:
+                    continue  # imported from the module that defines it
+                cfgs = None if isinstance(obj, JITFunction) else shipped_configs(obj)
+                found[f"{m.__name__.removeprefix('kernel_fun.')}.{name}"] = (fn, cfgs)
+    return found
+
+
+def _covers(spec, fn, cfg) -> bool:
+    """Whether spec compiles ``fn`` at configuration ``cfg`` (its constexpr values, warps,
+    stages and register cap)."""
+    _, sfn, _, const, scfg = spec
+    return (_jit_fn(sfn) is fn and all(const.get(k, scfg.kwargs.get(k)) == v for k, v in cfg.kwargs.items())
+            and (scfg.num_warps, scfg.num_stages, getattr(scfg, "maxnreg", None))
+            == (cfg.num_warps, cfg.num_stages, getattr(cfg, "maxnreg", None)))
+
+
+def uncovered(specs) -> list[str]:
+    """What ``discover`` finds that ``specs`` (spec tuples) leave out: a kernel without a spec,
+    or a configuration of its autotuner no spec compiles."""
+    missing = []
+    for name, (fn, cfgs) in discover().items():
+        mine = [sp for sp in specs if _jit_fn(sp[1]) is fn]
+        if not mine:
+            missing.append(f"{name}: no spec in scripts/sass_stats.py")
+            continue
+        missing += [f"{name}: config {_cfg_label(c)} has no spec" for c in cfgs or ()
+                    if not any(_covers(sp, fn, c) for sp in mine)]
+    return missing
+
+
+def shipped_specs() -> list:
+    """Every shipped configuration of every kernel, once: the default mode's specs (the
+    production flags) and, for an autotuner config those leave out, the first spec of the
+    full list that compiles it. What ``--compile`` builds for each target."""
+    specs = [sp for name in KERNELS for sp in KERNELS[name](full=False)]
+    full = None
+    for _, (fn, cfgs) in discover().items():
+        for c in cfgs or ():
+            if any(_covers(sp, fn, c) for sp in specs):
+                continue
+            if full is None:
+                full = [sp for name in KERNELS for sp in KERNELS[name](full=True)]
+            specs += [sp for sp in full if _covers(sp, fn, c)][:1]
+    return specs
+
+
+def _targets(argv) -> list[str]:
+    for i, a in enumerate(argv):
+        if a == "--target" or a.startswith("--target="):
+            v = argv[i + 1] if a == "--target" else a.split("=", 1)[1]
+            names = list(TARGETS) if v == "all" else v.split(",")
+            bad = [n for n in names if n not in TARGETS]
+            if bad:
+                raise SystemExit(f"unknown target {bad}; known: {', '.join(TARGETS)}, all")
+            return names
+    return ["sm_90a"]
+
+
+def _int_opt(argv, flag, default):
+    for i, a in enumerate(argv):
+        if a == flag:
+            return int(argv[i + 1])
+        if a.startswith(flag + "="):
+            return int(a.split("=", 1)[1])
+    return default
+
+
+_WORK: list = []  # (label, target name, spec args, mode) for the worker processes (fork)
+
+
+def _check(i: int) -> str:
+    """Lower (frontend) or compile work item i: its report line."""
+    import time
+
+    label, tname, args, mode = _WORK[i]
+    t0 = time.perf_counter()
+    try:
+        (lower if mode == "frontend" else build)(*args, target=TARGETS[tname])
+        return f"ok     {tname} {label} ({time.perf_counter() - t0:.1f} s)"
+    except Exception as e:  # noqa: BLE001  (report every failure, then exit 1)
+        msg = str(e).strip().splitlines()
+        return f"FAILED {tname} {label}: {type(e).__name__}: {msg[-1] if msg else ''}"
+
+
 def main(argv) -> int:
     frontend = "--frontend" in argv
-    names = [a for a in argv if not a.startswith("--")] or ["intra_bwd"]
+    compile_ = "--compile" in argv
+    targets = _targets(argv)
+    jobs = _int_opt(argv, "--jobs", 1)
+    skip = {i + 1 for i, a in enumerate(argv) if a in ("--target", "--jobs")}
+    names = [a for i, a in enumerate(argv) if not a.startswith("--") and i not in skip] or ["intra_bwd"]
     if names == ["all"]:
         names = list(KERNELS)
-    failed = 0
-    for name in names:
-        for label, fn, ptr, const, cfg in KERNELS[name](full=frontend):
-            args = (fn, ptr, const, cfg.num_warps, cfg.num_stages, getattr(cfg, "maxnreg", None))
-            if not frontend:
-                print(label, stats(*args), flush=True)
-                continue
-            try:
-                lower(*args)
-                print(f"ok     {label}", flush=True)
-            except Exception as e:  # noqa: BLE001  (report every failure, then exit 1)
-                failed += 1
-                msg = str(e).strip().splitlines()
-                print(f"FAILED {label}: {type(e).__name__}: {msg[-1] if msg else ''}", flush=True)
-    if frontend:
-        print(f"{failed} failed", flush=True)
+    if compile_ and names == list(KERNELS):
+        specs = shipped_specs()
+    else:
+        specs = [s for name in names for s in KERNELS[name](full=frontend)]
+    if not (frontend or compile_):
+        for label, fn, ptr, const, cfg in specs:
+            for tname in targets:
+                st = stats(fn, ptr, const, cfg.num_warps, cfg.num_stages, getattr(cfg, "maxnreg", None), TARGETS[tname])
+                print(label if len(targets) == 1 else f"{tname} {label}", st, flush=True)
+        return 0
+    mode = "frontend" if frontend else "compile"
+    _WORK[:] = [(label, tname, (fn, ptr, const, cfg.num_warps, cfg.num_stages, getattr(cfg, "maxnreg", None)), mode)
+                for label, fn, ptr, const, cfg in specs for tname in targets]
+    if jobs > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            lines = pool.imap(_check, range(len(_WORK)))
+            lines = [print(line, flush=True) or line for line in lines]
+    else:
+        lines = [print(line, flush=True) or line for line in map(_check, range(len(_WORK)))]
+    failed = sum(not line.startswith("ok ") for line in lines)
+    if names == list(KERNELS):  # every spec generator ran: the package's kernels must all be in them
+        for line in uncovered(specs):
+            failed += 1
+            print(f"UNCOVERED {line}", flush=True)
+    print(f"{failed} failed", flush=True)
     return 1 if failed else 0
 
 

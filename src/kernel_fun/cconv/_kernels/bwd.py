@@ -130,7 +130,7 @@ def bwd_row(x0, g, u, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st3, 
             e2 = tl.where(st2 == st3, d2, 0.0)
         gx = c3 * e0 + c2 * e1 + c1 * e2 + c0 * d3
     t = u - (W - 1)
-    m = cmask & (t >= t_begin) & (t < t_end)
+    m = cmask & (False | (t >= t_begin)) & (False | (t < t_end))  # the form: see fwd
     tl.store(prow, gx.to(prow.dtype.element_ty), mask=m)
     return x0, x1, x2, d0, d1, d2, start, st1, st2, a0, a1, a2, a3, ab, s, start, end
 

@@ -106,6 +106,15 @@ def varlen_args(cu_seqlens: torch.Tensor | None):
     return n_seq, max(1, n_seq.bit_length())
 
 
+# Row masks are written `cmask & (False | ok)` for a scalar condition `ok` (this row exists).
+# Triton 3.9's interpreter types a comparison's result like its left operand (an int32 scalar
+# here), so `cmask & ok` splats it into an int32 array, which its loads and stores reject as a
+# mask ("mask has unsupported dtype"); `False | ok` takes the type of the boolean literal. The
+# compiler folds it away: sm_90a PTX and SASS identical to `cmask & ok` (Triton 3.6, every
+# config of scripts/sass_stats.py cconv). Inline, not a helper: ptxas schedules an inlined
+# function's debug scope differently (one FADD/FFMA swap in three backward configs).
+
+
 @triton.jit
 def seq_locate(cu_seqlens, N_SEQ, N_STEPS, t):
     """(s, start, end) of the document holding token t: cu[s] <= t < cu[s+1] (empty documents
@@ -156,11 +165,11 @@ def load_halo(px, t_begin, s_xt, cmask, W: tl.constexpr):
     x2 = tl.zeros(cmask.shape, tl.float32)
     x3 = tl.zeros(cmask.shape, tl.float32)
     if W >= 2:
-        x1 = tl.load(px + (t_begin - 1).to(tl.int64) * s_xt, mask=cmask & (t_begin >= 1), other=0.0).to(tl.float32)
+        x1 = tl.load(px + (t_begin - 1).to(tl.int64) * s_xt, mask=cmask & (False | (t_begin >= 1)), other=0.0).to(tl.float32)
     if W >= 3:
-        x2 = tl.load(px + (t_begin - 2).to(tl.int64) * s_xt, mask=cmask & (t_begin >= 2), other=0.0).to(tl.float32)
+        x2 = tl.load(px + (t_begin - 2).to(tl.int64) * s_xt, mask=cmask & (False | (t_begin >= 2)), other=0.0).to(tl.float32)
     if W >= 4:
-        x3 = tl.load(px + (t_begin - 3).to(tl.int64) * s_xt, mask=cmask & (t_begin >= 3), other=0.0).to(tl.float32)
+        x3 = tl.load(px + (t_begin - 3).to(tl.int64) * s_xt, mask=cmask & (False | (t_begin >= 3)), other=0.0).to(tl.float32)
     return x1, x2, x3
 
 
@@ -233,7 +242,7 @@ def load_rows(p, u0, s_t, lim, cmask, R: tl.constexpr, BD: tl.constexpr, T_MAJOR
         s_t64 = tl.cast(s_t, tl.int64)  # tl.cast: u0, s_t may be Python ints (interpreter, or a stride of 1)
         for r in tl.static_range(R):
             u = u0 + r
-            m = cmask & (u < lim)
+            m = cmask & (False | (u < lim))
             rows = rows + (tl.load(base + r * s_t64, mask=m, other=0.0),)
     return rows
 
@@ -273,7 +282,7 @@ def fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D, cmask, cu_s
         acc = conv_row(x0, x1, x2, x3, c0, c1, c2, c3, b, W, HAS_BIAS)
         if SILU:
             acc = acc * sigmoid(acc, FAST)
-        m = cmask & (u < t_end)
+        m = cmask & (False | (u < t_end))
         tl.store(ybase + r * D64, acc.to(py.dtype.element_ty), mask=m)
         x3 = x2
         x2 = x1
