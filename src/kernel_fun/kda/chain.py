@@ -10,7 +10,7 @@ our forward state scan, which makes o (in place of fla's fwd_h + fwd_o).
 Backward: gate cumsum, w/u and h recompute (fla) -> our score gradient -> our backward state
 scan, which also makes the intra-chunk dv -> our WY backward -> our intra backward (one
 anchor, l2norm backward fused when HV == H) -> fla's l2norm backward (HV > H) -> our gate pass.
-The decisions and their measurements: docs/kda-chain-history.md.
+The decisions and their measurements: docs/kda.md ("How each stage was chosen").
 """
 from __future__ import annotations
 
