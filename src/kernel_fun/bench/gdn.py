@@ -32,6 +32,15 @@ def fla_refusal_bypassed():
         chunk_o.TRITON_ABOVE_3_7_1 = old
 
 
+KERNELS = {
+    "delta.state_scan_fwd": "the forward state scan (scalar gate) making o; h and v_new for the backward",
+    "delta.state_scan_bwd": "the backward state scan (scalar gate) making dv",
+    "gdn.gated_scores": "the gated scores the backward scan makes dv from",
+    "gdn.wy_dv_bwd": "the WY backward's dv/dbeta/dA half",
+    "gdn.wy_dqk_bwd": "the dq/dk/dg half, group sum in fp32",
+}
+
+
 def _inputs(B, T, H, HV, K, V, seed=0):
     import torch
 

@@ -12,6 +12,13 @@ from .harness import Case, Direction
 PROD = dict(B=16, T=8192, HV=16)
 
 
+KERNELS = {
+    "gnorm.fwd": "the forward: y, rstd (and h)",
+    "gnorm.bwd": "the persistent backward: dx, dg and the dw/db partials",
+    "gnorm.dw_reduce": "the fixed-order dw/db reduction",
+}
+
+
 def _case(name, B, T, HV, V, activation, note=""):
     import torch
 

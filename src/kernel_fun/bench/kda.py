@@ -11,6 +11,16 @@ SHAPE_KEYS = {"B": "batch (8)", "T": "tokens (8192)", "H": "q/k heads (16)", "HV
               "K": "key dim (128)", "V": "value dim (256)"}
 
 
+KERNELS = {
+    "kda.intra_bwd": "the intra-chunk backward (l2norm backward fused when HV == H)",
+    "kda.wy_bwd": "the WY backward: dq, dk, dv, dbeta, dg, dAkk",
+    "kda.gate_bwd": "dg's reverse cumsum and the gate's backward in one pass",
+    "delta.state_scan_fwd": "the forward state scan making o",
+    "delta.state_scan_bwd": "the backward state scan making dv",
+    "delta.score_grad": "the score gradient dAqk",
+}
+
+
 def _inputs(B, T, H, HV, K, V, seed=0):
     import torch
 
