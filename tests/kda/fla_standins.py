@@ -182,6 +182,7 @@ def install(monkeypatch):
     """Route kda.chain's fla stage calls to the stand-ins (fla's index helpers stay fla's: they
     are torch code). Returns the list of (module, symbol) called, in order."""
     from kernel_fun._common.compat import fla_symbol
+    from kernel_fun._delta import inputs
     from kernel_fun.kda import chain
 
     called = []
@@ -191,4 +192,5 @@ def install(monkeypatch):
         return STANDINS.get((module, symbol)) or fla_symbol(module, symbol)
 
     monkeypatch.setattr(chain, "_fla", fake)
+    monkeypatch.setattr(inputs, "_fla", fake)  # the l2norm and beta sigmoid around the chain
     return called

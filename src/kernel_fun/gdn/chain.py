@@ -93,19 +93,3 @@ def backward(q, k, v, gc, beta, A, scale, initial_state, do, dht, cu_seqlens, ch
 def gate_bwd(g_raw, A_log, dt_bias, dg):
     """(dg_raw, dA_log, ddt_bias) of the in-op gate from dg of the per-token log gate."""
     return _fla("fla.ops.gated_delta_rule.gate", "gdn_gate_bwd")(g=g_raw, A_log=A_log, dt_bias=dt_bias, dyg=dg)
-
-
-def l2norm_fwd(x):
-    return _fla("fla.modules.norm.l2norm", "l2norm_fwd")(x)
-
-
-def l2norm_bwd(y, rstd, dy):
-    return _fla("fla.modules.norm.l2norm", "l2norm_bwd")(y, rstd, dy)
-
-
-def beta_sigmoid_fwd(x, scale):
-    return _fla("fla.ops.common.gate", "fused_beta_sigmoid_fwd")(x, scale=scale)
-
-
-def beta_sigmoid_bwd(x, dy, scale):
-    return _fla("fla.ops.common.gate", "fused_beta_sigmoid_bwd")(x, dy, scale=scale)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .._common import capture
+from .._delta import inputs
 from . import chain
 
 
@@ -18,18 +19,9 @@ class ChunkKDAFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, A_log, dt_bias, initial_state, scale, output_final_state,
                 use_qk_l2norm, use_gate_in_kernel, use_beta_sigmoid, allow_neg_eigval,
                 cu_seqlens, cu_seqlens_cpu, signature):
-        # fla's stages need contiguous inputs (its entries' input_guard makes them so): GDN's
-        # fused q/k/v conv hands over column slices of one [B, T, 2K'+V'] buffer
-        q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
-        q_rstd = k_rstd = None
         dtype = q.dtype
-        if use_qk_l2norm:
-            q, q_rstd = chain.l2norm_fwd(q)
-            k, k_rstd = chain.l2norm_fwd(k)
-        beta_raw = beta
-        beta_scale = 2.0 if allow_neg_eigval else 1.0
-        if use_beta_sigmoid:
-            beta = chain.beta_sigmoid_fwd(beta_raw, beta_scale)
+        q, q_rstd, k, k_rstd, v, g, beta_raw, beta, beta_scale = inputs.prepare(
+            q, k, v, g, beta, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval)
         o, final_state, Aqk, Akk, chunk_indices, chunk_offsets = chain.forward(
             q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
             use_gate_in_kernel, cu_seqlens, cu_seqlens_cpu)
@@ -52,7 +44,7 @@ class ChunkKDAFunction(torch.autograd.Function):
             q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, do.contiguous(),
             dht, use_gate_in_kernel, cu_seqlens, chunk_indices, chunk_offsets, q_rstd, k_rstd)
         if use_beta_sigmoid:
-            db = chain.beta_sigmoid_bwd(beta_raw, db, beta_scale)
+            db = inputs.beta_sigmoid_bwd(beta_raw, db, beta_scale)
         if not capture.is_capturing():
             capture.mark_warm("kda", ctx.signature, "bwd")
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), db.to(beta_raw.dtype),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from .._common.compat import fla_symbol
 from .._delta import chunking
+from .._delta.inputs import l2norm_bwd
 from .._delta._kernels.score_grad import score_grad_bwd
 from .._delta._kernels.state_scan_bwd import state_scan_bwd
 from .._delta._kernels.state_scan_fwd import state_scan_fwd
@@ -111,19 +112,3 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
     dg, dA_log, ddt_bias = dg_cumsum_gate_bwd(dg, g if use_gate_in_kernel else None, A_log, dt_bias,
                                               cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices)
     return dq, dk, dv, db, dg, dh0, dA_log, ddt_bias
-
-
-def l2norm_fwd(x):
-    return _fla("fla.modules.norm.l2norm", "l2norm_fwd")(x)
-
-
-def l2norm_bwd(y, rstd, dy):
-    return _fla("fla.modules.norm.l2norm", "l2norm_bwd")(y, rstd, dy)
-
-
-def beta_sigmoid_fwd(x, scale):
-    return _fla("fla.ops.common.gate", "fused_beta_sigmoid_fwd")(x, scale=scale)
-
-
-def beta_sigmoid_bwd(x, dy, scale):
-    return _fla("fla.ops.common.gate", "fused_beta_sigmoid_bwd")(x, dy, scale=scale)
