@@ -136,17 +136,23 @@ def cases(overrides: dict | None = None):
 
 
 def check(device: str = "cpu") -> list[str]:
-    """Interpreted check of gdn's own stage kernels against their fp64 stage references at a
-    small shape (T not a multiple of 64, grouped values), fp32."""
+    """Interpreted check of the kernels of gdn's chain against their fp64 stage references at a
+    small shape (T not a multiple of 64, grouped values), fp32: the scalar-gate state scans as
+    the chain calls them, the gated scores, and the WY backward's two kernels."""
     import math
 
     import torch
 
     from .._common.numerics import rel_rms as rel
     from .._common.witness import launches
+    from .._delta._kernels.state_scan_bwd import state_scan_bwd
+    from .._delta._kernels.state_scan_fwd import state_scan_fwd
+    from .._delta.reference import intra_ref, state_scan_bwd_ref, state_scan_fwd_ref
     from ..gdn import reference_stages as R
     from ..gdn._kernels.scores import gated_scores
     from ..gdn._kernels.wy_dqkwg_bwd import wy_dqkwg_bwd
+    from ..kda.reference_stages import dAv_reference
+    from .kda import _compare, _witnessed
 
     gen = torch.Generator().manual_seed(0)
     B, T, H, HV, K, V = 1, 100, 1, 2, 32, 32
@@ -174,4 +180,29 @@ def check(device: str = "cpu") -> list[str]:
     err = rel(S.cpu(), R.gated_scores_ref(q, k, g, 0.3))
     if not err < 1e-3:
         failures.append(f"gdn gated_scores: relative error {err:.2e}")
+
+    # The state scans with the scalar gate, as gdn/chain.py calls them; w, u from the fp64
+    # reference intra stage, so the scans meet the structure they meet in the chain.
+    scale = K ** -0.5
+    it = intra_ref(q, k, t["v"], beta, g=g, scale=scale, chunk_size=64)
+    w, u = it["w"].float(), it["u"].float()
+    h0 = r(B, HV, K, V) * 0.5
+    dht = r(B, HV, K, V) * 0.5
+    dev = {n: x.to(device) for n, x in dict(q=q, k=k, w=w, u=u, g=g, h0=h0, dht=dht, do=t["do"]).items()}
+    fwd = dict(g=dev["g"], scale=scale, initial_state=dev["h0"], chunk_size=64)
+    o, ht, _, _ = _witnessed(failures, "gdn state_scan_fwd", "delta.state_scan_fwd", lambda: state_scan_fwd(
+        dev["q"], dev["k"], dev["w"], dev["u"], **fwd, output_final_state=True))
+    _, _, h, v_new = state_scan_fwd(dev["q"], dev["k"], dev["w"], dev["u"], **fwd, save_h=True, save_v_new=True)
+    exp = state_scan_fwd_ref(q, k, w, u, g=g, scale=scale, initial_state=h0, output_final_state=True, chunk_size=64)
+    _compare(failures, "gdn state_scan_fwd", zip(("o", "final_state", "h", "v_new"), (o, ht, h, v_new), exp))
+
+    # The backward scan making dv from the gated scores (the reference's, so only the scan is
+    # under test), against the reference scan fed dv = tril(Aqk)^T do.
+    Aqk = R.gated_scores_ref(q, k, g, scale)
+    dh, dh0, dv2 = _witnessed(failures, "gdn state_scan_bwd", "delta.state_scan_bwd", lambda: state_scan_bwd(
+        dev["q"], dev["k"], dev["w"], dev["do"], None, g=dev["g"], h0=dev["h0"], dht=dev["dht"], scale=scale,
+        chunk_size=64, A=Aqk.float().to(device)))
+    _, dv_local = dAv_reference(t["do"], t["do"], Aqk, scale, chunk_size=64)
+    exp = state_scan_bwd_ref(q, k, w, t["do"], dv_local, g=g, dht=dht, scale=scale, chunk_size=64)
+    _compare(failures, "gdn state_scan_bwd", zip(("dh", "dh0", "dv"), (dh, dh0, dv2), exp))
     return failures

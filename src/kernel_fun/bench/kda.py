@@ -169,14 +169,40 @@ def _check_inputs(device, B=1, T=100, H=1, HV=2, K=32, V=32, seed=0):
     return {k: v.to(device) for k, v in t.items()}
 
 
+def _compare(failures: list, label: str, pairs, tol: float = 1e-3) -> None:
+    """Append ``"<label>: <name> relative error <e>"`` for each (name, ours, reference) whose
+    relative RMS error is not below ``tol`` (a NaN fails too)."""
+    from .._common.numerics import rel_rms
+
+    for name, a, b in pairs:
+        err = rel_rms(a.cpu(), b.cpu())
+        if not err < tol:
+            failures.append(f"{label}: {name} relative error {err:.2e}")
+
+
+def _witnessed(failures: list, label: str, kernel: str, fn):
+    """Run ``fn()``; a failure line when the launch counter ``kernel`` did not move."""
+    from .._common.witness import launches
+
+    before = launches(kernel)
+    out = fn()
+    if launches(kernel) == before:
+        failures.append(f"{label}: our kernel did not run")
+    return out
+
+
 def check(device: str = "cpu") -> list[str]:
     """Interpreted check of our KDA stage kernels against their plain-torch references at a
-    small shape (T not a multiple of 64, grouped values), fp32."""
+    small shape (T not a multiple of 64, grouped values), fp32: each stage is called through
+    ``kda.chain``'s names, with the arguments the chain passes it."""
+    import torch
+
     from .._common.numerics import rel_rms as rel
     from .._common.witness import launches
-    from .._delta.reference import state_scan_fwd_ref
+    from .._delta.reference import state_scan_bwd_ref, state_scan_fwd_ref
     from ..kda import chain
-    from ..kda.reference_stages import intra_bwd_reference, wy_dqkg_bwd_reference
+    from ..kda.reference_stages import (dAv_reference, dg_cumsum_gate_bwd_reference, intra_bwd_reference,
+                                        wy_dqkg_bwd_reference)
 
     t = _check_inputs(device)
     failures = []
@@ -198,15 +224,42 @@ def check(device: str = "cpu") -> list[str]:
             err = rel(a, b)
             if not err < 1e-3:  # tf32 products on the GPU; fp32 exact under the interpreter
                 failures.append(f"kda {name}: output {i} relative error {err:.2e}")
-    before = launches("delta.")
-    kw = dict(q=t["q"], k=t["kg"], w=t["w"], u=t["u"], gk=t["g"], Aqk=t["Aqk"], scale=0.3,
-              output_final_state=True)
-    o, ht, _, _ = chain.state_scan_fwd(**kw)
-    o_ref, ht_ref = state_scan_fwd_ref(**kw)[:2]
-    if launches("delta.") == before:
-        failures.append("kda state_scan_fwd: our kernel did not run")
-    for name, a, b in (("o", o, o_ref), ("final_state", ht, ht_ref)):
-        err = rel(a, b)
-        if not err < 1e-3:
-            failures.append(f"kda state_scan_fwd: {name} relative error {err:.2e}")
+
+    # The forward scan, as the chain calls it: the gated queries qg = q exp2(gk) (HV heads),
+    # against the reference fed the raw queries.
+    B, T, HV, K = t["w"].shape
+    V = t["do"].shape[-1]
+    qg = t["q"].repeat_interleave(HV // t["q"].shape[2], 2) * torch.exp2(t["g"])
+    kw = dict(k=t["kg"], w=t["w"], u=t["u"], gk=t["g"], Aqk=t["Aqk"], scale=0.3, output_final_state=True)
+    o, ht, _, _ = _witnessed(failures, "kda state_scan_fwd", "delta.state_scan_fwd",
+                             lambda: chain.state_scan_fwd(qg, **kw, chunk_size=64, q_gated=True))
+    o_ref, ht_ref = state_scan_fwd_ref(t["q"], **kw, chunk_size=64)[:2]
+    _compare(failures, "kda state_scan_fwd", (("o", o, o_ref), ("final_state", ht, ht_ref)))
+
+    # The score gradient, as the chain calls it: dAqk from v_new and do.
+    dA = _witnessed(failures, "kda score_grad", "delta.score_grad",
+                    lambda: chain.score_grad_bwd(t["v_new"], t["do"], 0.3, chunk_size=64))
+    dA_ref, _ = dAv_reference(t["v_new"], t["do"], t["Aqk"], 0.3, chunk_size=64)
+    _compare(failures, "kda score_grad", (("dAqk", dA, dA_ref),))
+
+    # The backward scan, as the chain calls it: gated queries and keys, dv made inside from
+    # Aqk; against the reference scan fed the reference intra-chunk dv = tril(Aqk)^T do.
+    gen = torch.Generator().manual_seed(1)
+    dht = (torch.randn(B, HV, K, V, generator=gen) * 0.1).to(device)
+    h0 = torch.zeros(B, HV, K, V, device=device)  # only whether dh0 is wanted
+    dh, dh0, dv2 = _witnessed(failures, "kda state_scan_bwd", "delta.state_scan_bwd", lambda: chain.state_scan_bwd(
+        q=qg, k=t["kg"], w=t["w"], gk=t["g"], h0=h0, dht=dht, do=t["do"], dv=None, A=t["Aqk"], scale=0.3,
+        chunk_size=64))
+    _, dv_local = dAv_reference(t["do"], t["do"], t["Aqk"], 0.3, chunk_size=64)
+    exp = state_scan_bwd_ref(qg, t["kg"], t["w"], t["do"], dv_local, gk=t["g"], dht=dht, scale=0.3, chunk_size=64)
+    _compare(failures, "kda state_scan_bwd", zip(("dh", "dh0", "dv"), (dh, dh0, dv2), exp))
+
+    # The gate pass with the gate in the op: dg's reverse cumsum, then the gate's backward.
+    g_raw = (torch.randn(B, T, HV, K, generator=gen) * 8).to(device)  # some past softplus' threshold
+    A_log = torch.randn(HV, generator=gen).to(device)
+    dt_bias = torch.randn(HV * K, generator=gen).to(device)
+    got = _witnessed(failures, "kda gate_bwd", "kda.gate_bwd", lambda: chain.dg_cumsum_gate_bwd(
+        t["dg"], g_raw, A_log, dt_bias, chunk_size=64))
+    exp = dg_cumsum_gate_bwd_reference(t["dg"], g_raw, A_log, dt_bias, chunk_size=64)
+    _compare(failures, "kda gate_bwd", zip(("dg", "dA_log", "ddt_bias"), got, exp))
     return failures
