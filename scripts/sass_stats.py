@@ -3,6 +3,7 @@
 
     python scripts/sass_stats.py intra_bwd            # registers, spills, shared memory, static
     python scripts/sass_stats.py wy_bwd | state_scan_fwd | state_scan_bwd | score_grad | gate_bwd | cconv
+    python scripts/sass_stats.py gdn_scores | gdn_wy_dv | gdn_wy_dqk | gnorm
     python scripts/sass_stats.py all --frontend       # every config of every kernel, every flag
                                                       # combination, lowered to Triton IR only
 
@@ -316,20 +317,107 @@ def cconv(full):
                dict(W=4, HAS_BIAS=has_bias, BP=64, BM=128), triton.Config({}, num_warps=4))
 
 
+# gdn: production H = 16 with HV = 16 (G = 1) and HV = 32 (G = 2: wy_dqk_bwd's group loop and
+# its G > 1 branch), K = V = 128, bf16 q/k/v/h/A, fp32 gate, activated beta (fla's sigmoid
+# kernel writes fp32) and fp32 dbeta/dg; one program per chunk as the launchers grid it. The
+# autotuned wrappers (``*_kernel_tuned``) hold CONFIGS; all of them fit V = 128 (prune_bv).
+_GDN_FP32 = ("g", "beta", "db", "dgz", "dg")
+
+
+def _gdn_specs(name, m, kernel, full, grouped=False):
+    fn = _jit_fn(kernel)
+    ptr = {n: "*fp32" if n in _GDN_FP32 else "*bf16" for n in fn.arg_names}
+    ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
+    # HV = 32 changes code only where G = HV / H is a loop bound (``grouped``: wy_dqk_bwd's
+    # group loop); elsewhere it is one more stride constant, compiled only in the full list
+    hvs = (16, 32) if full or grouped else (16,)
+    for cfg, hv, varlen in itertools.product(m.CONFIGS, hvs, (False, True) if full else (False,)):
+        c = dict(H=16, HV=hv, K=128, BT=64, KP=128, IS_VARLEN=varlen, DOT_PRECISION="tf32", **cfg.kwargs)
+        if "V" in fn.arg_names:
+            c["V"] = 128
+        yield f"{name} HV={hv} varlen={varlen} {_cfg_label(cfg)}", fn, ptr, c, cfg
+
+
+def gdn_scores(full):
+    from kernel_fun.gdn._kernels import scores as m
+
+    yield from _gdn_specs("gdn_scores", m, m.gated_scores_kernel, full)
+
+
+def gdn_wy_dv(full):
+    from kernel_fun.gdn._kernels import wy_dv_bwd as m
+
+    yield from _gdn_specs("gdn_wy_dv", m, m.wy_dv_bwd_kernel, full)
+
+
+def gdn_wy_dqk(full):
+    from kernel_fun.gdn._kernels import wy_dqk_bwd as m
+
+    yield from _gdn_specs("gdn_wy_dqk", m, m.wy_dqk_bwd_kernel, full, grouped=True)
+
+
+def gnorm(full):
+    """gnorm's three kernels at the production widths (V = 128, 256), bf16 activations, fp32
+    weight/bias/rstd. Shipped: every autotuner config (each a tile shape) at the layers' call
+    (weight, no bias, no residual, no prenorm), twice: swish at V = 128, sigmoid at V = 256
+    (both widths and both gates at half the compile time of every pairing). Full: adds every flag combination the launchers
+    can pass (weight, bias; fwd residual in / stored: none, both, stored alone under
+    residual_in_fp32; bwd prenorm gradient in / residual gradient stored apart) at one config."""
+    from kernel_fun.gnorm._kernels import bwd, dw_reduce, fwd
+    from kernel_fun.gnorm._kernels.common import block_v, rows_per_tile
+
+    # row strides: V or a wider row of a fused projection, multiples of 16 at these widths
+    fwd_ptr = dict(x="*bf16", g="*bf16", y="*bf16", res="*bf16", res_out="*fp32", w="*fp32", b="*fp32",
+                   rstd="*fp32", N="i32", eps="fp32", s_x="i32:16", s_g="i32:16", s_r="i32:16")
+    bwd_ptr = dict(h="*bf16", g="*bf16", dy="*bf16", dres="*bf16", dx="*bf16", dg="*bf16", dres_in="*fp32",
+                   w="*fp32", b="*fp32", rstd="*fp32", part="*fp32", N="i32", s_h="i32:16", s_g="i32:16",
+                   s_dy="i32:16", s_dres="i32:16")
+    layer_fwd = dict(HAS_W=True, HAS_B=False, HAS_RES=False, STORE_RES=False)
+    layer_bwd = dict(HAS_W=True, HAS_B=False, HAS_DRES=False, STORE_DRES=False)
+    wb = list(itertools.product((False, True), repeat=2))
+    fwd_flags = [dict(HAS_W=w, HAS_B=b, HAS_RES=r, STORE_RES=s) for (w, b), (r, s)
+                 in itertools.product(wb, ((False, False), (True, True), (False, True)))]
+    bwd_flags = [dict(HAS_W=w, HAS_B=b, HAS_DRES=r, STORE_DRES=s) for (w, b), (r, s)
+                 in itertools.product(wb, itertools.product((False, True), repeat=2))]
+    for name, kernel, ptr, layer, flags in (("fwd", fwd.gnorm_fwd_kernel, fwd_ptr, layer_fwd, fwd_flags),
+                                            ("bwd", bwd.gnorm_bwd_kernel, bwd_ptr, layer_bwd, bwd_flags)):
+        fn = _jit_fn(kernel)
+        configs = shipped_configs(kernel)
+        runs = [(cfg, V, gate, layer) for cfg, (V, gate) in itertools.product(configs, ((128, 0), (256, 1)))]
+        if full:
+            runs += [(configs[0], 256, 0, f) for f in flags if f != layer]
+        for cfg, V, gate, f in runs:
+            BV = block_v(V)
+            # BR: the kernel's heuristic; N_BUCKET only keys the autotuner; FAST as on a GPU
+            c = dict(V=V, BV=BV, GATE=gate, **f, N_BUCKET=2, BR=rows_per_tile(cfg.kwargs["TILE"], BV), FAST=True,
+                     **cfg.kwargs)
+            flag_s = "".join(k for k, v in f.items() if v).replace("HAS_", "+").replace("STORE_", "+store_") or "-"
+            yield f"gnorm {name} V={V} gate={gate} {flag_s} {_cfg_label(cfg)}", fn, ptr, c, cfg
+    # dw_reduce: dw_reduce.dw_reduce's fixed launch (BP=32, BM=128, 4 warps); V is a runtime
+    # int (a multiple of 16 at either width: one compile serves both)
+    for hw, hb in ((True, False), (False, True), (True, True)) if full else ((True, False),):
+        yield (f"gnorm dw_reduce HAS_W={hw} HAS_B={hb}", dw_reduce.dw_reduce_kernel,
+               dict(part="*fp32", dw="*fp32", db="*fp32", n_part="i32", V="i32:16"),
+               dict(HAS_W=hw, HAS_B=hb, BP=32, BM=128), triton.Config({}, num_warps=4))
+
+
 KERNELS = {"intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,
-           "state_scan_bwd": state_scan_bwd, "score_grad": score_grad, "gate_bwd": gate_bwd, "cconv": cconv}
+           "state_scan_bwd": state_scan_bwd, "score_grad": score_grad, "gate_bwd": gate_bwd, "cconv": cconv,
+           "gdn_scores": gdn_scores, "gdn_wy_dv": gdn_wy_dv, "gdn_wy_dqk": gdn_wy_dqk, "gnorm": gnorm}
 
 
 def discover() -> dict:
     """Every kernel the package ships, found by the convention the code follows: the objects
     named ``*_kernel`` that each module of a ``kernel_fun.<pkg>._kernels`` package defines
     (jit functions, or autotuners around them). {"<module>.<name>": (jit function, shipped
-    configs or None)}: an autotuned kernel's shipped configs are its autotuner's list; None for
-    a kernel its launcher runs with a fixed configuration."""
+    configs or None)}: an autotuned kernel's shipped configs are its autotuner's list (also for a
+    plain jit kernel that an autotuner of its module wraps); None for a kernel its launcher runs
+    with a fixed configuration."""
     import importlib
     import pkgutil
 
     import kernel_fun
+    from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
     found = {}
@@ -344,13 +432,16 @@ def discover() -> dict:
             raise
         mods = [kpkg] + [importlib.import_module(f"{kpkg.__name__}.{m.name}") for m in pkgutil.iter_modules(kpkg.__path__)]
         for m in mods:
+            # an autotuner the module builds around its plain ``*_kernel`` (``*_kernel_tuned``,
+            # which a forced config bypasses): that kernel's shipped configs are its list
+            tuned = {id(_jit_fn(o)): shipped_configs(o) for o in vars(m).values() if isinstance(o, Autotuner)}
             for name, obj in vars(m).items():
                 if not name.endswith("_kernel") or not hasattr(obj, "fn") and not isinstance(obj, JITFunction):
                     continue
                 fn = _jit_fn(obj)
                 if fn.fn.__module__ != m.__name__:
                     continue  # imported from the module that defines it
-                cfgs = None if isinstance(obj, JITFunction) else shipped_configs(obj)
+                cfgs = tuned.get(id(fn)) if isinstance(obj, JITFunction) else shipped_configs(obj)
                 found[f"{m.__name__.removeprefix('kernel_fun.')}.{name}"] = (fn, cfgs)
     return found
 
