@@ -139,7 +139,7 @@ def wy_dqk_bwd_kernel(
         b_q32 = b_q.to(tl.float32)
         b_k32 = b_k.to(tl.float32)
         # this head's state + w part of rowsum(dk * K) (for the last row's dG)
-        b_dgl = tl.exp2(b_gl) * tl.sum(b_hdh, 0) + tl.sum(tl.sum(b_dk * b_k32, 1) - r_k0, 0)
+        b_dgl = tl.exp2(b_gl) * tl.sum(b_hdh, 0) + tl.sum((tl.sum(b_dk * b_k32, 1) - r_k0)[None, :], 1)
 
         m_tt = m_t[:, None] & m_t[None, :]
         # Output, intra-chunk: dq += dAqk K, dk += dAqk^T Q (dAqk^T loaded transposed)
@@ -165,7 +165,7 @@ def wy_dqk_bwd_kernel(
 
         # dG reverse-cumsummed within the chunk: dg_t = sum over s >= t of dG_s
         b_dgh = tl.where(m_t, b_dgh, 0.0)
-        b_rc = tl.sum(b_dgh, 0) - tl.cumsum(b_dgh, 0) + b_dgh
+        b_rc = tl.sum(b_dgh[None, :], 1) - tl.cumsum(b_dgh, 0) + b_dgh  # [1, N]: see wy_dv_bwd
         tl.store(dg + row0 * HV + i_hv + o_i * HV, b_rc.to(dg.dtype.element_ty), mask=m_t)
 
     tl.store(dq + o_i[:, None] * (H * K) + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_tk)

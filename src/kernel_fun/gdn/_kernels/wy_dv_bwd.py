@@ -186,7 +186,9 @@ def wy_dv_bwd_kernel(
     b_zl = b_zk * b_beta[:, None]  # dL * L
     b_bgk = b_bg * b_dkk
     b_dgz = 2.0 * b_bgk + tl.sum(b_zl, 1) - tl.sum(b_zl, 0)
-    b_dgz -= tl.where(o_i == last, tl.sum(b_bgk, 0), 0.0)
+    # sums of 1-D tensors go through a [1, N] view: Triton 3.6 cannot lower a 1-D sum of a
+    # dot's result for sm_100a (TMEM layout pass: 'parent layout must have at least rank >= 2')
+    b_dgz -= tl.where(o_i == last, tl.sum(b_bgk[None, :], 1), 0.0)
     tl.store(db + row0 * HV + i_hv + o_i * HV, b_db.to(db.dtype.element_ty), mask=m_t)
     tl.store(dgz + row0 * HV + i_hv + o_i * HV, b_dgz, mask=m_t)
 
