@@ -5,8 +5,6 @@ Drop-in for fla 0.6.0 ``fla.ops.gated_delta_rule.chunk_gated_delta_rule``; retur
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from .._common import classify as C
@@ -16,44 +14,16 @@ from .._common import hardware
 from .._common import report
 from .._common.compat import fla_symbol
 from .._common.varlen import packed_gate
+from .._delta import frontend
 
 FAMILY = "gdn"
 _HALF = (torch.bfloat16, torch.float16)
 
 
-def _chunk_size(value, call):
-    return None if value == 64 else f"chunk_size={value!r} (ours: 64)"
-
-
-def _transpose_state_layout(value, call):
-    # fla's deprecated alias of state_v_first: fla raises when both are set, so that goes there
-    if call["state_v_first"]:
-        return "both state_v_first and transpose_state_layout (fla raises)"
-    return None
-
-
 # One rule per parameter of fla's signature and per keyword fla reads from **kwargs.
 RULES = {
-    "q": C.ours(), "k": C.ours(), "v": C.ours(), "g": C.ours(), "beta": C.ours(),
-    "scale": C.ours(),
-    "initial_state": C.ours(),
-    "output_final_state": C.ours(),
-    "use_qk_l2norm_in_kernel": C.ours(),
-    "use_beta_sigmoid_in_kernel": C.ours(),
-    "allow_neg_eigval": C.ours(),
-    # fla's GatedDeltaNet layer passes state_v_first=True: states [N, HV, V, K], which ours
-    # serves by transposing around the chain (the states are small next to q, k, v).
-    "state_v_first": C.ours(),
-    "cu_seqlens": C.ours(),
-    "cu_seqlens_cpu": C.ours(),
+    **frontend.RULES,  # the parameters kda and gdn share (_delta/frontend.py)
     "chunk_indices": C.ours(),  # fla's prepare_chunk_indices(cu_seqlens, 64), passed through
-    "cp_context": C.only(None, "cp_context"),
-    # read by fla from **kwargs
-    "use_gate_in_kernel": C.ours(),
-    "A_log": C.ours(),
-    "dt_bias": C.ours(),
-    "chunk_size": C.check(_chunk_size),
-    "transpose_state_layout": C.check(_transpose_state_layout),
     "head_first": C.check(lambda value, call: "head_first (removed in fla; fla raises)"),
 }
 
@@ -114,15 +84,11 @@ def _box(call: dict, extra: dict):
             raise ValueError("gdn: initial_state must be a tensor")
         if h0.dtype != torch.float32:
             return False, f"initial_state dtype {h0.dtype} (ours: float32)"
-        want = (N, HV, V, K) if _state_v_first(call, extra) else (N, HV, K, V)
+        want = (N, HV, V, K) if frontend.state_v_first(call, extra) else (N, HV, K, V)
         if tuple(h0.shape) != want:
-            layout = "[N, HV, V, K]" if _state_v_first(call, extra) else "[N, HV, K, V]"
+            layout = "[N, HV, V, K]" if frontend.state_v_first(call, extra) else "[N, HV, K, V]"
             raise ValueError(f"gdn: initial_state must be {layout}={list(want)}, got {tuple(h0.shape)}")
     return True, ""
-
-
-def _state_v_first(call: dict, extra: dict) -> bool:
-    return bool(call["state_v_first"] or extra.get("transpose_state_layout", False))
 
 
 def _signature(call: dict, extra: dict):
@@ -133,7 +99,7 @@ def _signature(call: dict, extra: dict):
     return (tuple(q.shape), tuple(v.shape), q.dtype, call["g"].dtype, call["beta"].dtype,
             None if cu is None else cu.numel(), call["initial_state"] is not None, flags,
             bool(extra.get("use_gate_in_kernel", False)), extra.get("dt_bias") is not None,
-            _state_v_first(call, extra))
+            frontend.state_v_first(call, extra))
 
 
 def _tensors(call: dict, extra: dict) -> list:
@@ -244,13 +210,7 @@ def chunk_gated_delta_rule(
         return fla_symbol("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")(**call, **kwargs)
     from .autograd import ChunkGatedDeltaRuleFunction
 
-    if "transpose_state_layout" in kwargs:
-        warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
-                      DeprecationWarning, stacklevel=2)
-    v_first = _state_v_first(call, kwargs)
-    if v_first and initial_state is not None:
-        # the chain keeps states [N, HV, K, V]; autograd carries dh0 back through the transpose
-        initial_state = initial_state.transpose(-1, -2).contiguous()
+    v_first, initial_state = frontend.states_in(call, kwargs, initial_state)
     gate_in = bool(kwargs.get("use_gate_in_kernel", False))
     K = q.shape[-1]
     o, final_state = ChunkGatedDeltaRuleFunction.apply(
@@ -258,6 +218,4 @@ def chunk_gated_delta_rule(
         initial_state, K ** -0.5 if scale is None else scale, output_final_state, use_qk_l2norm_in_kernel,
         gate_in, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, cu_seqlens_cpu,
         chunk_indices if cu_seqlens is not None else None, _signature(call, kwargs))
-    if v_first and final_state is not None:
-        final_state = final_state.transpose(-1, -2).contiguous()  # fla returns [N, HV, V, K]
-    return o, final_state
+    return o, frontend.states_out(v_first, final_state)

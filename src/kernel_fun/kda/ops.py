@@ -4,8 +4,6 @@ Drop-in for fla 0.6.0 ``fla.ops.kda.chunk_kda``; returns ``(o, final_state)``.
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from .._common import classify as C
@@ -15,49 +13,21 @@ from .._common import hardware
 from .._common import report
 from .._common.compat import fla_symbol
 from .._common.varlen import packed_gate
+from .._delta import frontend
 
 FAMILY = "kda"
 _HALF = (torch.bfloat16, torch.float16)
 
 
-def _chunk_size(value, call):
-    return None if value == 64 else f"chunk_size={value!r} (ours: 64)"
-
-
-def _transpose_state_layout(value, call):
-    # fla's deprecated alias of state_v_first: fla raises when both are set, so that goes there
-    if call["state_v_first"]:
-        return "both state_v_first and transpose_state_layout (fla raises)"
-    return None
-
-
 # One rule per parameter of fla's signature and per keyword fla reads from **kwargs.
 RULES = {
-    "q": C.ours(), "k": C.ours(), "v": C.ours(), "g": C.ours(), "beta": C.ours(),
-    "scale": C.ours(),
-    "initial_state": C.ours(),
-    "output_final_state": C.ours(),
-    "use_qk_l2norm_in_kernel": C.ours(),
-    "use_gate_in_kernel": C.ours(),
-    "use_beta_sigmoid_in_kernel": C.ours(),
-    "allow_neg_eigval": C.ours(),
+    **frontend.RULES,  # the parameters kda and gdn share (_delta/frontend.py)
     "safe_gate": C.only(False, "safe_gate (a different gate function)"),
     "lower_bound": C.only(None, "lower_bound (a different gate function)"),
     "disable_recompute": C.only(False, "disable_recompute"),
     "return_intermediate_states": C.only(False, "return_intermediate_states"),
-    # fla's layers always pass state_v_first=True: states are [N, HV, V, K] there, which ours
-    # serves by transposing views around the chain (the states are small next to q, k, v).
-    "state_v_first": C.ours(),
-    "cu_seqlens": C.ours(),
-    "cu_seqlens_cpu": C.ours(),
-    "cp_context": C.only(None, "cp_context"),
     "use_graph": C.only(False, "use_graph"),
     "max_num_seqs": C.only(None, "max_num_seqs"),
-    # read by fla from **kwargs
-    "A_log": C.ours(),
-    "dt_bias": C.ours(),
-    "chunk_size": C.check(_chunk_size),
-    "transpose_state_layout": C.check(_transpose_state_layout),
 }
 
 
@@ -112,15 +82,11 @@ def _box(call: dict, extra: dict):
     if h0 is not None:
         if h0.dtype != torch.float32:
             return False, f"initial_state dtype {h0.dtype} (fla asserts float32)"
-        want = (N, HV, V, K) if _state_v_first(call, extra) else (N, HV, K, V)
+        want = (N, HV, V, K) if frontend.state_v_first(call, extra) else (N, HV, K, V)
         if tuple(h0.shape) != want:
-            layout = "[N, HV, V, K]" if _state_v_first(call, extra) else "[N, HV, K, V]"
+            layout = "[N, HV, V, K]" if frontend.state_v_first(call, extra) else "[N, HV, K, V]"
             raise ValueError(f"kda: initial_state must be {layout}={list(want)}, got {tuple(h0.shape)}")
     return True, ""
-
-
-def _state_v_first(call: dict, extra: dict) -> bool:
-    return bool(call["state_v_first"] or extra.get("transpose_state_layout", False))
 
 
 def _signature(call: dict, extra: dict):
@@ -131,7 +97,7 @@ def _signature(call: dict, extra: dict):
                                           "allow_neg_eigval"))
     return (tuple(q.shape), tuple(v.shape), q.dtype, call["g"].dtype, call["beta"].dtype,
             None if cu is None else cu.numel(), call["initial_state"] is not None, flags,
-            _state_v_first(call, extra))
+            frontend.state_v_first(call, extra))
 
 
 def _decide(call: dict, extra: dict):
@@ -213,13 +179,7 @@ def chunk_kda(
         return fla_symbol("fla.ops.kda", "chunk_kda")(**call, **kwargs)
     from .autograd import ChunkKDAFunction
 
-    if "transpose_state_layout" in kwargs:
-        warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
-                      DeprecationWarning, stacklevel=2)
-    v_first = _state_v_first(call, kwargs)
-    if v_first and initial_state is not None:
-        # the chain keeps states [N, HV, K, V]; autograd carries dh0 back through the transpose
-        initial_state = initial_state.transpose(-1, -2).contiguous()
+    v_first, initial_state = frontend.states_in(call, kwargs, initial_state)
     K = q.shape[-1]
     o, final_state = ChunkKDAFunction.apply(
         q, k, v, g, beta, kwargs.get("A_log") if use_gate_in_kernel else None,
@@ -227,6 +187,4 @@ def chunk_kda(
         K ** -0.5 if scale is None else scale, output_final_state, use_qk_l2norm_in_kernel,
         use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
         cu_seqlens_cpu, _signature(call, kwargs))
-    if v_first and final_state is not None:
-        final_state = final_state.transpose(-1, -2).contiguous()  # fla returns [N, HV, V, K]
-    return o, final_state
+    return o, frontend.states_out(v_first, final_state)
