@@ -143,9 +143,9 @@ GATE = dict(use_gate_in_kernel=True, A_log=torch.randn(4), dt_bias=torch.randn(4
     ("g", dict(g=torch.ones(1, 70, 4, 128, dtype=torch.int64)), "g must be a floating-point tensor"),
     ("beta", dict(beta=torch.ones(1, 70, 4, dtype=torch.int64)), "beta must be a floating-point tensor"),
     ("q", dict(q=torch.ones(1, 70, 2, 128, dtype=torch.int32)), "q must be a floating-point tensor"),
-    ("A_log_len", dict(A_log=torch.randn(2)), r"A_log must have 4 elements .*got shape \(2,\)"),
+    ("A_log_len", dict(A_log=torch.randn(2)), r"A_log must have HV=4 elements, got shape \(2,\)"),
     ("A_log_int", dict(A_log=torch.ones(4, dtype=torch.int64)), "A_log must be a floating-point tensor"),
-    ("dt_bias_len", dict(dt_bias=torch.randn(128)), r"dt_bias must have 512 elements .*got shape \(128,\)"),
+    ("dt_bias_len", dict(dt_bias=torch.randn(128)), r"dt_bias must have HV\*K=512 elements, got shape \(128,\)"),
     ("T0", dict(T=0), "empty input"),
     ("H0", dict(H=0), "empty input"),
 ])

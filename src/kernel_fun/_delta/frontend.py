@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import warnings
 
+import torch
+
 from .._common import classify as C
+from .._common.varlen import packed_gate
 
 
 def _chunk_size(value, call):
@@ -65,3 +68,76 @@ def states_out(v_first: bool, final_state):
     if v_first and final_state is not None:
         final_state = final_state.transpose(-1, -2).contiguous()
     return final_state
+
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def box(family: str, call: dict, extra: dict, scalar_gate: bool) -> tuple[bool, str, int]:
+    """The box both front-ends draw: bad input raises a ValueError naming the argument (before
+    any launch); a call outside the box answers ``(False, reason)``. ``scalar_gate``: g is
+    ``[B, T, HV]`` and dt_bias ``[HV]`` (gdn), else ``[B, T, HV, K]`` and ``[HV * K]`` (kda).
+    Returns ``(ok, reason, N)`` with N the number of sequences."""
+    q, k, v, g, beta = (call[n] for n in ("q", "k", "v", "g", "beta"))
+    if any(not isinstance(t, torch.Tensor) for t in (q, k, v, g, beta)):
+        raise ValueError(f"{family}: q, k, v, g, beta must be tensors")
+    if q.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"{family}: q, k must be [B, T, H, K] and v [B, T, HV, V]; "
+                         f"got q {tuple(q.shape)}, v {tuple(v.shape)}")
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if tuple(k.shape) != tuple(q.shape) or v.shape[:2] != q.shape[:2]:
+        raise ValueError(f"{family}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} disagree")
+    if 0 in (B, T, H, K, HV, V):
+        raise ValueError(f"{family}: empty input: q {tuple(q.shape)}, v {tuple(v.shape)} "
+                         f"(B, T, H, K, HV, V must be >= 1)")
+    if HV % H:
+        raise ValueError(f"{family}: HV={HV} value heads must be a multiple of H={H}")
+    if scalar_gate and (tuple(g.shape) != (B, T, HV) or tuple(beta.shape) != (B, T, HV)):
+        raise ValueError(f"{family}: g and beta must be [B, T, HV]={[B, T, HV]}; got g {tuple(g.shape)}, "
+                         f"beta {tuple(beta.shape)}")
+    if not scalar_gate and (tuple(g.shape) != (B, T, HV, K) or tuple(beta.shape) != (B, T, HV)):
+        raise ValueError(f"{family}: g must be [B, T, HV, K]={[B, T, HV, K]} and beta [B, T, HV]; "
+                         f"got g {tuple(g.shape)}, beta {tuple(beta.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if not t.dtype.is_floating_point:
+            raise ValueError(f"{family}: {name} must be a floating-point tensor, got {t.dtype}")
+    gate_in = bool(call.get("use_gate_in_kernel", extra.get("use_gate_in_kernel", False)))
+    if gate_in:
+        lengths = (("A_log", "HV", HV), ("dt_bias", "HV" if scalar_gate else "HV*K", HV if scalar_gate else HV * K))
+        for name, dims, n in lengths:
+            t = extra.get(name)
+            if t is None:
+                continue
+            if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
+                raise ValueError(f"{family}: {name} must be a floating-point tensor, got "
+                                 f"{getattr(t, 'dtype', type(t).__name__)}")
+            if t.numel() != n:
+                raise ValueError(f"{family}: {name} must have {dims}={n} elements, got shape {tuple(t.shape)}")
+    h0 = call["initial_state"]
+    if h0 is not None and not isinstance(h0, torch.Tensor):
+        raise ValueError(f"{family}: initial_state must be a tensor")
+    routed, N = packed_gate(family, B, T, call["cu_seqlens"], call["cu_seqlens_cpu"])
+    if h0 is not None:
+        want = (N, HV, V, K) if state_v_first(call, extra) else (N, HV, K, V)
+        if tuple(h0.shape) != want:
+            layout = "[N, HV, V, K]" if state_v_first(call, extra) else "[N, HV, K, V]"
+            raise ValueError(f"{family}: initial_state must be {layout}={list(want)}, got {tuple(h0.shape)}")
+    if call["allow_neg_eigval"] and not call["use_beta_sigmoid_in_kernel"]:
+        return False, "allow_neg_eigval without use_beta_sigmoid_in_kernel (fla raises)", N
+    if gate_in and extra.get("A_log") is None:
+        return False, "use_gate_in_kernel without A_log (fla raises)", N
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in _HALF:
+            return False, f"{name} dtype {t.dtype} (ours: bfloat16, float16)", N
+    if not (q.dtype == k.dtype == v.dtype):
+        return False, f"mixed q/k/v dtypes {q.dtype}, {k.dtype}, {v.dtype}", N
+    if K not in (64, 128):
+        return False, f"K={K} (ours: 64, 128)", N
+    if V not in (64, 128, 256):
+        return False, f"V={V} (ours: 64, 128, 256)", N
+    if routed:
+        return False, routed, N
+    if h0 is not None and h0.dtype != torch.float32:
+        return False, f"initial_state dtype {h0.dtype} (fla asserts float32)", N
+    return True, "", N

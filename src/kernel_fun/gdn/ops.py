@@ -13,11 +13,9 @@ from .._common import gate
 from .._common import hardware
 from .._common import report
 from .._common.compat import fla_symbol
-from .._common.varlen import packed_gate
 from .._delta import frontend
 
 FAMILY = "gdn"
-_HALF = (torch.bfloat16, torch.float16)
 
 
 # One rule per parameter of fla's signature and per keyword fla reads from **kwargs.
@@ -29,65 +27,11 @@ RULES = {
 
 
 def _box(call: dict, extra: dict):
-    q, k, v, g, beta = (call[n] for n in ("q", "k", "v", "g", "beta"))
-    if any(not isinstance(t, torch.Tensor) for t in (q, k, v, g, beta)):
-        raise ValueError("gdn: q, k, v, g, beta must be tensors")
-    if q.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"gdn: q, k must be [B, T, H, K] and v [B, T, HV, V]; got q {tuple(q.shape)}, v {tuple(v.shape)}")
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    if tuple(k.shape) != tuple(q.shape) or v.shape[:2] != q.shape[:2]:
-        raise ValueError(f"gdn: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} disagree")
-    if 0 in (B, T, H, K, HV, V):
-        raise ValueError(f"gdn: empty input: q {tuple(q.shape)}, v {tuple(v.shape)} (B, T, H, K, HV, V must be >= 1)")
-    if HV % H:
-        raise ValueError(f"gdn: HV={HV} value heads must be a multiple of H={H}")
-    if tuple(g.shape) != (B, T, HV) or tuple(beta.shape) != (B, T, HV):
-        raise ValueError(f"gdn: g and beta must be [B, T, HV]={[B, T, HV]}; got g {tuple(g.shape)}, "
-                         f"beta {tuple(beta.shape)}")
-    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        if not t.dtype.is_floating_point:
-            raise ValueError(f"gdn: {name} must be a floating-point tensor, got {t.dtype}")
-    gate_in = bool(extra.get("use_gate_in_kernel", False))
-    if gate_in:
-        for name in ("A_log", "dt_bias"):
-            t = extra.get(name)
-            if t is None:
-                continue
-            if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
-                raise ValueError(f"gdn: {name} must be a floating-point tensor, got "
-                                 f"{getattr(t, 'dtype', type(t).__name__)}")
-            if t.numel() != HV:
-                raise ValueError(f"gdn: {name} must have HV={HV} elements ([HV]), got shape {tuple(t.shape)}")
-    if call["allow_neg_eigval"] and not call["use_beta_sigmoid_in_kernel"]:
-        return False, "allow_neg_eigval without use_beta_sigmoid_in_kernel (fla raises)"
-    if gate_in and extra.get("A_log") is None:
-        return False, "use_gate_in_kernel without A_log (fla raises)"
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dtype not in _HALF:
-            return False, f"{name} dtype {t.dtype} (ours: bfloat16, float16)"
-    if not (q.dtype == k.dtype == v.dtype):
-        return False, f"mixed q/k/v dtypes {q.dtype}, {k.dtype}, {v.dtype}"
-    if K not in (64, 128):
-        return False, f"K={K} (ours: 64, 128)"
-    if V not in (64, 128, 256):
-        return False, f"V={V} (ours: 64, 128, 256)"
-    cu = call["cu_seqlens"]
-    routed, N = packed_gate(FAMILY, B, T, cu, call["cu_seqlens_cpu"])
-    if routed:
-        return False, routed
-    if cu is None and call["chunk_indices"] is not None:
+    ok, reason, _ = frontend.box(FAMILY, call, extra, scalar_gate=True)
+    if not ok:
+        return ok, reason
+    if call["cu_seqlens"] is None and call["chunk_indices"] is not None:
         return False, "chunk_indices without cu_seqlens"
-    h0 = call["initial_state"]
-    if h0 is not None:
-        if not isinstance(h0, torch.Tensor):
-            raise ValueError("gdn: initial_state must be a tensor")
-        if h0.dtype != torch.float32:
-            return False, f"initial_state dtype {h0.dtype} (ours: float32)"
-        want = (N, HV, V, K) if frontend.state_v_first(call, extra) else (N, HV, K, V)
-        if tuple(h0.shape) != want:
-            layout = "[N, HV, V, K]" if frontend.state_v_first(call, extra) else "[N, HV, K, V]"
-            raise ValueError(f"gdn: initial_state must be {layout}={list(want)}, got {tuple(h0.shape)}")
     return True, ""
 
 
