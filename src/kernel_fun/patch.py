@@ -101,12 +101,11 @@ def patch_fla(modules=()) -> list[str]:
     """
     from ._common import compat, report, switches
 
-    done, missing = [], []
-    replaced = {}  # id(fla's function behind a target) -> our drop-in
+    done, missing, found = [], [], []
     for t in TARGETS:
         ours = _family_available(t)
         if ours is None:
-            continue  # the family is not built yet (e.g. gdn): its layers keep fla's op
+            continue  # the family is not built yet: its layers keep fla's op
         try:
             mod = importlib.import_module(t.module)
         except ImportError as exc:
@@ -115,6 +114,14 @@ def patch_fla(modules=()) -> list[str]:
         if not hasattr(mod, t.name):
             missing.append(f"{t.module}.{t.name} (no such name)")
             continue
+        found.append((mod, t, ours))
+    if missing:  # before anything is rebound: a refused patch leaves fla as it was
+        msg = "kernel-fun patch: fla drift: " + "; ".join(missing)
+        if not switches.fallback_on_drift():
+            raise compat.FlaDriftError(msg + " (set KERNEL_FUN_FALLBACK=1 to go on with fla's op there)")
+        logger.warning("%s; KERNEL_FUN_FALLBACK=1: those layers keep fla's op", msg)
+    replaced = {}  # id(fla's function behind a target) -> our drop-in
+    for mod, t, ours in found:
         replaced[id(original(t.module, t.name, getattr(mod, t.name)))] = ours
         if _rebind(mod, t.name, ours):
             done.append(f"{t.module}.{t.name}")
@@ -124,11 +131,6 @@ def patch_fla(modules=()) -> list[str]:
             ours = replaced.get(id(value))
             if ours is not None and _rebind(mod, name, ours):
                 done.append(f"{mod.__name__}.{name}")
-    if missing:
-        msg = "kernel-fun patch: fla drift: " + "; ".join(missing)
-        if not switches.fallback_on_drift():
-            raise compat.FlaDriftError(msg + " (set KERNEL_FUN_FALLBACK=1 to go on with fla's op there)")
-        logger.warning("%s; KERNEL_FUN_FALLBACK=1: those layers keep fla's op", msg)
     if done:
         report.log_once(("patch", tuple(done)), "kernel-fun patch_fla: routed " + ", ".join(done))
     return done

@@ -105,7 +105,7 @@ def test_drift_in_a_target_raises_unless_fallback(monkeypatch):
     try:
         with pytest.raises(compat.FlaDriftError, match="fla.layers.kda.chunk_kda"):
             kernel_fun.patch_fla()
-        kernel_fun.unpatch_fla()
+        assert not patch.is_patched()  # refused whole: nothing half-patched
         monkeypatch.setenv("KERNEL_FUN_FALLBACK", "1")
         done = kernel_fun.patch_fla()
         assert "fla.layers.kda.chunk_kda" not in done and "fla.layers.gated_deltanet.causal_conv1d" in done
