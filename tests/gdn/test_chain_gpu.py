@@ -50,14 +50,41 @@ def _case(name, dtype=torch.bfloat16):
     return t, do, dht, flags
 
 
+# Cases whose per-head scalars (dA_log, ddt_bias: [HV] sums over every token) are ill-conditioned:
+# with strong decay almost every term cancels, and moving each bf16 input by one ulp moves the
+# fp64 reference's dA_log by 1.2e-2 to 4.7e-2 (CPU, T=2048, two draws, 2026-12-01). There the
+# ceiling for those two is the larger of fla's tolerance and that noise floor, measured in the test.
+ILL_CONDITIONED = {"strong_decay_negeig": ("dA_log", "ddt_bias")}
+
+
+def _one_ulp(t, seed):
+    """The inputs with every bf16 element moved one ulp up or down (random sign); fp32 ones kept."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    out = {}
+    for n, x in t.items():
+        y = x.detach().clone()
+        if y.dtype == torch.bfloat16:
+            f = y.float()
+            ulp = torch.where(f == 0, torch.zeros_like(f), torch.exp2(torch.floor(torch.log2(f.abs())) - 7))
+            sign = torch.randint(0, 2, y.shape, device="cuda", generator=gen).float() * 2 - 1
+            y = (f + sign * ulp).to(torch.bfloat16)
+        out[n] = y.requires_grad_(True)
+    return out
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_against_fp64_naive_recurrence(name):
     t, do, dht, flags = _case(name)
     ours = _run(gdn.chunk_gated_delta_rule, t, do, dht, **flags)
     ref = _run(chunk_gated_delta_rule_ref, t, do.double(), dht.double(), **flags)
     errs = {n: _rel(ours[n], ref[n]) for n in ref if ref[n] is not None}
-    print(name, {n: f"{e:.2e}" for n, e in errs.items()})
-    bad = {n: e for n, e in errs.items() if not e <= TOL[n]}
+    tol = dict(TOL)
+    if name in ILL_CONDITIONED:
+        moved = _run(chunk_gated_delta_rule_ref, _one_ulp(t, 7), do.double(), dht.double(), **flags)
+        for n in ILL_CONDITIONED[name]:
+            tol[n] = max(TOL[n], _rel(moved[n], ref[n]))
+    print(name, {n: f"{e:.2e}" for n, e in errs.items()}, "ceilings", {n: f"{tol[n]:.2e}" for n in errs})
+    bad = {n: e for n, e in errs.items() if not e <= tol[n]}
     assert not bad, bad
 
 
@@ -78,6 +105,11 @@ def _stage_inputs(B=2, T=300, H=2, HV=4, K=128, V=128, dtype=torch.bfloat16, see
     return {n: x.cuda() for n, x in t.items()}, A.cuda(), ref
 
 
+# bf16 inputs against fp64: 1e-2 for the [T, K] / [T, V] gradients; dbeta and dg (row sums, and
+# dg a reverse cumsum of differences) at issue 17's 2e-2 (fla's): every configuration gave dg
+# 1.097e-2 on the H200 (2026-12-01), the same in all of them, so rounding, not a miscompile.
+STAGE_TOL = dict(dq=1e-2, dk=1e-2, dv=1e-2, dbeta=2e-2, dg=2e-2)
+
 # every configuration of each half, the other half at its first (so each config is held to the
 # reference on its own; a miscompile in one half shows under that half's id)
 BWD_PAIRS = ([("dv", c, dqk_mod.CONFIGS[0]) for c in dv_mod.CONFIGS]
@@ -92,7 +124,7 @@ def test_every_backward_config_against_its_reference(half, dv_config, dqk_config
         out = bwd_mod.wy_dqkwg_bwd(**t, A=A, scale=128 ** -0.5, out_dtype=torch.float32, dv_config=dv_config,
                                    dqk_config=dqk_config)
         for n, o, r_ in zip(("dq", "dk", "dv", "dbeta", "dg"), out, ref):
-            assert _rel(o.cpu(), r_) < 1e-2, (n, _rel(o.cpu(), r_))
+            assert _rel(o.cpu(), r_) < STAGE_TOL[n], (n, _rel(o.cpu(), r_))
         if run:
             for a, b in zip(out, first):
                 assert torch.equal(a, b)
