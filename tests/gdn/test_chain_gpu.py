@@ -11,6 +11,7 @@ import torch
 from gdn_chain_cases import make_inputs, run as _run  # noqa: E402  (tests/gdn/conftest.py)
 from kernel_fun import gdn
 from kernel_fun._common.numerics import rel_rms as _rel
+from kernel_fun._common.tuning import config_name
 from kernel_fun.gdn import reference_stages as R
 from kernel_fun.gdn._kernels import scores as scores_mod
 from kernel_fun.gdn._kernels import wy_dqk_bwd as dqk_mod
@@ -117,7 +118,7 @@ BWD_PAIRS = ([("dv", c, dqk_mod.CONFIGS[0]) for c in dv_mod.CONFIGS]
 
 
 @pytest.mark.parametrize("half,dv_config,dqk_config", BWD_PAIRS,
-                         ids=[f"{h}-{dv_mod.config_name(a if h == 'dv' else b)}" for h, a, b in BWD_PAIRS])
+                         ids=[f"{h}-{config_name(a if h == 'dv' else b)}" for h, a, b in BWD_PAIRS])
 def test_every_backward_config_against_its_reference(half, dv_config, dqk_config):
     t, A, ref = _stage_inputs()
     for run in range(2):  # and deterministic
@@ -131,7 +132,7 @@ def test_every_backward_config_against_its_reference(half, dv_config, dqk_config
         first = out
 
 
-@pytest.mark.parametrize("config", scores_mod.CONFIGS, ids=scores_mod.config_name)
+@pytest.mark.parametrize("config", scores_mod.CONFIGS, ids=config_name)
 def test_every_scores_config_against_its_reference(config):
     t, _, _ = _stage_inputs()
     S = scores_mod.gated_scores(t["q"], t["k"], t["g"], 0.3, config=config)

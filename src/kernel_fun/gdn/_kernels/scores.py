@@ -17,18 +17,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch
 from kernel_fun._common.witness import record_launch
+from kernel_fun._delta.chunking import chunk_program
 
 
 install_interpreter_shims()
 
 # The first is the interpreter's. Not yet timed on a GPU.
 CONFIGS = [triton.Config({}, num_warps=nw, num_stages=ns) for nw, ns in [(4, 2), (4, 3), (8, 2), (2, 2)]]
-
-
-def config_name(c) -> str:
-    return f"w{c.num_warps}-s{c.num_stages}"
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -44,22 +41,9 @@ def gated_scores_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, KP: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    i_t = tl.program_id(0).to(tl.int64)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // HV
-    i_hv = i_bh % HV
-    i_h = i_hv // (HV // H)
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int64)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = (eos - bos).to(tl.int32)
-    else:
-        bos = i_b * T
-    row0 = bos + i_t * BT
+    _, i_hv, i_h, _, row0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     o_i = tl.arange(0, BT)
-    m_t = o_i < T - i_t * BT
+    m_t = o_i < n_valid
     o_k = tl.arange(0, KP)
     m_k = o_k < K
     b_q = tl.load(q + (row0 * H + i_h) * K + o_i[:, None] * (H * K) + o_k[None, :],
@@ -99,9 +83,6 @@ def gated_scores(q, k, g, scale, cu_seqlens=None, chunk_indices=None, chunk_size
                 BT=BT, KP=max(16, triton.next_power_of_2(K)), IS_VARLEN=is_varlen,
                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     grid = (NT, B * HV)
-    if config is not None:
-        gated_scores_kernel[grid](**args, **config.all_kwargs())
-    else:
-        gated_scores_kernel_tuned[grid](**args)
+    launch(gated_scores_kernel_tuned, grid, config, **args)
     record_launch("gdn.gated_scores")
     return A

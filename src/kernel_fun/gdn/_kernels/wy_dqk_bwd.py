@@ -23,10 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch
 from kernel_fun._common.witness import record_launch
+from kernel_fun._delta.chunking import chunk_program
 
-from .wy_dv_bwd import config_name, prune_bv  # noqa: F401  (config_name: the tests' ids)
+from .wy_dv_bwd import prune_bv
 
 install_interpreter_shims()
 
@@ -61,33 +62,18 @@ def wy_dqk_bwd_kernel(
     BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    i_t = tl.program_id(0).to(tl.int64)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
+    # one program per (chunk, qk head): chunk_program's 'value head' is the qk head here
+    _, i_h, _, i_tg, row0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, H, BT, IS_VARLEN)
     G: tl.constexpr = HV // H
-    if IS_VARLEN:
-        i_tg = i_t
-        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int64)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = (eos - bos).to(tl.int32)
-    else:
-        i_tg = i_b * tl.cdiv(T, BT) + i_t
-        bos = i_b * T
-    t0 = i_t * BT
-    n_t = T - t0  # tokens left in the sequence from this chunk on (>= 1)
-    last = tl.minimum(n_t, BT) - 1
+    last = n_valid - 1
 
     o_i = tl.arange(0, BT)
-    m_t = o_i < n_t
+    m_t = o_i < n_valid
     o_k = tl.arange(0, KP)
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
 
     # Per-chunk base pointers (int64); offsets inside a chunk fit in int32.
-    row0 = bos + t0
     q += (row0 * H + i_h) * K
     k += (row0 * H + i_h) * K
     dq += (row0 * H + i_h) * K
@@ -200,9 +186,6 @@ def wy_dqk_bwd(q, k, v_new, g, h, dh, do, dv, dAqk, dAkk, dgz, scale, NT: int, c
         IS_VARLEN=is_varlen, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
     grid = (NT, B * H)
-    if config is not None:
-        wy_dqk_bwd_kernel[grid](**args, **config.all_kwargs())
-    else:
-        wy_dqk_bwd_kernel_tuned[grid](**args)
+    launch(wy_dqk_bwd_kernel_tuned, grid, config, **args)
     record_launch("gdn.wy_dqk_bwd")
     return dq, dk, dg

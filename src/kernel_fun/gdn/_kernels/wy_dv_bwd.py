@@ -31,8 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch
 from kernel_fun._common.witness import record_launch
+from kernel_fun._delta.chunking import chunk_program
 
 
 install_interpreter_shims()
@@ -43,10 +44,6 @@ install_interpreter_shims()
 # so 4-warp configurations are left out. Not yet timed.
 CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
            for bv, nw, ns in [(32, 8, 2), (64, 8, 2), (128, 8, 2)]]
-
-
-def config_name(c) -> str:
-    return f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}"
 
 
 def prune_bv(configs, named_args, **kwargs):
@@ -80,27 +77,11 @@ def wy_dv_bwd_kernel(
     BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    i_t = tl.program_id(0).to(tl.int64)
-    i_bhv = tl.program_id(1).to(tl.int64)
-    i_b = i_bhv // HV
-    i_hv = i_bhv % HV
-    i_h = i_hv // (HV // H)
-    if IS_VARLEN:
-        i_tg = i_t
-        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int64)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = (eos - bos).to(tl.int32)
-    else:
-        i_tg = i_b * tl.cdiv(T, BT) + i_t
-        bos = i_b * T
-    t0 = i_t * BT
-    n_t = T - t0  # tokens left in the sequence from this chunk on (>= 1)
-    last = tl.minimum(n_t, BT) - 1
+    _, i_hv, i_h, i_tg, row0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
+    last = n_valid - 1
 
     o_i = tl.arange(0, BT)
-    m_t = o_i < n_t
+    m_t = o_i < n_valid
     o_k = tl.arange(0, KP)
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
@@ -109,7 +90,6 @@ def wy_dv_bwd_kernel(
     m_upper = (o_i[:, None] <= o_i[None, :]) & m_tt  # [j, i], i >= j: A^T's mask
 
     # Per-chunk base pointers (int64); offsets inside a chunk fit in int32.
-    row0 = bos + t0
     k += (row0 * H + i_h) * K
     dt_in = k.dtype.element_ty
     p_g = g + row0 * HV + i_hv
@@ -224,9 +204,6 @@ def wy_dv_bwd(k, v, v_new, g, beta, A, h, do, dv2, scale, NT: int, cu_seqlens=No
         IS_VARLEN=is_varlen, DOT_PRECISION="ieee" if k.dtype == torch.float32 else "tf32",
     )
     grid = (NT, B * HV)
-    if config is not None:
-        wy_dv_bwd_kernel[grid](**args, **config.all_kwargs())
-    else:
-        wy_dv_bwd_kernel_tuned[grid](**args)
+    launch(wy_dv_bwd_kernel_tuned, grid, config, **args)
     record_launch("gdn.wy_dv_bwd")
     return dv, db, dAqk, dAkk, dgz
