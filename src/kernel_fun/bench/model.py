@@ -148,7 +148,9 @@ def classify_kernel(name: str, ours: set, fla: set) -> str:
 def _jit_names(prefix: str) -> set:
     """Names of the Triton kernels defined in loaded modules under ``prefix`` (a profiler row
     carries the kernel's Python function name). Autotuner and Heuristics wrap a JITFunction in
-    ``.fn``, which wraps the Python function in ``.fn``: descend to the function."""
+    ``.fn``, which wraps the Python function in ``.fn``: descend to the function. Wrappers of
+    other packages count when a Triton object is on the way down (fla's ``CachedAutotuner``,
+    which wraps its l2norm and conv kernels, is defined in ``fla.ops.utils.cache``)."""
     import sys
 
     names = set()
@@ -156,13 +158,12 @@ def _jit_names(prefix: str) -> set:
         if not mname.startswith(prefix) or mod is None:
             continue
         for obj in list(vars(mod).values()):
-            if not type(obj).__module__.startswith("triton"):
-                continue
-            fn, depth = obj, 0
+            fn, depth, triton_seen = obj, 0, False
             while hasattr(fn, "fn") and depth < 6:
+                triton_seen = triton_seen or type(fn).__module__.startswith("triton")
                 fn, depth = fn.fn, depth + 1
             name = getattr(fn, "__name__", None)
-            if depth and name:
+            if triton_seen and name:
                 names.add(name)
     return names
 
