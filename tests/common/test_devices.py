@@ -87,9 +87,11 @@ def test_guard_restores_the_device_when_the_body_raises(fake_cuda):
 
 def test_index_without_an_index_is_the_current_device_not_zero(fake_cuda):
     fake_cuda.current = 3
-    assert device.index(CUDA) == 3 and device.key(CUDA) == 3
-    assert device.index(CUDA1) == 1 and device.key(CUDA1) == 1
-    assert device.index(torch.device("cpu")) is None and device.key(torch.device("cpu")) == "cpu"
+    assert device.index(CUDA) == 3 and device.key(CUDA) == torch.device("cuda", 3)
+    assert device.index(CUDA1) == 1 and device.key(CUDA1) == CUDA1
+    calls = fake_cuda.calls
+    assert device.key(torch.device("cpu")) == torch.device("cpu")
+    assert fake_cuda.calls == calls  # a CPU key asks CUDA nothing
 
 
 # ----------------------------------------------------------------------------- probes

@@ -42,34 +42,35 @@ def current_index() -> int:
     return _current()
 
 
-def index(dev) -> int | None:
-    """The CUDA index of ``dev`` (a ``torch.device``), the current device's when it has none;
-    None for a non-CUDA device."""
-    if dev.type != "cuda":
-        return None
+# ``torch.device.type`` builds a new str per access (0.35 us, CPU, torch 2.13) while ``.index``
+# costs 0.06 us, so the per-call paths below branch on the index: a tensor's CUDA device always
+# has one, a CPU tensor's never does.
+
+def index(dev) -> int:
+    """The index of CUDA device ``dev`` (the caller has checked it is CUDA): its own, or the
+    current device's when it has none (``torch.device("cuda")``), never 0 by default."""
     i = dev.index
     return current_index() if i is None else i
 
 
 def key(dev):
-    """A hashable name of ``dev`` for per-device caches: the CUDA index, or the device type
-    (``"cpu"`` under the interpreter)."""
-    if dev.type != "cuda":
-        return dev.type
-    i = dev.index
-    return current_index() if i is None else i
+    """``dev`` as a key of per-device caches: a tensor's device as it is (CUDA ones carry their
+    index; ``cpu`` under the interpreter), ``cuda`` without an index as the current device."""
+    if dev.index is None and dev.type == "cuda":
+        import torch
+
+        return torch.device("cuda", current_index())
+    return dev
 
 
 def on_device(dev):
     """A context manager making CUDA device ``dev`` current for the launches inside it: the
     shared no-op context when there is nothing to switch (CPU, ``cuda`` without an index, or
     ``dev`` already current), else ``torch.cuda.device(dev.index)``, which restores the
-    previous device on exit."""
-    if dev.type != "cuda":
-        return _NULL
+    previous device on exit (also when the body raises)."""
     i = dev.index
     if i is None:
-        return _NULL  # "cuda" means the current device: nothing to switch
+        return _NULL  # a CPU tensor, or "cuda": the current device, nothing to switch
     if _current is None:
         _bind()
     if i == _current():

@@ -3,7 +3,7 @@
 Triton families are built and tested for Hopper (sm90) and datacenter Blackwell (sm100,
 sm103); anything else routes to fla with its capability in the reason. Probes run once per
 device and are cached by the device's index (two GPUs of different kinds in one host gate
-apart; tests monkeypatch ``_read_capability`` and call ``reset_probes``). A tensor on ``cuda``
+apart; tests monkeypatch ``_read_capability`` and call ``reset_probes``). A device ``cuda``
 without an index is the current device's (``device.index``), never device 0's.
 """
 from __future__ import annotations
