@@ -10,11 +10,12 @@ a reentrant ``torch.autograd.grad``), not ours.
 Host cost matters (design: a call's Python is part of its speed). ``on_device`` returns one
 shared no-op context for CPU tensors, for ``cuda`` without an index, and when the device is
 already current (the common case: one process per GPU with ``torch.cuda.set_device``); only a
-real switch pays for ``torch.cuda.device``. Cost measured in tests/common/test_devices.py's
-micro-benchmark (mocked CUDA: see ``test_guard_host_cost``).
+real switch pays for ``torch.cuda.device``. ``tools/guard_cost.py`` times it (mocked CUDA,
+CPU, 2026-12-01: 0.44-0.75 us per ``with`` when the device is current, against 1.9-3.2 us for
+``torch.cuda.device(t.device)`` on every call; docs/development.md "Two GPUs").
 
-``index(dev)`` is the one place a device's index is resolved: ``None`` means the current
-device, never 0. Per-device caches (hardware probes, the capture warm set) key by it.
+``index(dev)`` and ``key(dev)`` are the one place a device is resolved: no index means the
+current device, never 0. The hardware probes cache by ``index``, the capture warm set by ``key``.
 """
 from __future__ import annotations
 
