@@ -119,6 +119,15 @@ def test_two_devices_with_different_capabilities_gate_apart(fake_cuda, monkeypat
     assert reads == [0, 1]
 
 
+def test_machine_gate_asks_about_the_current_device(fake_cuda, monkeypatch):
+    monkeypatch.setattr(hardware, "_read_capability", lambda i: {0: (9, 0), 1: (8, 6)}[i])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert hardware.machine_gate()[0]
+    fake_cuda.current = 1
+    ok, reason = hardware.machine_gate()
+    assert not ok and "sm86" in reason
+
+
 def test_gdn_hopper_note_reads_the_tensors_device(fake_cuda, monkeypatch):
     from kernel_fun.gdn import ops
 
