@@ -3,9 +3,9 @@
 Triton launches on the *current* CUDA device and its current stream (``JITFunction.run`` asks
 the driver for both), so a call whose tensors live on ``cuda:1`` while ``cuda:0`` is current
 would launch on the wrong device. Every public op enters ``on_device(t.device)`` around its
-launches, forward and backward: the backward too, because where it runs is autograd's choice
-(a per-device worker thread in eager autograd, the calling thread under compiled autograd or
-a reentrant ``torch.autograd.grad``), not ours.
+launches, forward and backward: the backward too, because which thread runs it, with which
+device current, is autograd's choice, not ours (eager autograd's per-device worker threads
+set their device; the guard keeps us correct on any other path, e.g. compiled autograd).
 
 Host cost matters (design: a call's Python is part of its speed). ``on_device`` returns one
 shared no-op context for CPU tensors, for ``cuda`` without an index, and when the device is
