@@ -2,9 +2,13 @@
 already ran eagerly (compile and autotune cannot be captured); a cold one routes to fla.
 
 A signature is warm for the forward, and for the backward when gradients are needed. The
-stream is not part of the signature.
+stream is not part of the signature; the device is: Triton compiles, loads and (re)times per
+device (``JITFunction`` keeps a kernel cache per device), so a call warm on ``cuda:0`` is cold
+on ``cuda:1``. Callers pass the ``torch.device`` their launches run on.
 """
 from __future__ import annotations
+
+from . import device as _device
 
 _warm: dict = {}
 _query = None  # torch.cuda.is_current_stream_capturing once CUDA is known present, else False
@@ -25,28 +29,35 @@ def is_capturing() -> bool:
     return _capturing()
 
 
-def mark_warm(family: str, signature, phase: str) -> None:
-    """Record that ``signature`` ran ``phase`` ("fwd" or "bwd") eagerly."""
-    seen = _warm.get((family, signature))
+def _key(family: str, signature, dev):
+    return family, None if dev is None else _device.key(dev), signature
+
+
+def mark_warm(family: str, signature, phase: str, device=None) -> None:
+    """Record that ``signature`` ran ``phase`` ("fwd" or "bwd") eagerly on ``device`` (a
+    ``torch.device``; every family passes its launches' device)."""
+    k = _key(family, signature, device)
+    seen = _warm.get(k)
     if seen is None:
-        _warm[(family, signature)] = {phase}
+        _warm[k] = {phase}
     elif phase not in seen:
         seen.add(phase)
 
 
-def capture_gate(family: str, describe) -> tuple[bool, str]:
+def capture_gate(family: str, describe, device=None) -> tuple[bool, str]:
     """``describe()`` -> (signature, needs_grad); called only under capture, so an eager
-    call pays for nothing but the capture query."""
+    call pays for nothing but the capture query. ``device``: where the call would launch."""
     if not is_capturing():
         return True, ""
     signature, needs_grad = describe()
-    seen = _warm.get((family, signature), set())
+    seen = _warm.get(_key(family, signature, device), set())
     need = {"fwd", "bwd"} if needs_grad else {"fwd"}
     if need <= seen:
         return True, ""
     missing = "/".join(sorted(need - seen))
+    where = "" if device is None else f" on {device}"
     return False, (
-        f"CUDA graph capture of a call that has not run eagerly ({missing} cold): "
+        f"CUDA graph capture of a call that has not run eagerly{where} ({missing} cold): "
         f"compile and autotune cannot be captured; run it once eagerly or call warmup()"
     )
 

@@ -2,10 +2,13 @@
 
 Triton families are built and tested for Hopper (sm90) and datacenter Blackwell (sm100,
 sm103); anything else routes to fla with its capability in the reason. Probes run once per
-device and are cached (tests monkeypatch ``_read_capability`` and call ``reset_probes``).
+device and are cached by the device's index (two GPUs of different kinds in one host gate
+apart; tests monkeypatch ``_read_capability`` and call ``reset_probes``). A device ``cuda``
+without an index is the current device's (``device.index``), never device 0's.
 """
 from __future__ import annotations
 
+from . import device as _device
 from .tuning import interpreting
 
 ADMITTED_CAPABILITIES = ((9, 0), (10, 0), (10, 3))
@@ -46,12 +49,6 @@ def device_gate(index: int) -> tuple[bool, str]:
     return verdict
 
 
-def _current_device() -> int:
-    import torch
-
-    return torch.cuda.current_device()
-
-
 def tensor_gate(*tensors) -> tuple[bool, str]:
     """Where the tensors live: one admitted CUDA device, or CPU under the interpreter."""
     dev = None
@@ -65,8 +62,7 @@ def tensor_gate(*tensors) -> tuple[bool, str]:
             devices = {t.device for t in tensors if t is not None}
             return False, "tensors on different devices: " + ", ".join(sorted(map(str, devices)))
     if dev.type == "cuda":
-        index = dev.index if dev.index is not None else _current_device()
-        return device_gate(index)
+        return device_gate(_device.index(dev))
     if dev.type == "cpu" and interpreting():
         return True, ""
     return False, "not a CUDA tensor"
@@ -77,7 +73,7 @@ def machine_gate() -> tuple[bool, str]:
     import torch
 
     if torch.cuda.is_available():
-        return device_gate(torch.cuda.current_device())
+        return device_gate(_device.current_index())
     if interpreting():
         return True, "TRITON_INTERPRET=1: CPU tensors run through Triton's interpreter"
     return False, "no CUDA device"

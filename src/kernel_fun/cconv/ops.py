@@ -160,7 +160,7 @@ def _decide(call: dict, extra: dict) -> tuple[bool, str]:
         lambda: C.classify(RULES, call, extra),
         lambda: _box(x, weight, cu, call["cu_seqlens_cpu"]),
         lambda: tensor_gate(x, weight, bias, cu),
-        lambda: capture_gate(FAMILY, describe),
+        lambda: capture_gate(FAMILY, describe, x.device),
     )
 
 

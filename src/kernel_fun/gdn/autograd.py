@@ -3,13 +3,15 @@
 Saved for backward: the l2-normalized q and k with their rstd, v, the raw gate input and the
 chunk-local cumulative gate (fp32 ``[B, T, HV]``, small), raw and activated beta, A_log,
 dt_bias, the initial state, and the WY inverse A ``[B, T, HV, 64]`` (as fla saves them).
-w, u, h and v_new are recomputed in the backward.
+w, u, h and v_new are recomputed in the backward. Both directions run under
+``on_device(q.device)`` (Triton launches on the current device; ``_common/device.py``).
 """
 from __future__ import annotations
 
 import torch
 
 from .._common import capture
+from .._common import device as D
 from .._delta import inputs
 from . import chain
 
@@ -19,37 +21,40 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, A_log, dt_bias, initial_state, scale, output_final_state,
                 use_qk_l2norm, use_gate_in_kernel, use_beta_sigmoid, allow_neg_eigval,
                 cu_seqlens, cu_seqlens_cpu, chunk_indices, signature):
-        dtype = q.dtype
-        q, q_rstd, k, k_rstd, v, g, beta_raw, beta, beta_scale = inputs.prepare(
-            q, k, v, g, beta, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval)
-        o, final_state, gc, A, chunk_indices, chunk_offsets = chain.forward(
-            q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
-            use_gate_in_kernel, cu_seqlens, cu_seqlens_cpu, chunk_indices)
+        dtype, dev = q.dtype, q.device
+        with D.on_device(dev):
+            q, q_rstd, k, k_rstd, v, g, beta_raw, beta, beta_scale = inputs.prepare(
+                q, k, v, g, beta, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval)
+            o, final_state, gc, A, chunk_indices, chunk_offsets = chain.forward(
+                q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
+                use_gate_in_kernel, cu_seqlens, cu_seqlens_cpu, chunk_indices)
+            o = o.to(dtype)
         ctx.save_for_backward(q, q_rstd, k, k_rstd, v, g, gc, beta_raw, beta, A, A_log, dt_bias,
                               initial_state, cu_seqlens, chunk_indices, chunk_offsets)
         ctx.flags = (scale, use_gate_in_kernel, use_beta_sigmoid, beta_scale)
         ctx.signature = signature
         if not capture.is_capturing():
-            capture.mark_warm("gdn", signature, "fwd")
-        return o.to(dtype), final_state
+            capture.mark_warm("gdn", signature, "fwd", dev)
+        return o, final_state
 
     @staticmethod
     def backward(ctx, do, dht):
         (q, q_rstd, k, k_rstd, v, g, gc, beta_raw, beta, A, A_log, dt_bias, initial_state, cu_seqlens,
          chunk_indices, chunk_offsets) = ctx.saved_tensors
         scale, use_gate_in_kernel, use_beta_sigmoid, beta_scale = ctx.flags
-        dq, dk, dv, db, dg, dh0 = chain.backward(
-            q, k, v, gc, beta, A, scale, initial_state, do.contiguous(), dht, cu_seqlens, chunk_indices,
-            chunk_offsets)
-        if q_rstd is not None:
-            dq = inputs.l2norm_bwd(q, q_rstd, dq)
-            dk = inputs.l2norm_bwd(k, k_rstd, dk)
-        if use_beta_sigmoid:
-            db = inputs.beta_sigmoid_bwd(beta_raw, db, beta_scale)
-        dA_log = ddt_bias = None
-        if use_gate_in_kernel:
-            dg, dA_log, ddt_bias = chain.gate_bwd(g, A_log, dt_bias, dg)
+        with D.on_device(q.device):
+            dq, dk, dv, db, dg, dh0 = chain.backward(
+                q, k, v, gc, beta, A, scale, initial_state, do.contiguous(), dht, cu_seqlens, chunk_indices,
+                chunk_offsets)
+            if q_rstd is not None:
+                dq = inputs.l2norm_bwd(q, q_rstd, dq)
+                dk = inputs.l2norm_bwd(k, k_rstd, dk)
+            if use_beta_sigmoid:
+                db = inputs.beta_sigmoid_bwd(beta_raw, db, beta_scale)
+            dA_log = ddt_bias = None
+            if use_gate_in_kernel:
+                dg, dA_log, ddt_bias = chain.gate_bwd(g, A_log, dt_bias, dg)
+            grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), db.to(beta_raw.dtype))
         if not capture.is_capturing():
-            capture.mark_warm("gdn", ctx.signature, "bwd")
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), db.to(beta_raw.dtype),
-                dA_log, ddt_bias, dh0, None, None, None, None, None, None, None, None, None, None)
+            capture.mark_warm("gdn", ctx.signature, "bwd", q.device)
+        return (*grads, dA_log, ddt_bias, dh0, None, None, None, None, None, None, None, None, None, None)

@@ -9,6 +9,7 @@ import torch
 
 from .._common import classify as C
 from .._common import capture
+from .._common import device as D
 from .._common import gate
 from .._common import hardware
 from .._common import report
@@ -72,8 +73,7 @@ def fla_refuses_backward(q) -> str | None:
     flash-qla is installed (neither is checked here: the note says so)."""
     if not isinstance(q, torch.Tensor) or q.device.type != "cuda":
         return None
-    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    if tuple(hardware.device_capability(index)) != (9, 0):
+    if tuple(hardware.device_capability(D.index(q.device))) != (9, 0):
         return None
     ver = _triton_version()
     if (3, 4, 0) <= ver < (3, 7, 1):
@@ -94,7 +94,7 @@ def _decide(call: dict, extra: dict):
         lambda: C.classify(RULES, call, extra),
         lambda: _box(call, extra),
         tensors,
-        lambda: capture.capture_gate(FAMILY, describe),
+        lambda: capture.capture_gate(FAMILY, describe, call["q"].device),
     )
     if not ok and _needs_grad(call, extra):
         note = fla_refuses_backward(call["q"])

@@ -3,13 +3,15 @@
 Saved for backward: h (x + residual as the forward stored it, or x itself), g, weight, bias
 and rstd (fp32 [N]): nothing is recomputed but the per-element math inside the backward
 kernel. The prenorm output's gradient, when the caller uses it, is added into dx in the same
-kernel.
+kernel. Both directions launch under ``on_device(x.device)`` (Triton launches on the current
+device; ``_common/device.py``).
 """
 from __future__ import annotations
 
 import torch
 
 from .._common import capture
+from .._common import device as D
 from ._kernels.bwd import gnorm_bwd
 from ._kernels.fwd import gnorm_fwd
 
@@ -35,7 +37,8 @@ class RMSNormGatedFunction(torch.autograd.Function):
             res_dtype = torch.float32
         else:
             res_dtype = None
-        y, rstd, h = gnorm_fwd(x2, g2, weight, bias, r2, res_dtype, eps, activation)
+        with D.on_device(x.device):
+            y, rstd, h = gnorm_fwd(x2, g2, weight, bias, r2, res_dtype, eps, activation)
         h = x2 if h is None else h
         ctx.save_for_backward(h, g2, weight, bias, rstd)
         ctx.set_materialize_grads(False)
@@ -45,7 +48,7 @@ class RMSNormGatedFunction(torch.autograd.Function):
         ctx.dtypes = (x.dtype, residual.dtype if residual is not None else None)
         ctx.signature = signature
         if not capture.is_capturing():
-            capture.mark_warm("gnorm", signature, "fwd")
+            capture.mark_warm("gnorm", signature, "fwd", x.device)
         y = y.view(shape)
         return (y, h.view(shape)) if prenorm else y
 
@@ -65,10 +68,11 @@ class RMSNormGatedFunction(torch.autograd.Function):
         dy2 = rows2d(dy, V)
         dres2 = rows2d(dres, V) if dres is not None else None
         need = ctx.needs_input_grad
-        dx, dg, dw, db, dres_in = gnorm_bwd(h, g2, weight, bias, rstd, dy2, dres2, ctx.activation,
-                                            x_dtype, res_dtype, need[2], need[3])
+        with D.on_device(h.device):
+            dx, dg, dw, db, dres_in = gnorm_bwd(h, g2, weight, bias, rstd, dy2, dres2, ctx.activation,
+                                                x_dtype, res_dtype, need[2], need[3])
         if not capture.is_capturing():
-            capture.mark_warm("gnorm", ctx.signature, "bwd")
+            capture.mark_warm("gnorm", ctx.signature, "bwd", h.device)
         dx = dx.view(shape)
         d_res = None
         if res_dtype is not None and need[4]:

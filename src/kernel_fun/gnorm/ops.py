@@ -108,7 +108,7 @@ def _decide(call: dict, extra: dict) -> tuple[bool, str]:
         lambda: C.classify(RULES, call, extra),
         lambda: _box(x, g, weight, bias, residual),
         lambda: hardware.tensor_gate(x, g, weight, bias, residual),
-        lambda: capture.capture_gate(FAMILY, describe),
+        lambda: capture.capture_gate(FAMILY, describe, x.device),
     )
 
 

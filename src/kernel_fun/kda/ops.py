@@ -65,7 +65,7 @@ def _decide(call: dict, extra: dict):
         lambda: C.classify(RULES, call, extra),
         lambda: _box(call, extra),
         tensors,
-        lambda: capture.capture_gate(FAMILY, describe),
+        lambda: capture.capture_gate(FAMILY, describe, call["q"].device),
     )
 
 
