@@ -48,7 +48,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch
+from kernel_fun._common.tuning import (alloc, autotune_cache, autotune_configs, config_name,  # noqa: F401
+                                       install_interpreter_shims, launch)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_grid, chunk_program
 
