@@ -4,7 +4,8 @@ forced one at a time, checked against its plain-torch stage reference, and timed
 The kernels are the family's probes (``kernel_fun.bench.<family>.probes``: each kernel launched
 as the family's chain launches it, beside its reference; the same probes ``kernel-fun check``
 runs with the autotuner's pick). For each probe, each configuration of its module's ``CONFIGS``
-(rows marked ``shipped``) and ``CANDIDATES`` (``candidate``) is passed as ``config=``: its outputs
+(rows marked ``shipped``) and ``CANDIDATES`` (``candidate``) is passed as ``config=``, then none
+(``autotuned``: the autotuner's own pick, beside the configs it chose from): its outputs
 are compared with the reference (relative RMS error per output, ``ok`` when every one is under
 the probe's tolerance), then, on a GPU, it is timed (``harness.median_ms``). The delta engine's
 state scans and score gradient are kda's and gdn's probes, at each family's gate.
@@ -48,15 +49,19 @@ def stage_shape(family: str, device: str, overrides: dict | None) -> dict:
 
 def stage_rows(family: str, probes, timed: bool, out=print) -> list[dict]:
     """One row per (probe, configuration): family, kernel, probe (its label), config, kind
-    (shipped / candidate / fixed), ms (None untimed), errors {output: rel err}, max_rel_err, ok,
+    (shipped / candidate / fixed / autotuned: the autotuner's pick, config=None), ms (None untimed), errors {output: rel err}, max_rel_err, ok,
     and ``error`` where the launch raised (a configuration that does not fit this GPU)."""
     from .harness import median_ms, probe_errors
 
     rows = []
     for p in probes:
         expected = p.reference()
-        for config, kind in p.configs():
-            row = dict(family=family, kernel=p.kernel, probe=p.label, config=p.config_name(config), kind=kind,
+        # each config forced, then (a tuned kernel) the autotuner's own pick: does it find the best?
+        runs = p.configs() + ([("autotuned", "autotuned")] if p.lists is not None else [])
+        for config, kind in runs:
+            name = "autotuned" if kind == "autotuned" else p.config_name(config)
+            config = None if kind == "autotuned" else config
+            row = dict(family=family, kernel=p.kernel, probe=p.label, config=name, kind=kind,
                        ms=None, max_rel_err=None, ok=False)
             if p.note:
                 row["note"] = p.note
