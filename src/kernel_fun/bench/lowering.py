@@ -74,12 +74,12 @@ def lower(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None, 
 
     target = target or TARGET
     backend = make_backend(target)
-    options = backend.parseoptions(options(num_warps, num_stages, maxnreg))
+    opts = backend.parse_options(options(num_warps, num_stages, maxnreg))
     context = ir.context()
     ir.load_dialects(context)
     backend.load_dialects(context)
     return source(fn, pointer_types, constexprs).make_ir(
-        target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
+        target, opts, backend.get_codegen_implementation(opts), backend.get_module_map(), context)
 
 
 def build(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None, target=None):
