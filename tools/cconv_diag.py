@@ -3,8 +3,8 @@
 itself and two plain copies moving the same bytes, at the production shape (bf16 x
 [16, 8192, 2048], fp32 weight [2048, 4], silu, W=4).
 
-    python scripts/cconv_diag.py out.json        # do_bench medians (no profiler)
-    ncu ... python scripts/cconv_diag.py --once   # one launch each, for Nsight Compute
+    python tools/cconv_diag.py out.json        # do_bench medians (no profiler)
+    ncu ... python tools/cconv_diag.py --once   # one launch each, for Nsight Compute
 
 Variants (each forced to one configuration: no autotuning, so ncu sees the kernel as timed):
 

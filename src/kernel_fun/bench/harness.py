@@ -236,7 +236,8 @@ class Probe:
         if self.lists is None:
             return [(None, "fixed")]
         shipped = getattr(self.module, self.lists + "CONFIGS")
-        return [(c, "shipped") for c in shipped] + [(c, "candidate") for c in getattr(self.module, self.lists + "CANDIDATES")]
+        candidates = getattr(self.module, self.lists + "CANDIDATES")
+        return [(c, "shipped") for c in shipped] + [(c, "candidate") for c in candidates]
 
     def config_name(self, config) -> str:
         return "fixed" if config is None else self.module.config_name(config)

@@ -220,7 +220,8 @@ def probes(device: str, shape: dict | None = None) -> list:
                  lambda: state_scan_fwd_ref(t["q"], **fwd, chunk_size=64)[:2], ("o", "final_state"),
                  module=state_scan_fwd, label="kda state_scan_fwd"))
     # The score gradient, as the chain calls it: dAqk from v_new and do.
-    out.append(P("delta.score_grad", lambda c: (chain.score_grad_bwd(t["v_new"], t["do"], 0.3, chunk_size=64, config=c),),
+    out.append(P("delta.score_grad",
+                 lambda c: (chain.score_grad_bwd(t["v_new"], t["do"], 0.3, chunk_size=64, config=c),),
                  lambda: R.dAv_reference(t["v_new"], t["do"], t["Aqk"], 0.3, chunk_size=64)[:1], ("dAqk",),
                  module=score_grad, label="kda score_grad"))
     # The backward scan, as the chain calls it: gated queries and keys, dv made inside from

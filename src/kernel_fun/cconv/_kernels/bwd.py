@@ -39,8 +39,9 @@ from .fwd import (aligned16, block_coords, conv_row, load_rows, seq_advance, t_m
                   varlen_args, window_setup)
 
 
-# Grid sizing (fwd.time_chunks), set from scripts/cconv_sweep.py (H200, bf16, W=4, silu,
-# 2026-11-30; bench/records/raw/2026-11-30-h200-cconv-sweep-e5fe2db.json). Dense input: one
+# Grid sizing (fwd.time_chunks), set from scripts/cconv_sweep.py (since replaced by `kernel-fun
+# bench --stages cconv`; H200, bf16, W=4, silu, 2026-11-30;
+# bench/records/raw/2026-11-30-h200-cconv-sweep-e5fe2db.json). Dense input: one
 # wave of long chunks (8 one-warp programs per SM, at least 32 rows: B=16 T=8192 D=2048 in
 # 2048-row chunks), 0.404 ms with the first config below against 0.428 at 512-row chunks and
 # 0.424 at 1024: fewer dw partials and halo rows, and with the loads staged by cp.async a warp

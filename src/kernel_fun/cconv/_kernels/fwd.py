@@ -49,11 +49,11 @@ install_interpreter_shims()
 
 # Grid sizing (`time_chunks`): chunks of at most `_MAX_ROWS_FWD` rows; more (shorter) ones,
 # down to `_MIN_ROWS_FWD` rows, while the grid has fewer than `_WARPS_PER_SM_FWD` warp-units per
-# SM. Set from scripts/cconv_sweep.py (H200, bf16, W=4, silu, 2026-11-30; records
-# bench/records/raw/2026-11-30-h200-cconv-sweep-*.json): with the fast sigmoid, 64-row chunks
-# beat 128 (B=16 T=8192 D=2048: 0.2727-0.2741 ms against 0.2736-0.2751 with R=16, 0.2745
-# against 0.2796 with R=8; D=4096: 0.5336 against 0.5367); 256 rows and one wave of long
-# chunks are slower still. Not kept: the W-1 halo rows read at the chunk's end, when the
+# SM. Set from scripts/cconv_sweep.py (since replaced by `kernel-fun bench --stages cconv`;
+# H200, bf16, W=4, silu, 2026-11-30; records bench/records/raw/2026-11-30-h200-cconv-sweep-*.json):
+# with the fast sigmoid, 64-row chunks beat 128 (B=16 T=8192 D=2048: 0.2727-0.2741 ms against
+# 0.2736-0.2751 with R=16, 0.2745 against 0.2796 with R=8; D=4096: 0.5336 against 0.5367);
+# 256 rows and one wave of long chunks are slower still. Not kept: the W-1 halo rows read at the chunk's end, when the
 # previous chunk's program reads them (they missed L2: Nsight Compute counted DRAM reads 2.4%
 # over x at 128-row chunks), +2% at 128 rows and nothing at 64; x rows loaded .cg, nothing.
 _MAX_ROWS_FWD = 64
@@ -112,7 +112,7 @@ def varlen_args(cu_seqlens: torch.Tensor | None):
 # here), so `cmask & ok` splats it into an int32 array, which its loads and stores reject as a
 # mask ("mask has unsupported dtype"); `False | ok` takes the type of the boolean literal. The
 # compiler folds it away: sm_90a PTX and SASS identical to `cmask & ok` (Triton 3.6, every
-# config of scripts/sass_stats.py cconv). Inline, not a helper: ptxas schedules an inlined
+# config of tools/sass_stats.py cconv). Inline, not a helper: ptxas schedules an inlined
 # function's debug scope differently (one FADD/FFMA swap in three backward configs).
 
 
@@ -361,8 +361,8 @@ def conv_fwd_kernel(
 # so the bytes in flight cost no registers (64 against the register-prefetch kernel's 166 at
 # R=16), and short chunks (`_MAX_ROWS_TMA`) whose programs request their whole chunk at once.
 # The tile is read from shared memory straight into the per-thread row layout. Timed with
-# scripts/cconv_sweep.py (H200, bf16, W=4, silu, 2026-11-30; records
-# bench/records/raw/2026-11-30-h200-cconv-sweep-tma*-da0b68e.json), ms at B=16 T=8192
+# scripts/cconv_sweep.py (since replaced by `kernel-fun bench --stages cconv`; H200, bf16, W=4,
+# silu, 2026-11-30; records bench/records/raw/2026-11-30-h200-cconv-sweep-tma*-da0b68e.json), ms at B=16 T=8192
 # D=2048 / D=4096 / packed (B=1 T=131072 D=2048, 16 documents) / column slice ([8, 8192, 6144]
 # [..., 2048:4096]) in 32-row chunks, against the pointer kernel's best 0.2733 / 0.5321 /
 # 0.2771 / 0.1394 (0.2788 / 0.5500 at 32-row chunks): R=32 with NS=3, 0.2593 / 0.5108 / 0.2696
@@ -386,7 +386,7 @@ TMA_CANDIDATES = [
 ]
 _MAX_ROWS_TMA = 32
 # Below this many bytes of x the pointer kernel runs instead: it is faster on small grids
-# (scripts/cconv_host.py, H200, bf16 [B, T, 2048], device time of the forward: 8 MB 6.9 us
+# (tools/cconv_host.py, H200, bf16 [B, T, 2048], device time of the forward: 8 MB 6.9 us
 # against 10.8, 32 MB 21.0 against 20.4, 64 MB 39.4 against 36.0, 512 MB 274.6 against 257.0;
 # record bench/records/raw/2026-11-30-h200-cconv-host-3363462.json). Host time per launch: the
 # same as the pointer one's in that run (61-96 us per call on that machine's host; the TMA one
