@@ -7,7 +7,11 @@ A family module (``kernel_fun.bench.<family>``) declares:
   ``Case`` with callables for ours and fla's per direction;
 - ``KERNELS``: ``{witness name: what}``, every shipped kernel of the family, and
   ``check(device) -> [failure]``, the interpreted correctness check behind ``kernel-fun check``,
-  which must launch each of them (``check_family`` prints one line per kernel).
+  which must launch each of them (``check_family`` prints one line per kernel);
+- ``probes(device, shape) -> [Probe]``: each shipped kernel as its chain launches it, beside its
+  stage reference, at ``STAGE_SHAPES["cuda" | "cpu"]`` (``STAGED_WITH``: a kernel that runs
+  inside another's probe), what ``bench --stages`` forces every config of (``stages.py``) and,
+  for kda, gdn and gnorm, what ``check`` runs.
 
 The harness times each direction (median of ``triton.testing.do_bench``) and its host time per
 call (``host_us``), observes that our kernels ran (the package's launch counter), measures the

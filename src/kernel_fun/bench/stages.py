@@ -2,8 +2,8 @@
 forced one at a time, checked against its plain-torch stage reference, and timed.
 
 The kernels are the family's probes (``kernel_fun.bench.<family>.probes``: each kernel launched
-as the family's chain launches it, beside its reference; the same probes ``kernel-fun check``
-runs with the autotuner's pick). For each probe, each configuration of its module's ``CONFIGS``
+as the family's chain launches it, beside its reference; ``kernel-fun check`` runs kda's, gdn's
+and gnorm's with the autotuner's pick, and cconv's TMA one). For each probe, each configuration of its module's ``CONFIGS``
 (rows marked ``shipped``) and ``CANDIDATES`` (``candidate``) is passed as ``config=``, then none
 (``autotuned``: the autotuner's own pick, beside the configs it chose from): its outputs
 are compared with the reference (relative RMS error per output, ``ok`` when every one is under
