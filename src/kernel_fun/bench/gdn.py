@@ -176,9 +176,11 @@ def probes(device: str, shape: dict | None = None) -> list:
     t = dict(q=q, k=k, v=r(B, T, HV, V), v_new=r(B, T, HV, V), g=g, beta=beta,
              h=r(B, NT, HV, K, V) * 0.5, dh=r(B, NT, HV, K, V) * 0.5, do=r(B, T, HV, V), dv2=r(B, T, HV, V))
     t = {n: x if n in ("g", "beta") else x.to(low) for n, x in t.items()}  # gate and beta fp32, as the chain's
-    A = R.wy_inverse_ref(t["k"], g, beta).to(low)
+    # gdn/reference_stages.py computes on the CPU (fp64, per chunk): it gets CPU copies
+    cpu = {n: x.cpu() for n, x in t.items()}
+    A = R.wy_inverse_ref(cpu["k"], cpu["g"], cpu["beta"]).to(device, low)
     scale = K ** -0.5
-    ref_in = {n: x.double() for n, x in t.items()}
+    ref_in = {n: x.double() for n, x in cpu.items()}
     wy_ref = functools.cache(lambda: R.wy_dqkwg_bwd_ref(**ref_in, scale=scale))
     dv_in = dict(k=t["k"], v=t["v"], v_new=t["v_new"], g=g, beta=beta, A=A, h=t["h"], do=t["do"], dv2=t["dv2"])
     dv, db, dAqk, dAkk, dgz = wy_dv_bwd.wy_dv_bwd(**dv_in, scale=scale, NT=NT)  # the second half's inputs
@@ -191,7 +193,8 @@ def probes(device: str, shape: dict | None = None) -> list:
         P("gdn.wy_dqk_bwd", lambda c: wy_dqk_bwd.wy_dqk_bwd(**dqk_in, scale=scale, NT=NT, config=c),
           lambda: [wy_ref()[i] for i in (0, 1, 4)], ("dq", "dk", "dg"), module=wy_dqk_bwd, label="gdn wy_dqk_bwd"),
         P("gdn.gated_scores", lambda c: (scores.gated_scores(t["q"], t["k"], g, 0.3, config=c),),
-          lambda: (R.gated_scores_ref(t["q"], t["k"], g, 0.3),), ("A",), module=scores, label="gdn gated_scores"),
+          lambda: (R.gated_scores_ref(cpu["q"], cpu["k"], cpu["g"], 0.3),), ("A",), module=scores,
+          label="gdn gated_scores"),
     ]
     # The state scans with the scalar gate, as gdn/chain.py calls them (the forward twice: for o,
     # then again writing h and v_new for the backward); w, u from the fp64 reference intra stage,
@@ -213,14 +216,16 @@ def probes(device: str, shape: dict | None = None) -> list:
     ]
     # The backward scan making dv from the gated scores (the reference's, so only the scan is
     # under test), against the reference scan fed dv = tril(Aqk)^T do.
-    Aqk = R.gated_scores_ref(t["q"], t["k"], g, scale)
+    Aqk = R.gated_scores_ref(cpu["q"], cpu["k"], cpu["g"], scale)
 
-    def bwd_ref():
-        _, dv_local = dAv_reference(t["do"], t["do"], Aqk, scale, chunk_size=64)
-        return state_scan_bwd_ref(t["q"], t["k"], w, t["do"], dv_local, g=g, dht=dht, scale=scale, chunk_size=64)
+    def bwd_ref():  # on the CPU, beside Aqk
+        _, dv_local = dAv_reference(cpu["do"], cpu["do"], Aqk, scale, chunk_size=64)
+        return state_scan_bwd_ref(cpu["q"], cpu["k"], w.cpu(), cpu["do"], dv_local, g=cpu["g"], dht=dht.cpu(),
+                                  scale=scale, chunk_size=64)
 
     out.append(P("delta.state_scan_bwd", lambda c: state_scan_bwd(
-        t["q"], t["k"], w, t["do"], None, g=g, h0=h0, dht=dht, scale=scale, chunk_size=64, A=Aqk.to(low), config=c),
+        t["q"], t["k"], w, t["do"], None, g=g, h0=h0, dht=dht, scale=scale, chunk_size=64, A=Aqk.to(device, low),
+        config=c),
         bwd_ref, ("dh", "dh0", "dv"), module=scan_bwd_mod, label="gdn state_scan_bwd"))
     return out
 
