@@ -1,4 +1,4 @@
-"""`kernel-fun` / `python -m kernel_fun`: doctor | bench | check."""
+"""`kernel-fun` / `python -m kernel_fun`: doctor | bench [--model | --stages] | check [--lower]."""
 from __future__ import annotations
 
 import argparse
@@ -146,6 +146,47 @@ def bench(families: list[str], overrides: dict, json_path: str | None, only: lis
     return 0 if all(r["engaged"] for r in rows) else 3
 
 
+def stages(family: str, device: str | None, overrides: dict, json_path: str | None, kernels) -> int:
+    """``bench --stages FAMILY``: every config of every shipped kernel of the family forced, checked
+    against its stage reference and timed (``kernel_fun.bench.stages``); interpreted and untimed
+    on a machine without CUDA or with ``--device cpu``."""
+    from .bench.harness import UsageError
+
+    if device == "cuda" and not _has_cuda():
+        raise UsageError("--device cuda: no CUDA device here")
+    device = device or ("cuda" if _has_cuda() else "cpu")
+    if device == "cpu":
+        # Before any kernel module is imported: triton.jit reads it at decoration time.
+        os.environ["TRITON_INTERPRET"] = "1"
+    from .bench import stages as stages_mod
+
+    return stages_mod.run(family, device, overrides, json_path, kernels)
+
+
+def lower(target: str, jobs: int) -> int:
+    """``check --lower TARGET``: every shipped config of every kernel compiled for the target
+    (``kernel_fun.bench.lowering``), no GPU needed. Exit 0 when all lower, 1 otherwise."""
+    if os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on"):
+        # interpreted kernels cannot be lowered: the same command in a process without it
+        import subprocess
+
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        return subprocess.run([sys.executable, "-m", "kernel_fun", "check", "--lower", target, "--jobs", str(jobs)],
+                              env=env).returncode
+    from .bench import lowering
+
+    targets = list(lowering.TARGETS) if target == "all" else [target]
+    for t in targets:
+        why = lowering.ptxas_missing(t)
+        if why:
+            print(f"kernel-fun check --lower: {why}", file=sys.stderr)
+            return 1
+    print(f"kernel-fun check --lower {target}: every shipped kernel and config, compiled for "
+          f"{', '.join(targets)} (no GPU needed)", flush=True)
+    failed = lowering.run(None, "compile", targets, jobs, out=lambda line: print(line, flush=True))
+    return 1 if failed else 0
+
+
 def _parse_shape(text: str | None) -> dict:
     from .bench.harness import UsageError
 
@@ -176,6 +217,12 @@ def _families_help() -> str:
         except Exception as exc:  # help must print even where a family cannot be imported
             names, keys = f"unavailable ({type(exc).__name__}: {exc})", "-"
         lines += [f"  {fam}:", f"    cases: {names}", f"    shape keys: {keys}"]
+        if getattr(mod, "STAGE_SHAPES", None) and getattr(mod, "KERNELS", None):
+            inside = getattr(mod, "STAGED_WITH", {})
+            names = [k + (f" (inside {inside[k]})" if k in inside else "") for k in mod.KERNELS]
+            lines += [f"    --stages kernels (--kernel): {', '.join(names)}",
+                      "    --stages shape on a GPU / without: " + " / ".join(
+                          ",".join(f"{k}={v}" for k, v in mod.STAGE_SHAPES[d].items()) for d in ("cuda", "cpu"))]
     lines.append("  (--shape replaces the production shape's keys and runs one 'custom' case)")
     return "\n".join(lines)
 
@@ -204,7 +251,23 @@ def main(argv: list[str] | None = None) -> int:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--family", action="append", choices=BENCH_FAMILIES,
                        help="restrict to a family (repeatable); default: all present")
+        if name == "check":
+            p.add_argument("--lower", nargs="?", const="sm_90a", choices=("sm_90a", "sm_100a", "all"),
+                           metavar="sm_90a|sm_100a|all",
+                           help="instead: do the shipped kernels lower for this GPU target? every shipped "
+                                "config compiled to a cubin by Triton's compiler, no GPU needed (default sm_90a)")
+            p.add_argument("--jobs", type=int, default=1, help="with --lower: compile in this many processes")
         if name == "bench":
+            p.add_argument("--stages", metavar="FAMILY",
+                           help="instead: every config (CONFIGS and CANDIDATES) of every shipped kernel of "
+                                "FAMILY (cconv, kda, gdn, gnorm; the delta scans are kda's and gdn's) forced "
+                                "one by one, checked against its stage reference and timed; production-like "
+                                "shapes on a GPU, tiny interpreted untimed ones without (--shape: the stage "
+                                "shape's keys)")
+            p.add_argument("--device", choices=("cuda", "cpu"),
+                           help="with --stages: cpu runs the interpreted tiny shapes even on a GPU machine")
+            p.add_argument("--kernel", action="append",
+                           help="with --stages: only this kernel (its launch-witness name, e.g. cconv.fwd; repeatable)")
             p.add_argument("--shape", help="override the production shapes, e.g. B=8,T=4096,D=2048")
             p.add_argument("--json", help="record path (default bench/records/<date>-<gpu>-<sha>.json)")
             p.add_argument("--case", action="append", help="run only this case (repeatable)")
@@ -217,9 +280,19 @@ def main(argv: list[str] | None = None) -> int:
         return doctor()
     families = args.family or BENCH_FAMILIES
     if args.command == "check":
+        if args.lower:
+            return lower(args.lower, args.jobs)
         return check(families)
     if args.command == "bench":
         try:
+            if args.stages is not None:
+                extra = [f for f, v in (("--family", args.family), ("--case", args.case), ("--model", args.model))
+                         if v]
+                if extra:
+                    raise UsageError(f"--stages takes one family and no {', '.join(extra)}")
+                return stages(args.stages, args.device, _parse_shape(args.shape), args.json, args.kernel)
+            if args.device or args.kernel:
+                raise UsageError("--device and --kernel go with --stages")
             if args.model:
                 from .bench import model
 

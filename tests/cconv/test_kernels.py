@@ -220,19 +220,19 @@ def test_outputs_are_fresh(device):
     assert dx1.data_ptr() != dx2.data_ptr() and dw1.data_ptr() != dw2.data_ptr()
 
 
-@pytest.mark.parametrize("stage,idx", [("fwd", i) for i in range(len(fwd_mod._FWD_CONFIGS + fwd_mod._FWD_CANDIDATES))]
-                         + [("bwd", i) for i in range(len(bwd_mod._BWD_CONFIGS + bwd_mod._BWD_CANDIDATES))]
-                         + [("tma", i) for i in range(1 + len(fwd_mod._TMA_CANDIDATES))])
+@pytest.mark.parametrize("stage,idx", [("fwd", i) for i in range(len(fwd_mod.CONFIGS + fwd_mod.CANDIDATES))]
+                         + [("bwd", i) for i in range(len(bwd_mod.CONFIGS + bwd_mod.CANDIDATES))]
+                         + [("tma", i) for i in range(len(fwd_mod.TMA_CONFIGS + fwd_mod.TMA_CANDIDATES))])
 def test_every_config(stage, idx, monkeypatch, device):
     """Each autotune candidate computes the same thing (the interpreter otherwise runs only
     the first): pin the kernel to one config, then check fwd + bwd, D-major with several
     channel blocks, and T-major (transposed x) with packed documents. "tma": the forward
     through a TMA descriptor (fwd.use_tma), which takes the D-major inputs."""
     if stage == "tma":  # one config, no autotuner
-        monkeypatch.setattr(fwd_mod, "_TMA_CONFIG", ([fwd_mod._TMA_CONFIG] + fwd_mod._TMA_CANDIDATES)[idx])
+        monkeypatch.setattr(fwd_mod, "TMA_CONFIGS", [(fwd_mod.TMA_CONFIGS + fwd_mod.TMA_CANDIDATES)[idx]])
     else:
-        kernel, configs = {"fwd": (fwd_mod.conv_fwd_kernel, fwd_mod._FWD_CONFIGS + fwd_mod._FWD_CANDIDATES),
-                           "bwd": (bwd_mod.conv_bwd_kernel, bwd_mod._BWD_CONFIGS + bwd_mod._BWD_CANDIDATES)}[stage]
+        kernel, configs = {"fwd": (fwd_mod.conv_fwd_kernel, fwd_mod.CONFIGS + fwd_mod.CANDIDATES),
+                           "bwd": (bwd_mod.conv_bwd_kernel, bwd_mod.CONFIGS + bwd_mod.CANDIDATES)}[stage]
         monkeypatch.setattr(kernel, "configs", [configs[idx]])
     # "tma": every 16-byte aligned x, whatever its size, through the TMA forward; else none
     monkeypatch.setenv("KERNEL_FUN_CCONV_TMA", "1" if stage == "tma" else "0")

@@ -17,12 +17,29 @@ from kernel_fun.bench import harness
     (["bench", "--shape", "D"], "expected KEY=VALUE"),
     (["bench", "--case", "nope"], "--case: no selected family has nope (cases: cconv: prod_d2048"),
     (["bench", "--family", "cconv", "--case", "prod_b16"], "no selected family has prod_b16"),
+    (["bench", "--stages", "delta"], "--stages: no family 'delta' (families: cconv, kda, gdn, gnorm"),
+    (["bench", "--stages", "cconv", "--kernel", "kda.wy_bwd"], "--kernel: kda.wy_bwd is not a cconv kernel"),
+    (["bench", "--stages", "cconv", "--shape", "N=4"], "--shape: N does not fit the cconv stages (their keys: B, T"),
+    (["bench", "--stages", "kda", "--shape", "T=long"], "T='long' for the kda stages must be a non-negative integer"),
+    (["bench", "--stages", "kda", "--case", "prod_b8"], "--stages takes one family and no --case"),
+    (["bench", "--kernel", "cconv.fwd"], "--device and --kernel go with --stages"),
 ])
 def test_bench_refuses_what_does_not_fit_in_one_line(capsys, argv, needle):
     assert cli.main(argv) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and err.startswith("kernel-fun bench: ")
     assert needle in err
+
+
+def test_help_lists_stages_and_lower(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    out = capsys.readouterr().out
+    assert "--stages FAMILY" in out and "--stages kernels (--kernel): cconv.fwd, cconv.fwd_tma" in out
+    assert "cconv.dw_reduce (inside cconv.bwd)" in out
+    with pytest.raises(SystemExit):
+        cli.main(["check", "--help"])
+    assert "--lower" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("command", ["bench", "check"])

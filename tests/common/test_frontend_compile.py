@@ -1,5 +1,6 @@
 """Every kernel through Triton's compiler on a machine without a GPU, for sm_90a and sm_100a
-(scripts/sass_stats.py), under whichever Triton is installed.
+(``kernel_fun.bench.lowering``, behind ``kernel-fun check --lower``), under whichever Triton is
+installed.
 
 The CPU tier runs kernels through Triton's interpreter, which skips the frontend's checks: an
 if/else whose branches give one name two shapes passed every interpreted test of a kernel and
@@ -10,41 +11,36 @@ Two depths: every configuration and flag combination through the frontend to Tri
 target-independent step where that if/else fails; sm_90a), and every shipped configuration
 (what each autotuner sees, or a launcher's fixed one) all the way to a cubin for each target:
 Triton's GPU passes, LLVM and the ptxas its wheel ships. Both also check coverage: a kernel
-the package ships (``sass_stats.discover``: the ``*_kernel`` objects of the
-``kernel_fun.<pkg>._kernels`` modules), or a config of its autotuner, that sass_stats has no
+the package ships (``lowering.discover``: the ``*_kernel`` objects of the
+``kernel_fun.<pkg>._kernels`` modules), or a config of its autotuner, that lowering has no
 spec for fails the test."""
 import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-
 
 def _run(code: str, tmp_path) -> subprocess.CompletedProcess:
-    """``code`` as a file (triton.jit reads a kernel's source from its file), scripts/ importable."""
+    """``code`` as a file (triton.jit reads a kernel's source from its file), without
+    TRITON_INTERPRET."""
     f = tmp_path / "frontend_check.py"
-    f.write_text(f"import sys\nsys.path.insert(0, {str(SCRIPTS)!r})\n" + code)
+    f.write_text("import sys\n" + code)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     return subprocess.run([sys.executable, str(f)], env=env, capture_output=True, text=True, timeout=900)
 
 
-def _ptxas_for(arch: int) -> str | None:
-    """Why this Triton cannot assemble for sm_<arch>a here (None: it can)."""
-    from triton.backends.nvidia.compiler import get_ptxas
+def _ptxas_for(target: str) -> str | None:
+    """Why this Triton cannot assemble for ``target`` here (None: it can)."""
+    from kernel_fun.bench.lowering import ptxas_missing
 
-    try:
-        path = get_ptxas(arch).path
-    except Exception as e:  # noqa: BLE001  (a missing tool raises from the knob)
-        return f"no ptxas for sm_{arch}a in this Triton: {e}"
-    return None if path and os.path.exists(path) else f"no ptxas for sm_{arch}a in this Triton ({path})"
+    return ptxas_missing(target)
 
 
 def test_every_kernel_lowers_through_the_frontend(tmp_path):
-    r = _run("import sass_stats\nsys.exit(sass_stats.main(['all', '--frontend', '--jobs', '2']))\n", tmp_path)
+    r = _run("from kernel_fun.bench import lowering\nsys.exit(lowering.main(['all', '--frontend', '--jobs', '2']))\n",
+             tmp_path)
     assert r.returncode == 0 and "\n0 failed" in r.stdout, r.stdout[-4000:] + r.stderr[-4000:]
     assert "UNCOVERED" not in r.stdout, r.stdout[-4000:]
     assert r.stdout.count("\nok ") >= 100, r.stdout[-2000:]
@@ -52,11 +48,12 @@ def test_every_kernel_lowers_through_the_frontend(tmp_path):
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
 def test_every_shipped_config_compiles(tmp_path, target):
-    why = _ptxas_for(int(target[3:-1]))
+    why = _ptxas_for(target)
     if why:
         pytest.skip(why)
-    r = _run(f"import sass_stats\nsys.exit(sass_stats.main(['all', '--compile', '--target', {target!r}, '--jobs', '2']))\n",
-             tmp_path)
+    # what a user runs: the CLI, which re-runs itself without TRITON_INTERPRET where it is set
+    r = subprocess.run([sys.executable, "-m", "kernel_fun", "check", "--lower", target, "--jobs", "2"],
+                       capture_output=True, text=True, timeout=900, env={**os.environ, "TRITON_INTERPRET": "1"})
     assert r.returncode == 0 and "\n0 failed" in r.stdout, r.stdout[-4000:] + r.stderr[-4000:]
     assert "UNCOVERED" not in r.stdout, r.stdout[-4000:]
     ok = [line for line in r.stdout.splitlines() if line.startswith("ok ")]
@@ -70,7 +67,7 @@ def test_the_check_catches_what_the_interpreter_misses(tmp_path):
     """A kernel the interpreter runs, with one name bound to two shapes across an if/else."""
     r = _run(textwrap.dedent("""
         import triton, triton.language as tl
-        import sass_stats
+        from kernel_fun.bench import lowering
 
         @triton.jit
         def two_shapes(x, n, A: tl.constexpr, B: tl.constexpr):
@@ -80,9 +77,9 @@ def test_the_check_catches_what_the_interpreter_misses(tmp_path):
                 o = tl.arange(0, B)
             tl.store(x + o, 1.0)
 
-        sass_stats.lower(two_shapes, {"n": "i32"}, dict(A=16, B=16), num_warps=4)   # same shape: fine
+        lowering.lower(two_shapes, {"n": "i32"}, dict(A=16, B=16), num_warps=4)   # same shape: fine
         try:
-            sass_stats.lower(two_shapes, {"n": "i32"}, dict(A=16, B=32), num_warps=4)
+            lowering.lower(two_shapes, {"n": "i32"}, dict(A=16, B=32), num_warps=4)
         except Exception as e:
             print("rejected:", type(e).__name__)
     """), tmp_path)
@@ -96,13 +93,13 @@ def test_the_check_catches_what_the_interpreter_misses(tmp_path):
 # shorter than tl.sigmoid's). Its values are checked on the GPU (tests/cconv, every dtype).
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
 def test_fast_sigmoid_assembles_and_is_shorter(tmp_path, target):
-    why = _ptxas_for(int(target[3:-1]))
+    why = _ptxas_for(target)
     if why:
         pytest.skip(why)
     r = _run(textwrap.dedent("""
         import os, re, subprocess, tempfile
         import triton, triton.language as tl
-        import sass_stats
+        from kernel_fun.bench import lowering
         from kernel_fun._common.fastmath import sigmoid
 
         @triton.jit
@@ -111,11 +108,11 @@ def test_fast_sigmoid_assembles_and_is_shorter(tmp_path, target):
             tl.store(y + o, sigmoid(tl.load(x + o), FAST))
 
         for fast in (True, False):
-            src = sass_stats._source(k, {"x": "*fp32", "y": "*fp32"}, dict(FAST=fast))
-            c = triton.compile(src, target=sass_stats.TARGETS[TARGET_NAME], options=dict(num_warps=1))
+            src = lowering.source(k, {"x": "*fp32", "y": "*fp32"}, dict(FAST=fast))
+            c = triton.compile(src, target=lowering.TARGETS[TARGET_NAME], options=dict(num_warps=1))
             f = tempfile.NamedTemporaryFile(suffix=".cubin", delete=False)
             f.write(c.asm["cubin"]); f.close()
-            sass = subprocess.run([os.path.join(sass_stats.TOOLS, "cuobjdump"), "-sass", f.name],
+            sass = subprocess.run([os.path.join(lowering.TOOLS, "cuobjdump"), "-sass", f.name],
                                   capture_output=True, text=True).stdout
             body = [l for l in sass.splitlines() if re.match(r"\\s+/\\*[0-9a-f]{4,6}\\*/", l)]
             print("fast" if fast else "exact", "ftz" if "ex2.approx.ftz.f32" in c.asm["ptx"] else "-",

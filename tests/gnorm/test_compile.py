@@ -1,5 +1,5 @@
 """gnorm's kernels through Triton's compiler for sm_90a on a machine without a GPU (with
-scripts/sass_stats.py's helpers): every config and flag combination lowers through the frontend
+``kernel_fun.bench.lowering``'s helpers): every config and flag combination lowers through the frontend
 (which the interpreter skips), and the backward's configs compile without spills at the layers'
 widths under their register caps (a spill would cost the bandwidth the caps are for).
 
@@ -9,14 +9,10 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
-
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 _SPECS = textwrap.dedent("""
     import itertools, sys
-    sys.path.insert(0, {scripts!r})
-    import sass_stats
+    from kernel_fun.bench import lowering
     from kernel_fun.gnorm._kernels import bwd, dw_reduce, fwd
     from kernel_fun.gnorm._kernels.common import rows_per_tile
 
@@ -25,26 +21,28 @@ _SPECS = textwrap.dedent("""
     BWD_PTR = dict(h="*bf16", g="*bf16", dy="*bf16", dx="*bf16", dg="*bf16", dres="*bf16", dres_in="*fp32",
                    w="*fp32", N="i32", s_h="i32:16", s_g="i32:16", s_dy="i32:16", s_dres="i32:16")
 
-    def fwd_specs(widths, flags):
-        for V, cfg, gate, f in itertools.product(widths, fwd.CANDIDATES, (0, 1), flags):
+    def fwd_specs(widths, flags, first=False):
+        cfgs = (fwd.CONFIGS + fwd.CANDIDATES)[:1 if first else None]
+        for V, cfg, gate, f in itertools.product(widths, cfgs, (0, 1), flags):
             BV = 1 << (V - 1).bit_length()
             c = dict(V=V, BV=BV, GATE=gate, HAS_W=f[0], HAS_B=f[1], HAS_RES=f[2], STORE_RES=f[3], N_BUCKET=2,
                      TILE=cfg.kwargs["TILE"], BR=rows_per_tile(cfg.kwargs["TILE"], BV), FAST=True)
-            yield f"fwd V={{V}} gate={{gate}} flags={{f}} {{sass_stats._cfg_label(cfg)}}", fwd.gnorm_fwd_kernel.fn.fn, FWD_PTR, c, cfg
+            yield f"fwd V={V} gate={gate} flags={f} {lowering.cfg_label(cfg)}", fwd.gnorm_fwd_kernel.fn.fn, FWD_PTR, c, cfg
 
-    def bwd_specs(widths, flags):
-        for V, cfg, gate, f in itertools.product(widths, bwd.CANDIDATES, (0, 1), flags):
+    def bwd_specs(widths, flags, first=False):
+        cfgs = (bwd.CONFIGS + bwd.CANDIDATES)[:1 if first else None]
+        for V, cfg, gate, f in itertools.product(widths, cfgs, (0, 1), flags):
             BV = 1 << (V - 1).bit_length()
             c = dict(V=V, BV=BV, GATE=gate, HAS_W=f[0], HAS_B=f[1], HAS_DRES=f[2], STORE_DRES=f[3], N_BUCKET=2,
                      TILE=cfg.kwargs["TILE"], PPS=cfg.kwargs["PPS"], NS=cfg.kwargs["NS"],
                      BR=rows_per_tile(cfg.kwargs["TILE"], BV), FAST=True)
-            yield f"bwd V={{V}} gate={{gate}} flags={{f}} {{sass_stats._cfg_label(cfg)}}", bwd.gnorm_bwd_kernel.fn.fn, BWD_PTR, c, cfg
+            yield f"bwd V={V} gate={gate} flags={f} {lowering.cfg_label(cfg)}", bwd.gnorm_bwd_kernel.fn.fn, BWD_PTR, c, cfg
 """)
 
 
 def _run(body: str, tmp_path) -> subprocess.CompletedProcess:
     f = tmp_path / "gnorm_compile.py"
-    f.write_text(_SPECS.format(scripts=str(SCRIPTS)) + textwrap.dedent(body))
+    f.write_text(_SPECS + textwrap.dedent(body))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     return subprocess.run([sys.executable, str(f)], env=env, capture_output=True, text=True, timeout=900)
 
@@ -56,21 +54,18 @@ def test_every_config_and_flag_combination_lowers(tmp_path):
         flags = list(itertools.product((False, True), repeat=4))
         one = [(True, False, False, False)]
         n = bad = 0
-        f0, b0 = fwd.CANDIDATES, bwd.CANDIDATES
-        fwd.CANDIDATES, bwd.CANDIDATES = f0[:1], b0[:1]
-        every_flag = list(fwd_specs((96,), flags)) + list(bwd_specs((96,), flags))
-        fwd.CANDIDATES, bwd.CANDIDATES = f0, b0
+        every_flag = list(fwd_specs((96,), flags, first=True)) + list(bwd_specs((96,), flags, first=True))
         every_cfg = list(fwd_specs((96,), one)) + list(bwd_specs((96,), one))
         for specs in (every_flag, every_cfg):
             for label, fn, ptr, c, cfg in specs:
                 n += 1
                 try:
-                    sass_stats.lower(fn, ptr, c, cfg.num_warps, 1, cfg.maxnreg)
+                    lowering.lower(fn, ptr, c, cfg.num_warps, 1, cfg.maxnreg)
                 except Exception as e:
                     bad += 1
                     print("FAILED", label, type(e).__name__, str(e)[:300])
         for hw, hb in ((True, False), (False, True), (True, True)):
-            sass_stats.lower(dw_reduce.dw_reduce_kernel, dict(n_part="i32", V="i32"),
+            lowering.lower(dw_reduce.dw_reduce_kernel, dict(n_part="i32", V="i32"),
                              dict(HAS_W=hw, HAS_B=hb, BP=32, BM=128), 4)
         print(n, "lowered", bad, "failed")
     """, tmp_path)
@@ -83,7 +78,7 @@ def test_backward_configs_do_not_spill_at_the_layer_widths(tmp_path):
     r = _run("""
         for label, fn, ptr, c, cfg in bwd_specs((128, 256, 512), [(True, False, False, False)]):
             ns = c["NS"] if c["NS"] > 1 else 1
-            s = sass_stats.stats(fn, ptr, c, cfg.num_warps, ns, cfg.maxnreg)
+            s = lowering.stats(fn, ptr, c, cfg.num_warps, ns, cfg.maxnreg)
             print(label, s["regs"], s["spill_ops"], s["shared_bytes"])
     """, tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -102,8 +97,8 @@ def test_row_loads_and_stores_are_16_byte_vectors(tmp_path):
         for label, fn, ptr, c, cfg in list(fwd_specs((128, 256), [(True, False, False, False)]))[:1] + \\
                 list(fwd_specs((256,), [(True, False, False, False)]))[:1] + \\
                 [s for s in bwd_specs((128, 256), [(True, False, False, False)]) if "'NS': 1}" in s[0] and "'TILE': 2048" in s[0]]:
-            k = triton.compile(sass_stats._source(fn, ptr, c), target=sass_stats.TARGET,
-                               options=sass_stats._options(cfg.num_warps, 1, cfg.maxnreg))
+            k = triton.compile(lowering.source(fn, ptr, c), target=lowering.TARGET,
+                               options=lowering.options(cfg.num_warps, 1, cfg.maxnreg))
             ptx = k.asm["ptx"]
             print(label.split()[0], len(re.findall(r"ld\\.global(?:\\.[a-z]+)*\\.v4\\.b32", ptx)),
                   len(re.findall(r"st\\.global(?:\\.[a-z]+)*\\.v4\\.b32", ptx)), len(re.findall(r"st\\.global(?:\\.[a-z]+)*\\.b16", ptx)))

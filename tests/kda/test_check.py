@@ -29,7 +29,7 @@ def test_check_catches_a_wrong_stage(monkeypatch, device):
 
     monkeypatch.setattr(chain, "intra_bwd", wrong)
     failures = check(device)
-    assert len(failures) == 1 and "intra_bwd: output 1" in failures[0]
+    assert len(failures) == 1 and "intra_bwd: dk relative error" in failures[0]
 
 
 def test_check_catches_wrong_scan_score_and_gate_stages(monkeypatch, device):

@@ -2,8 +2,12 @@
 
 The config convention: each kernel module lists ``CONFIGS`` (the shipped configurations: what
 the autotuner sees, each timed and checked on a GPU) and ``CANDIDATES`` (extra ones a bench or
-a GPU test may force with ``launch(..., config=c)``; a candidate joins ``CONFIGS`` only after
-both). Every output a launcher allocates goes through ``alloc``, so tests can poison outputs
+a GPU test may force; a candidate joins ``CONFIGS`` only after both; may be empty), names one
+with ``config_name(c)``, and its launcher takes ``config=c`` (keyword) to force one
+(``launch``). ``kernel-fun bench --stages FAMILY`` forces each in turn. A module holding a
+second tuned kernel prefixes its lists with that kernel's name (cconv's ``TMA_CONFIGS``,
+``TMA_CANDIDATES``); a kernel its launcher runs with one fixed configuration (the fixed-order
+dw/db reductions: their bits must not depend on a pick) has no lists. Every output a launcher allocates goes through ``alloc``, so tests can poison outputs
 with NaN (``POISON_OUTPUTS``) and an element a kernel forgets to write fails.
 
 Under Triton's interpreter (``TRITON_INTERPRET=1``, read by ``triton.jit`` when a kernel

@@ -18,6 +18,8 @@ KERNELS = {
     "cconv.bwd": "backward: dx and the dw/db partials",
     "cconv.dw_reduce": "the fixed-order dw/db reduction: dw, db vs the reference",
 }
+# `bench --stages cconv`: the reduction has one fixed config and runs inside the backward's probe.
+STAGED_WITH = {"cconv.dw_reduce": "cconv.bwd"}
 
 
 def _inputs(B, T, D, W, layout="contiguous", dtype="bfloat16", device="cuda", seed=0):
@@ -115,8 +117,8 @@ def check(device: str = "cpu") -> list[str]:
     from .. import cconv
     from .._common.numerics import rel_rms
     from .._common.witness import launches
-    from ..cconv._kernels.fwd import conv_fwd, tma_ok
     from ..cconv.reference import conv_ref, conv_ref_bwd
+    from .harness import check_probes
 
     failures = []
     gen = torch.Generator().manual_seed(0)
@@ -147,12 +149,46 @@ def check(device: str = "cpu") -> list[str]:
             if not err <= tol:
                 failures.append(f"{kernel[name]}: {c}: {name} relative error {err:.2e} > {tol:.0e}")
     # the TMA forward, which the public op takes only for x of 32 MB and up: forced
-    x = torch.randn(2, 37, 64, generator=gen).to(device)
-    w = torch.randn(64, 4, generator=gen).to(device)
-    b = torch.randn(64, generator=gen).to(device)
-    if tma_ok(x):
-        y = conv_fwd(x, w, b, True, tma=True)
-        err = rel_rms(y, conv_ref(x, w, b, True))
-        if not err <= 1e-5:
-            failures.append(f"cconv.fwd_tma: [2, 37, 64] fp32 silu: y relative error {err:.2e} > 1e-05")
+    failures += check_probes([p for p in probes(device, CHECK_SHAPE) if p.kernel == "cconv.fwd_tma"])
     return failures
+
+
+# The stage probes' shapes: the check's TMA one (fp32 [2, 37, 64], bias) and, for `bench --stages
+# cconv` on a GPU, the production call (bf16 [16, 8192, 2048], fp32 weight, no bias, as fla's
+# ShortConvolution makes it); `--shape` replaces any of them.
+CHECK_SHAPE = dict(B=2, T=37, D=64, W=4, dtype="float32", bias=1)
+STAGE_SHAPES = {"cpu": CHECK_SHAPE, "cuda": dict(B=16, T=8192, D=2048, W=4, dtype="bfloat16", bias=0)}
+
+
+def probes(device: str, shape: dict | None = None) -> list:
+    """cconv's kernels through their launchers (``conv_fwd`` by pointer and through TMA,
+    ``conv_bwd``) with silu, each beside the fp64 reference (``harness.Probe``). fp32 compares
+    to 1e-5; bf16 to the old sweep's thresholds (y 5e-3, dx 8e-3, dw and db 1e-3). The TMA
+    probe is left out where x cannot be read through a descriptor (before sm_90)."""
+    import functools
+
+    import torch
+
+    from ..cconv import reference as R
+    from ..cconv._kernels import bwd, fwd
+    from .harness import Probe
+
+    shape = dict(CHECK_SHAPE, **(shape or {}))
+    B, T, D, W = (int(shape[k]) for k in ("B", "T", "D", "W"))
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(B, T, D, generator=gen, device=device).to(getattr(torch, shape["dtype"]))
+    w = torch.randn(D, W, generator=gen, device=device) / W
+    b = torch.randn(D, generator=gen, device=device) if int(shape["bias"]) else None
+    dy = torch.randn(B, T, D, generator=gen, device=device).to(x.dtype)
+    fp32 = x.dtype == torch.float32
+    P = functools.partial(Probe, tol=1e-5 if fp32 else dict(y=5e-3, dx=8e-3, dw=1e-3, db=1e-3))
+    ref_y = functools.cache(lambda: (R.conv_ref(x, w, b, True),))
+    grads = ("dx", "dw") + (("db",) if b is not None else ())
+    out = [P("cconv.fwd", lambda c: (fwd.conv_fwd(x, w, b, True, tma=False, config=c),), ref_y, ("y",), module=fwd)]
+    if fwd.tma_ok(x):
+        out.append(P("cconv.fwd_tma", lambda c: (fwd.conv_fwd(x, w, b, True, tma=True, config=c),), ref_y, ("y",),
+                     module=fwd, lists="TMA_"))
+    out.append(P("cconv.bwd", lambda c: bwd.conv_bwd(x, w, b, dy, True, config=c)[:len(grads)],
+                 lambda: R.conv_ref_bwd(x, w, b, dy, True)[:len(grads)], grads, module=bwd,
+                 note="with its fixed-config dw/db reduction (cconv.dw_reduce)"))
+    return out

@@ -135,74 +135,104 @@ def cases(overrides: dict | None = None):
     ]
 
 
-def check(device: str = "cpu") -> list[str]:
-    """Interpreted check of the kernels of gdn's chain against their fp64 stage references at a
-    small shape (T not a multiple of 64, grouped values), fp32: the scalar-gate state scans as
-    the chain calls them, the gated scores, and the WY backward's two kernels."""
+# The stage probes' shapes: the check's (T not a multiple of 64, grouped values, fp32) and, for
+# `bench --stages gdn` on a GPU, the production heads at B=8 in bf16 (`--shape` replaces any).
+CHECK_SHAPE = dict(B=1, T=100, H=1, HV=2, K=32, V=32, dtype="float32")
+STAGE_SHAPES = {"cpu": CHECK_SHAPE, "cuda": dict(B=8, T=8192, H=16, HV=16, K=128, V=128, dtype="bfloat16")}
+
+
+def probes(device: str, shape: dict | None = None) -> list:
+    """The kernels of gdn's chain as gdn/chain.py calls them, each beside its fp64 stage
+    reference (``harness.Probe``; ``check()`` and ``bench --stages gdn`` run these): the
+    scalar-gate state scans, the gated scores and the WY backward's two halves (the second fed
+    the first's outputs). fp32 inputs compare to 1e-3, bf16 ones to 2e-2."""
+    import functools
     import math
 
     import torch
 
-    from .._common.numerics import rel_rms as rel
-    from .._common.witness import launches
+    from .._delta._kernels import state_scan_bwd as scan_bwd_mod
+    from .._delta._kernels import state_scan_fwd as scan_fwd_mod
     from .._delta._kernels.state_scan_bwd import state_scan_bwd
     from .._delta._kernels.state_scan_fwd import state_scan_fwd
     from .._delta.reference import intra_ref, state_scan_bwd_ref, state_scan_fwd_ref
     from ..gdn import reference_stages as R
-    from ..gdn._kernels.scores import gated_scores
-    from ..gdn._kernels.wy_dqkwg_bwd import wy_dqkwg_bwd
+    from ..gdn._kernels import scores, wy_dqk_bwd, wy_dv_bwd
     from ..kda.reference_stages import dAv_reference
-    from .kda import _compare, _witnessed
+    from .harness import Probe
 
-    gen = torch.Generator().manual_seed(0)
-    B, T, H, HV, K, V = 1, 100, 1, 2, 32, 32
-    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
-    a = -torch.rand(B, T, HV, generator=gen).double() * 0.5
+    shape = dict(CHECK_SHAPE, **(shape or {}))
+    B, T, H, HV, K, V = (shape[k] for k in ("B", "T", "H", "HV", "K", "V"))
+    low = getattr(torch, shape["dtype"])
+    P = functools.partial(Probe, tol=1e-3 if low == torch.float32 else 2e-2)
+    gen = torch.Generator(device=device).manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=gen, device=device)  # noqa: E731
+    a = -torch.rand(B, T, HV, generator=gen, device=device).double() * 0.5
     g = torch.cat([c.cumsum(1) for c in a.split(64, dim=1)], 1).float() / math.log(2.0)
     q = torch.nn.functional.normalize(r(B, T, H, K), dim=-1)
     k = torch.nn.functional.normalize(r(B, T, H, K), dim=-1)
-    beta = torch.rand(B, T, HV, generator=gen)
+    beta = torch.rand(B, T, HV, generator=gen, device=device)
     NT = -(-T // 64)
     t = dict(q=q, k=k, v=r(B, T, HV, V), v_new=r(B, T, HV, V), g=g, beta=beta,
              h=r(B, NT, HV, K, V) * 0.5, dh=r(B, NT, HV, K, V) * 0.5, do=r(B, T, HV, V), dv2=r(B, T, HV, V))
-    A = R.wy_inverse_ref(k, g, beta).float()
-    failures = []
-    before = launches("gdn.")
-    got = wy_dqkwg_bwd(**{n: x.to(device) for n, x in t.items()}, A=A.to(device), scale=K ** -0.5)
-    exp = R.wy_dqkwg_bwd_ref(**{n: x.double() for n, x in t.items()}, scale=K ** -0.5)
-    S = gated_scores(q.to(device), k.to(device), g.to(device), 0.3)
-    if launches("gdn.") < before + 2:
-        failures.append("gdn: our kernels did not run")
-    for n, x, y in zip(("dq", "dk", "dv", "dbeta", "dg"), got, exp):
-        err = rel(x.cpu(), y)
-        if not err < 1e-3:  # tf32 products on the GPU; fp32 exact under the interpreter
-            failures.append(f"gdn wy_dqkwg_bwd: {n} relative error {err:.2e}")
-    err = rel(S.cpu(), R.gated_scores_ref(q, k, g, 0.3))
-    if not err < 1e-3:
-        failures.append(f"gdn gated_scores: relative error {err:.2e}")
-
-    # The state scans with the scalar gate, as gdn/chain.py calls them; w, u from the fp64
-    # reference intra stage, so the scans meet the structure they meet in the chain.
+    t = {n: x if n in ("g", "beta") else x.to(low) for n, x in t.items()}  # gate and beta fp32, as the chain's
+    # gdn/reference_stages.py computes on the CPU (fp64, per chunk): it gets CPU copies
+    cpu = {n: x.cpu() for n, x in t.items()}
+    A = R.wy_inverse_ref(cpu["k"], cpu["g"], cpu["beta"]).to(device, low)
     scale = K ** -0.5
-    it = intra_ref(q, k, t["v"], beta, g=g, scale=scale, chunk_size=64)
-    w, u = it["w"].float(), it["u"].float()
+    ref_in = {n: x.double() for n, x in cpu.items()}
+    wy_ref = functools.cache(lambda: R.wy_dqkwg_bwd_ref(**ref_in, scale=scale))
+    dv_in = dict(k=t["k"], v=t["v"], v_new=t["v_new"], g=g, beta=beta, A=A, h=t["h"], do=t["do"], dv2=t["dv2"])
+    dv, db, dAqk, dAkk, dgz = wy_dv_bwd.wy_dv_bwd(**dv_in, scale=scale, NT=NT)  # the second half's inputs
+    dqk_in = dict(q=t["q"], k=t["k"], v_new=t["v_new"], g=g, h=t["h"], dh=t["dh"], do=t["do"], dv=dv, dAqk=dAqk,
+                  dAkk=dAkk, dgz=dgz)
+    out = [
+        P("gdn.wy_dv_bwd", lambda c: wy_dv_bwd.wy_dv_bwd(**dv_in, scale=scale, NT=NT, config=c)[:4],
+          lambda: R.wy_dv_bwd_ref(**ref_in, scale=scale), ("dv", "dbeta", "dAqk", "dAkk"), module=wy_dv_bwd,
+          label="gdn wy_dv_bwd"),
+        P("gdn.wy_dqk_bwd", lambda c: wy_dqk_bwd.wy_dqk_bwd(**dqk_in, scale=scale, NT=NT, config=c),
+          lambda: [wy_ref()[i] for i in (0, 1, 4)], ("dq", "dk", "dg"), module=wy_dqk_bwd, label="gdn wy_dqk_bwd"),
+        P("gdn.gated_scores", lambda c: (scores.gated_scores(t["q"], t["k"], g, 0.3, config=c),),
+          lambda: (R.gated_scores_ref(cpu["q"], cpu["k"], cpu["g"], 0.3),), ("A",), module=scores,
+          label="gdn gated_scores"),
+    ]
+    # The state scans with the scalar gate, as gdn/chain.py calls them (the forward twice: for o,
+    # then again writing h and v_new for the backward); w, u from the fp64 reference intra stage,
+    # so the scans meet the structure they meet in the chain.
+    it = intra_ref(t["q"], t["k"], t["v"], beta, g=g, scale=scale, chunk_size=64)
+    w, u = it["w"].to(low), it["u"].to(low)
     h0 = r(B, HV, K, V) * 0.5
     dht = r(B, HV, K, V) * 0.5
-    dev = {n: x.to(device) for n, x in dict(q=q, k=k, w=w, u=u, g=g, h0=h0, dht=dht, do=t["do"]).items()}
-    fwd = dict(g=dev["g"], scale=scale, initial_state=dev["h0"], chunk_size=64)
-    o, ht, _, _ = _witnessed(failures, "gdn state_scan_fwd", "delta.state_scan_fwd", lambda: state_scan_fwd(
-        dev["q"], dev["k"], dev["w"], dev["u"], **fwd, output_final_state=True))
-    _, _, h, v_new = state_scan_fwd(dev["q"], dev["k"], dev["w"], dev["u"], **fwd, save_h=True, save_v_new=True)
-    exp = state_scan_fwd_ref(q, k, w, u, g=g, scale=scale, initial_state=h0, output_final_state=True, chunk_size=64)
-    _compare(failures, "gdn state_scan_fwd", zip(("o", "final_state", "h", "v_new"), (o, ht, h, v_new), exp))
-
+    fwd = dict(g=g, scale=scale, initial_state=h0, chunk_size=64)
+    fwd_ref = functools.cache(lambda: state_scan_fwd_ref(t["q"], t["k"], w, u, **fwd, output_final_state=True))
+    out += [
+        P("delta.state_scan_fwd", lambda c: state_scan_fwd(t["q"], t["k"], w, u, **fwd, output_final_state=True,
+                                                           config=c)[:2],
+          lambda: fwd_ref()[:2], ("o", "final_state"), module=scan_fwd_mod, label="gdn state_scan_fwd"),
+        P("delta.state_scan_fwd", lambda c: state_scan_fwd(t["q"], t["k"], w, u, **fwd, save_h=True, save_v_new=True,
+                                                           config=c)[2:],
+          lambda: fwd_ref()[2:], ("h", "v_new"), module=scan_fwd_mod, label="gdn state_scan_fwd",
+          note="saving h and v_new (the backward's recompute)"),
+    ]
     # The backward scan making dv from the gated scores (the reference's, so only the scan is
     # under test), against the reference scan fed dv = tril(Aqk)^T do.
-    Aqk = R.gated_scores_ref(q, k, g, scale)
-    dh, dh0, dv2 = _witnessed(failures, "gdn state_scan_bwd", "delta.state_scan_bwd", lambda: state_scan_bwd(
-        dev["q"], dev["k"], dev["w"], dev["do"], None, g=dev["g"], h0=dev["h0"], dht=dev["dht"], scale=scale,
-        chunk_size=64, A=Aqk.float().to(device)))
-    _, dv_local = dAv_reference(t["do"], t["do"], Aqk, scale, chunk_size=64)
-    exp = state_scan_bwd_ref(q, k, w, t["do"], dv_local, g=g, dht=dht, scale=scale, chunk_size=64)
-    _compare(failures, "gdn state_scan_bwd", zip(("dh", "dh0", "dv"), (dh, dh0, dv2), exp))
-    return failures
+    Aqk = R.gated_scores_ref(cpu["q"], cpu["k"], cpu["g"], scale)
+
+    def bwd_ref():  # on the CPU, beside Aqk
+        _, dv_local = dAv_reference(cpu["do"], cpu["do"], Aqk, scale, chunk_size=64)
+        return state_scan_bwd_ref(cpu["q"], cpu["k"], w.cpu(), cpu["do"], dv_local, g=cpu["g"], dht=dht.cpu(),
+                                  scale=scale, chunk_size=64)
+
+    out.append(P("delta.state_scan_bwd", lambda c: state_scan_bwd(
+        t["q"], t["k"], w, t["do"], None, g=g, h0=h0, dht=dht, scale=scale, chunk_size=64, A=Aqk.to(device, low),
+        config=c),
+        bwd_ref, ("dh", "dh0", "dv"), module=scan_bwd_mod, label="gdn state_scan_bwd"))
+    return out
+
+
+def check(device: str = "cpu") -> list[str]:
+    """Interpreted check of the kernels of gdn's chain against their fp64 stage references at a
+    small shape (T not a multiple of 64, grouped values), fp32 (``probes``)."""
+    from .harness import check_probes
+
+    return check_probes(probes(device))

@@ -17,6 +17,8 @@ KERNELS = {
     "gnorm.bwd": "the persistent backward: dx, dg and the dw/db partials",
     "gnorm.dw_reduce": "the fixed-order dw/db reduction",
 }
+# `bench --stages gnorm`: the reduction has one fixed config and runs inside the backward's probe.
+STAGED_WITH = {"gnorm.dw_reduce": "gnorm.bwd"}
 
 
 def _case(name, B, T, HV, V, activation, note=""):
@@ -86,6 +88,43 @@ def cases(overrides: dict | None = None):
     ]
 
 
+# The stage probes' shapes: rows [N, V] at a masked width in fp32 and, for `bench --stages gnorm`
+# on a GPU, the KDA layer's output norm (N = 16 * 8192 * 16 rows, V = 256, bf16, sigmoid).
+CHECK_SHAPE = dict(N=40, V=96, dtype="float32", activation="sigmoid")
+STAGE_SHAPES = {"cpu": CHECK_SHAPE, "cuda": dict(N=16 * 8192 * 16, V=256, dtype="bfloat16", activation="sigmoid")}
+
+
+def probes(device: str, shape: dict | None = None) -> list:
+    """gnorm's forward and backward launchers at the layers' call (weight, no bias, no
+    residual), each beside the fp64 reference (``harness.Probe``); the backward fed the
+    forward's rstd. fp32 compares to 1e-5, bf16 to 5e-3 (y, dx, dg) and 1e-3 (dw, reduced in fp32)."""
+    import functools
+
+    import torch
+
+    from ..gnorm._kernels import bwd, fwd
+    from ..gnorm.reference import rms_norm_gated_ref, rms_norm_gated_ref_grads
+    from .harness import Probe
+
+    shape = dict(CHECK_SHAPE, **(shape or {}))
+    N, V, act = int(shape["N"]), int(shape["V"]), shape["activation"]
+    gen = torch.Generator(device=device).manual_seed(0)
+    dt = getattr(torch, shape["dtype"])
+    x, g, dy = (torch.randn(N, V, generator=gen, device=device).to(dt) for _ in range(3))
+    w = 1 + 0.1 * torch.randn(V, generator=gen, device=device)
+    P = functools.partial(Probe, tol=1e-5 if dt == torch.float32 else dict(y=5e-3, dx=5e-3, dg=5e-3, dw=1e-3))
+    _, rstd, _ = fwd.gnorm_fwd(x, g, w, None, None, None, 1e-5, act)
+    ref_grads = functools.cache(lambda: rms_norm_gated_ref_grads(x, g, w, None, dy, act, None, eps=1e-5))
+    return [
+        P("gnorm.fwd", lambda c: fwd.gnorm_fwd(x, g, w, None, None, None, 1e-5, act, config=c)[:1],
+          lambda: (rms_norm_gated_ref(x, g, w, None, act, None, eps=1e-5),), ("y",), module=fwd),
+        P("gnorm.bwd", lambda c: bwd.gnorm_bwd(x, g, w, None, rstd, dy, None, act, x.dtype, None, True, False,
+                                               config=c)[:3],
+          lambda: tuple(ref_grads()[k] for k in ("x", "g", "weight")), ("dx", "dg", "dw"), module=bwd,
+          note="with its fixed-config dw reduction (gnorm.dw_reduce)"),
+    ]
+
+
 def check(device: str = "cpu") -> list[str]:
     """Interpreted correctness check at small shapes against the fp64 reference; returns failures."""
     import torch
@@ -129,4 +168,7 @@ def check(device: str = "cpu") -> list[str]:
             err = rel_rms(a, ref_t)
             if not err <= tol:
                 failures.append(f"gnorm {c}: {name} relative error {err:.2e} > {tol:.0e}")
-    return failures
+    # the launchers at the layers' call, as `bench --stages gnorm` forces them
+    from .harness import check_probes
+
+    return failures + check_probes(probes(device))

@@ -7,7 +7,11 @@ A family module (``kernel_fun.bench.<family>``) declares:
   ``Case`` with callables for ours and fla's per direction;
 - ``KERNELS``: ``{witness name: what}``, every shipped kernel of the family, and
   ``check(device) -> [failure]``, the interpreted correctness check behind ``kernel-fun check``,
-  which must launch each of them (``check_family`` prints one line per kernel).
+  which must launch each of them (``check_family`` prints one line per kernel);
+- ``probes(device, shape) -> [Probe]``: each shipped kernel as its chain launches it, beside its
+  stage reference, at ``STAGE_SHAPES["cuda" | "cpu"]`` (``STAGED_WITH``: a kernel that runs
+  inside another's probe), what ``bench --stages`` forces every config of (``stages.py``) and,
+  for kda, gdn and gnorm, what ``check`` runs.
 
 The harness times each direction (median of ``triton.testing.do_bench``) and its host time per
 call (``host_us``), observes that our kernels ran (the package's launch counter), measures the
@@ -55,7 +59,8 @@ class Case:
     note: str = ""
 
 
-def _median_ms(fn) -> float:
+def median_ms(fn) -> float:
+    """The median of ``triton.testing.do_bench`` (ms) after its warmup: every bench row's time."""
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"))
@@ -66,7 +71,7 @@ def _copy_ms(n: int) -> float:
 
     src = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
     dst = torch.empty_like(src)
-    return _median_ms(lambda: dst.copy_(src))
+    return median_ms(lambda: dst.copy_(src))
 
 
 def _matmul_ms(n: int) -> float:
@@ -74,7 +79,7 @@ def _matmul_ms(n: int) -> float:
 
     a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
-    return _median_ms(lambda: a @ b)
+    return median_ms(lambda: a @ b)
 
 
 def measure_ceilings() -> dict:
@@ -205,6 +210,75 @@ def check_family(family: str, module, device: str, out=print) -> list:
     return fails
 
 
+@dataclass
+class Probe:
+    """One shipped kernel, launched as its family's chain launches it, beside its plain-torch
+    stage reference: what ``check()`` runs with the autotuner's pick and ``bench --stages``
+    runs with each configuration forced.
+
+    ``run(config)`` launches it (``config=None``: the autotuner's pick) and returns its outputs;
+    ``reference()`` returns the expected ones, in the order of ``names``. ``module`` holds the
+    kernel's ``<lists>CONFIGS`` / ``<lists>CANDIDATES`` (``lists=None``: one fixed config).
+    ``tol``: the largest relative RMS error allowed, one for all outputs or ``{name: tol}``.
+    """
+
+    kernel: str  # launch-witness name, e.g. "kda.wy_bwd"
+    run: Callable
+    reference: Callable
+    names: tuple
+    tol: float | dict
+    module: object = None
+    lists: str | None = ""
+    label: str = ""  # how failure lines name it (default: ``kernel``)
+    note: str = ""
+
+    def __post_init__(self):
+        self.label = self.label or self.kernel
+
+    def configs(self) -> list:
+        """[(config, "shipped" | "candidate")]; [(None, "fixed")] for a fixed-config kernel."""
+        if self.lists is None:
+            return [(None, "fixed")]
+        shipped = getattr(self.module, self.lists + "CONFIGS")
+        candidates = getattr(self.module, self.lists + "CANDIDATES")
+        return [(c, "shipped") for c in shipped] + [(c, "candidate") for c in candidates]
+
+    def config_name(self, config) -> str:
+        return "fixed" if config is None else self.module.config_name(config)
+
+
+def probe_errors(probe: Probe, outputs, expected) -> tuple[dict, list]:
+    """({output name: relative RMS error}, [failure lines]) of ``outputs`` against ``expected``;
+    a NaN error (an unwritten or non-finite element) fails."""
+    from .._common.numerics import rel_rms
+
+    errs, fails = {}, []
+    for name, a, b in zip(probe.names, outputs, expected):
+        err = rel_rms(a.float().cpu(), b.cpu())
+        errs[name] = err
+        tol = probe.tol[name] if isinstance(probe.tol, dict) else probe.tol
+        if not err < tol:
+            fails.append(f"{probe.label}: {name} relative error {err:.2e} (tolerance {tol:.0e})")
+    return errs, fails
+
+
+def run_probe(probe: Probe, config=None, expected=None) -> tuple[dict, list]:
+    """Launch ``probe`` once (``config`` forced, or the autotuner's pick) and check it: a failure
+    when its launch counter did not move or an output is off (see ``probe_errors``)."""
+    from .._common.witness import launches
+
+    before = launches(probe.kernel)
+    outputs = probe.run(config)
+    fails = [] if launches(probe.kernel) > before else [f"{probe.label}: our kernel did not run"]
+    errs, bad = probe_errors(probe, outputs, probe.reference() if expected is None else expected)
+    return errs, fails + bad
+
+
+def check_probes(probes) -> list:
+    """The failures of each probe run once with the autotuner's pick (a family's ``check()``)."""
+    return [f for p in probes for f in run_probe(p)[1]]
+
+
 def run_case(case: Case, ceilings: dict) -> list[dict]:
     from .._common.witness import launches
 
@@ -216,8 +290,8 @@ def run_case(case: Case, ceilings: dict) -> list[dict]:
         before = counted()
         d.ours()  # warm (compile/autotune) outside the timing, and witness
         engaged = counted() > before
-        ours_ms = _median_ms(d.ours)
-        fla_ms = _median_ms(d.fla) if d.fla is not None else None
+        ours_ms = median_ms(d.ours)
+        fla_ms = median_ms(d.fla) if d.fla is not None else None
         ours_host = host_us(d.ours)
         fla_host = host_us(d.fla) if d.fla is not None else None
         row = {"family": case.family, "case": case.case, "shape": case.shape, "direction": d.name,
@@ -268,7 +342,7 @@ def record(rows: list[dict], ceilings: dict, extra: dict | None = None) -> dict:
 
     rec = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu-interpreted",
         "versions": versions(),
         "git_sha": _git_sha(),
         "timing": {"method": "triton.testing.do_bench median", "warmup_ms": WARMUP_MS, "rep_ms": REP_MS,
@@ -282,11 +356,12 @@ def record(rows: list[dict], ceilings: dict, extra: dict | None = None) -> dict:
     return rec
 
 
-def default_record_path(rec: dict) -> str:
+def default_record_path(rec: dict, tag: str = "") -> str:
+    """``bench/records/<date>-<gpu>[-<tag>]-<sha>.json`` (``KERNEL_FUN_RECORDS`` replaces the folder)."""
     day = rec["date"][:10]
     gpu = rec["gpu"].replace("NVIDIA ", "").replace(" ", "-").lower()
     root = os.environ.get("KERNEL_FUN_RECORDS", os.path.join(os.getcwd(), "bench", "records"))
-    return os.path.join(root, f"{day}-{gpu}-{rec['git_sha']}.json")
+    return os.path.join(root, f"{day}-{gpu}{'-' + tag if tag else ''}-{rec['git_sha']}.json")
 
 
 def write_record(rec: dict, path: str | None) -> str:

@@ -145,121 +145,112 @@ def cases(overrides: dict | None = None):
     ]
 
 
-def _check_inputs(device, B=1, T=100, H=1, HV=2, K=32, V=32, seed=0):
+# The stage probes' shapes: the check's (T not a multiple of 64, grouped values, fp32: exact
+# under the interpreter) and, for `bench --stages kda` on a GPU, the production heads at B=8 in
+# bf16 where the chain passes bf16 (`--shape` replaces any of them).
+CHECK_SHAPE = dict(B=1, T=100, H=1, HV=2, K=32, V=32, dtype="float32")
+STAGE_SHAPES = {"cpu": CHECK_SHAPE, "cuda": dict(B=8, T=8192, H=16, HV=16, K=128, V=256, dtype="bfloat16")}
+
+
+def _check_inputs(device, B=1, T=100, H=1, HV=2, K=32, V=32, dtype="float32", seed=0):
     """Small structured stage inputs: log2 gates cumsummed per 64-token chunk, lower
-    triangular A matrices, random states."""
+    triangular A matrices, random states; the tensors the chain passes in bf16 in ``dtype``
+    (the gates, the WY stage's fp32 gradients and dAqk/dAkk stay fp32)."""
     import torch
 
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
 
     def r(*s):
-        return torch.randn(*s, generator=gen)
+        return torch.randn(*s, generator=gen, device=device)
 
-    g = -torch.rand(B, T, HV, K, generator=gen) * 2.0
+    g = -torch.rand(B, T, HV, K, generator=gen, device=device) * 2.0
     g = torch.cat([c.cumsum(1) for c in g.split(64, dim=1)], dim=1)
     NT = -(-T // 64)
-    tri = torch.tril(torch.ones(64, 64))
+    tri = torch.tril(torch.ones(64, 64, device=device))
     A = torch.cat([(r(B, 64, HV, 64) * tri[:, None, :] * 0.1) for _ in range(NT)], 1)[:, :T]
     t = dict(q=r(B, T, H, K), k=r(B, T, H, K) * 0.3, v=r(B, T, HV, V), v_new=r(B, T, HV, V),
              w=r(B, T, HV, K) * 0.1, u=r(B, T, HV, V), kg=r(B, T, HV, K) * 0.3, g=g,
-             beta=torch.rand(B, T, HV, generator=gen), A=A, Aqk=A.clone(),
+             beta=torch.rand(B, T, HV, generator=gen, device=device), A=A, Aqk=A.clone(),
              h=r(B, NT, HV, K, V) * 0.1, dh=r(B, NT, HV, K, V) * 0.1, do=r(B, T, HV, V),
              dv=r(B, T, HV, V), dq=r(B, T, HV, K), dk=r(B, T, HV, K), db=r(B, T, HV),
              dg=r(B, T, HV, K))
-    return {k: v.to(device) for k, v in t.items()}
+    low = getattr(torch, dtype)
+    for n in ("q", "k", "v", "v_new", "w", "u", "kg", "beta", "h", "dh", "do", "dv"):
+        t[n] = t[n].to(low)
+    t["A_lo"], t["Aqk_lo"] = A.to(low), A.to(low)  # the WY and scan stages read A in bf16
+    return t
 
 
-def _compare(failures: list, label: str, pairs, tol: float = 1e-3) -> None:
-    """Append ``"<label>: <name> relative error <e>"`` for each (name, ours, reference) whose
-    relative RMS error is not below ``tol`` (a NaN fails too)."""
-    from .._common.numerics import rel_rms
+def probes(device: str, shape: dict | None = None) -> list:
+    """The kda chain's kernels as ``kda.chain`` calls them (its names, its arguments), each
+    beside its plain-torch stage reference (``harness.Probe``; ``check()`` and ``bench --stages
+    kda`` run these). fp32 inputs compare to 1e-3 (tf32 products on a GPU; exact under the
+    interpreter); bf16 ones to 2e-2, the old stage bench's threshold for a bad configuration."""
+    import torch
 
-    for name, a, b in pairs:
-        err = rel_rms(a.cpu(), b.cpu())
-        if not err < tol:
-            failures.append(f"{label}: {name} relative error {err:.2e}")
+    from .._delta._kernels import score_grad, state_scan_bwd, state_scan_fwd
+    from .._delta.reference import state_scan_bwd_ref, state_scan_fwd_ref
+    from ..kda import chain
+    from ..kda import reference_stages as R
+    from ..kda._kernels import gate_bwd, intra_bwd, wy_bwd
+    from .harness import Probe
 
+    shape = dict(CHECK_SHAPE, **(shape or {}))
+    t = _check_inputs(device, **shape)
+    tol = 1e-3 if shape["dtype"] == "float32" else 2e-2
+    P = functools.partial(Probe, tol=tol)
+    intra = dict(q=t["q"], k=t["k"], g=t["g"], beta=t["beta"], dAqk=t["A"], dAkk=t["Aqk"], dq=t["dq"], dk=t["dk"],
+                 db=t["db"], dg=t["dg"], chunk_size=64)
+    wy = dict(q=t["q"], k=t["k"], v=t["v"], v_new=t["v_new"], g=t["g"], beta=t["beta"], A=t["A_lo"], h=t["h"],
+              do=t["do"], dh=t["dh"], dv=t["dv"], scale=0.3, chunk_size=64)
+    out = [
+        P("kda.intra_bwd", lambda c: chain.intra_bwd(**intra, fast_range=chain.INTRA_BWD_FAST_RANGE, config=c),
+          lambda: R.intra_bwd_reference(**intra), ("dq", "dk", "db", "dg"), module=intra_bwd, label="kda intra_bwd"),
+        P("kda.wy_bwd", lambda c: chain.wy_dqkg_bwd(**wy, config=c), lambda: R.wy_dqkg_bwd_reference(**wy),
+          ("dq", "dk", "dv", "db", "dg", "dA"), module=wy_bwd, label="kda wy_bwd"),
+    ]
+    # The forward scan, as the chain calls it: the gated queries qg = q exp2(gk) (HV heads),
+    # against the reference fed the raw queries.
+    B, T, HV, K = t["w"].shape
+    V = t["do"].shape[-1]
+    qg = (t["q"].float().repeat_interleave(HV // t["q"].shape[2], 2) * torch.exp2(t["g"])).to(t["q"].dtype)
+    fwd = dict(k=t["kg"], w=t["w"], u=t["u"], gk=t["g"], Aqk=t["Aqk_lo"], scale=0.3, output_final_state=True)
+    out.append(P("delta.state_scan_fwd",
+                 lambda c: chain.state_scan_fwd(qg, **fwd, chunk_size=64, q_gated=True, config=c)[:2],
+                 lambda: state_scan_fwd_ref(t["q"], **fwd, chunk_size=64)[:2], ("o", "final_state"),
+                 module=state_scan_fwd, label="kda state_scan_fwd"))
+    # The score gradient, as the chain calls it: dAqk from v_new and do.
+    out.append(P("delta.score_grad",
+                 lambda c: (chain.score_grad_bwd(t["v_new"], t["do"], 0.3, chunk_size=64, config=c),),
+                 lambda: R.dAv_reference(t["v_new"], t["do"], t["Aqk"], 0.3, chunk_size=64)[:1], ("dAqk",),
+                 module=score_grad, label="kda score_grad"))
+    # The backward scan, as the chain calls it: gated queries and keys, dv made inside from
+    # Aqk; against the reference scan fed the reference intra-chunk dv = tril(Aqk)^T do.
+    gen = torch.Generator(device=device).manual_seed(1)
+    dht = torch.randn(B, HV, K, V, generator=gen, device=device) * 0.1
+    h0 = torch.zeros(B, HV, K, V, device=device)  # only whether dh0 is wanted
 
-def _witnessed(failures: list, label: str, kernel: str, fn):
-    """Run ``fn()``; a failure line when the launch counter ``kernel`` did not move."""
-    from .._common.witness import launches
+    def bwd_ref():
+        _, dv_local = R.dAv_reference(t["do"], t["do"], t["Aqk_lo"], 0.3, chunk_size=64)
+        return state_scan_bwd_ref(qg, t["kg"], t["w"], t["do"], dv_local, gk=t["g"], dht=dht, scale=0.3, chunk_size=64)
 
-    before = launches(kernel)
-    out = fn()
-    if launches(kernel) == before:
-        failures.append(f"{label}: our kernel did not run")
+    out.append(P("delta.state_scan_bwd", lambda c: chain.state_scan_bwd(
+        q=qg, k=t["kg"], w=t["w"], gk=t["g"], h0=h0, dht=dht, do=t["do"], dv=None, A=t["Aqk_lo"], scale=0.3,
+        chunk_size=64, config=c), bwd_ref, ("dh", "dh0", "dv"), module=state_scan_bwd, label="kda state_scan_bwd"))
+    # The gate pass with the gate in the op: dg's reverse cumsum, then the gate's backward.
+    g_raw = (torch.randn(B, T, HV, K, generator=gen, device=device) * 8).to(t["q"].dtype)  # some past softplus' threshold
+    A_log = torch.randn(HV, generator=gen, device=device)
+    dt_bias = torch.randn(HV * K, generator=gen, device=device)
+    out.append(P("kda.gate_bwd", lambda c: chain.dg_cumsum_gate_bwd(t["dg"], g_raw, A_log, dt_bias, chunk_size=64, config=c),
+                 lambda: R.dg_cumsum_gate_bwd_reference(t["dg"], g_raw, A_log, dt_bias, chunk_size=64),
+                 ("dg", "dA_log", "ddt_bias"), module=gate_bwd, label="kda gate_bwd"))
     return out
 
 
 def check(device: str = "cpu") -> list[str]:
     """Interpreted check of our KDA stage kernels against their plain-torch references at a
     small shape (T not a multiple of 64, grouped values), fp32: each stage is called through
-    ``kda.chain``'s names, with the arguments the chain passes it."""
-    import torch
+    ``kda.chain``'s names, with the arguments the chain passes it (``probes``)."""
+    from .harness import check_probes
 
-    from .._common.numerics import rel_rms as rel
-    from .._common.witness import launches
-    from .._delta.reference import state_scan_bwd_ref, state_scan_fwd_ref
-    from ..kda import chain
-    from ..kda.reference_stages import (dAv_reference, dg_cumsum_gate_bwd_reference, intra_bwd_reference,
-                                        wy_dqkg_bwd_reference)
-
-    t = _check_inputs(device)
-    failures = []
-    runs = {
-        "intra_bwd": (functools.partial(chain.intra_bwd, fast_range=chain.INTRA_BWD_FAST_RANGE), intra_bwd_reference,
-                      dict(q=t["q"], k=t["k"], g=t["g"], beta=t["beta"], dAqk=t["A"], dAkk=t["Aqk"],
-                           dq=t["dq"], dk=t["dk"], db=t["db"], dg=t["dg"], chunk_size=64)),
-        "wy_bwd": (chain.wy_dqkg_bwd, wy_dqkg_bwd_reference,
-                   dict(q=t["q"], k=t["k"], v=t["v"], v_new=t["v_new"], g=t["g"], beta=t["beta"],
-                        A=t["A"], h=t["h"], do=t["do"], dh=t["dh"], dv=t["dv"], scale=0.3,
-                        chunk_size=64)),
-    }
-    for name, (ours, ref, kw) in runs.items():
-        before = launches("kda.")
-        got, exp = ours(**kw), ref(**kw)
-        if launches("kda.") == before:
-            failures.append(f"kda {name}: our kernel did not run")
-        for i, (a, b) in enumerate(zip(got, exp)):
-            err = rel(a, b)
-            if not err < 1e-3:  # tf32 products on the GPU; fp32 exact under the interpreter
-                failures.append(f"kda {name}: output {i} relative error {err:.2e}")
-
-    # The forward scan, as the chain calls it: the gated queries qg = q exp2(gk) (HV heads),
-    # against the reference fed the raw queries.
-    B, T, HV, K = t["w"].shape
-    V = t["do"].shape[-1]
-    qg = t["q"].repeat_interleave(HV // t["q"].shape[2], 2) * torch.exp2(t["g"])
-    kw = dict(k=t["kg"], w=t["w"], u=t["u"], gk=t["g"], Aqk=t["Aqk"], scale=0.3, output_final_state=True)
-    o, ht, _, _ = _witnessed(failures, "kda state_scan_fwd", "delta.state_scan_fwd",
-                             lambda: chain.state_scan_fwd(qg, **kw, chunk_size=64, q_gated=True))
-    o_ref, ht_ref = state_scan_fwd_ref(t["q"], **kw, chunk_size=64)[:2]
-    _compare(failures, "kda state_scan_fwd", (("o", o, o_ref), ("final_state", ht, ht_ref)))
-
-    # The score gradient, as the chain calls it: dAqk from v_new and do.
-    dA = _witnessed(failures, "kda score_grad", "delta.score_grad",
-                    lambda: chain.score_grad_bwd(t["v_new"], t["do"], 0.3, chunk_size=64))
-    dA_ref, _ = dAv_reference(t["v_new"], t["do"], t["Aqk"], 0.3, chunk_size=64)
-    _compare(failures, "kda score_grad", (("dAqk", dA, dA_ref),))
-
-    # The backward scan, as the chain calls it: gated queries and keys, dv made inside from
-    # Aqk; against the reference scan fed the reference intra-chunk dv = tril(Aqk)^T do.
-    gen = torch.Generator().manual_seed(1)
-    dht = (torch.randn(B, HV, K, V, generator=gen) * 0.1).to(device)
-    h0 = torch.zeros(B, HV, K, V, device=device)  # only whether dh0 is wanted
-    dh, dh0, dv2 = _witnessed(failures, "kda state_scan_bwd", "delta.state_scan_bwd", lambda: chain.state_scan_bwd(
-        q=qg, k=t["kg"], w=t["w"], gk=t["g"], h0=h0, dht=dht, do=t["do"], dv=None, A=t["Aqk"], scale=0.3,
-        chunk_size=64))
-    _, dv_local = dAv_reference(t["do"], t["do"], t["Aqk"], 0.3, chunk_size=64)
-    exp = state_scan_bwd_ref(qg, t["kg"], t["w"], t["do"], dv_local, gk=t["g"], dht=dht, scale=0.3, chunk_size=64)
-    _compare(failures, "kda state_scan_bwd", zip(("dh", "dh0", "dv"), (dh, dh0, dv2), exp))
-
-    # The gate pass with the gate in the op: dg's reverse cumsum, then the gate's backward.
-    g_raw = (torch.randn(B, T, HV, K, generator=gen) * 8).to(device)  # some past softplus' threshold
-    A_log = torch.randn(HV, generator=gen).to(device)
-    dt_bias = torch.randn(HV * K, generator=gen).to(device)
-    got = _witnessed(failures, "kda gate_bwd", "kda.gate_bwd", lambda: chain.dg_cumsum_gate_bwd(
-        t["dg"], g_raw, A_log, dt_bias, chunk_size=64))
-    exp = dg_cumsum_gate_bwd_reference(t["dg"], g_raw, A_log, dt_bias, chunk_size=64)
-    _compare(failures, "kda gate_bwd", zip(("dg", "dA_log", "ddt_bias"), got, exp))
-    return failures
+    return check_probes(probes(device))

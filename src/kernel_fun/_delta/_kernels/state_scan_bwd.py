@@ -48,13 +48,13 @@ install_interpreter_shims()
 
 # The autotuner's choices: (BV, num_warps, num_stages). The first (BV=32) is the one the
 # interpreter runs, so the CPU tests (V = 32/64) exercise the V split. sm_90a compile at K=128,
-# V=256, per-channel gate, dv made from A (scripts/sass_stats.py with 16-byte aligned pointers,
+# V=256, per-channel gate, dv made from A (tools/sass_stats.py with 16-byte aligned pointers,
 # 2026-11-30; stack = spills): BV 32 / 64 / 128 take 255 registers and an 8 / 88 / 40-byte
 # stack (without dv from A: 188 registers and none / 96 / 48); 62-136 KB shared memory
 # (num_stages 1 and 2 compile to the same code: the reverse loop is not pipelined).
 CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
            for bv, nw, ns in [(32, 4, 2), (64, 4, 2), (128, 8, 2)]]
-# Not yet timed or checked on a GPU (the GPU tests and scripts/delta_scan_bench.py force them;
+# Not yet timed or checked on a GPU (the GPU tests and ``kernel-fun bench --stages kda`` force them;
 # they join CONFIGS only after both): BV=64 on 8 warps, 206 registers and no stack with dv
 # from A (the 4-warp one: 255 and 88 bytes), at one 136 KB CTA per SM either way.
 CANDIDATES = [triton.Config({"BV": 64}, num_warps=8, num_stages=2)]

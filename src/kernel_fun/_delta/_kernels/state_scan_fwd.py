@@ -36,7 +36,7 @@ through shared memory. Same products, same rounding points.
 Numbers to beat: B=8, T=8192, H=HV=16, K=128, V=256 bf16, one H200 (2026-11-30): fla's fwd_h
 0.89 ms + chunk_gla_fwd_o_gk 0.82 ms. The bytes this kernel must move there (q, k, w, gk,
 Aqk, u in; o out) are about 2.55 GB (0.6 ms at 4.24 TB/s); its products are about 120 GMAC
-(0.5 ms at the dense bf16 peak). Not yet timed on a GPU: scripts/delta_scan_bench.py.
+(0.5 ms at the dense bf16 peak). Timed per configuration by ``kernel-fun bench --stages kda`` (and gdn).
 """
 from __future__ import annotations
 

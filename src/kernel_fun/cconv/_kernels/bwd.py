@@ -32,15 +32,16 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.fastmath import FAST_MATH, sigmoid
-from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, config_name, launch  # noqa: F401
 from kernel_fun._common.witness import record_launch
 
 from .fwd import (aligned16, block_coords, conv_row, load_rows, seq_advance, t_major, time_chunks,
                   varlen_args, window_setup)
 
 
-# Grid sizing (fwd.time_chunks), set from scripts/cconv_sweep.py (H200, bf16, W=4, silu,
-# 2026-11-30; bench/records/raw/2026-11-30-h200-cconv-sweep-e5fe2db.json). Dense input: one
+# Grid sizing (fwd.time_chunks), set from scripts/cconv_sweep.py (since replaced by `kernel-fun
+# bench --stages cconv`; H200, bf16, W=4, silu, 2026-11-30;
+# bench/records/raw/2026-11-30-h200-cconv-sweep-e5fe2db.json). Dense input: one
 # wave of long chunks (8 one-warp programs per SM, at least 32 rows: B=16 T=8192 D=2048 in
 # 2048-row chunks), 0.404 ms with the first config below against 0.428 at 512-row chunks and
 # 0.424 at 1024: fewer dw partials and halo rows, and with the loads staged by cp.async a warp
@@ -53,7 +54,7 @@ _MIN_ROWS_BWD = 32
 _VARLEN_MAX_ROWS_BWD = 512  # cu_seqlens: chunks of at most min(this, _MAX_ROWS_BWD) rows,
 _VARLEN_WARPS_PER_SM_BWD = 16  # and at least this many warp-units per SM
 
-_BWD_CONFIGS = [
+CONFIGS = [
     # BD channels per program (4 per thread; 8 per thread with register prefetch needs 255
     # registers and spills at R=8), R rows per trip, PF: prefetch the next trip's rows into registers,
     # NS > 1: Triton's loop pipeliner instead (cp.async into shared memory, NS stages; used for
@@ -70,8 +71,8 @@ _BWD_CONFIGS = [
 # 0.831 at their best sizing), with 6 stages (0.468), with cache hints (x and dy rows loaded
 # evict_first; with NS > 1 Triton's pipeliner turns the loads into cp.async, which carries no
 # hint, so only the .cs dx stores change: 0.439; R8: 0.496; the hints are removed), BD256/R8
-# on 2 warps. The sweep still forces the uncapped one (scripts/cconv_sweep.py).
-_BWD_CANDIDATES = [
+# on 2 warps. `kernel-fun bench --stages cconv` still forces the uncapped one.
+CANDIDATES = [
     triton.Config({"BD": 128, "R": 4, "PF": False, "NS": 4}, num_warps=1),
 ]
 
@@ -154,7 +155,7 @@ def bwd_trip(xs, gs, u0, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st
 
 
 @triton.autotune(
-    configs=autotune_configs(_BWD_CONFIGS), **autotune_cache(),
+    configs=autotune_configs(CONFIGS), **autotune_cache(),
     key=["D", "TC", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_TMAJOR", "DY_TMAJOR", "VEC16"],
 )
 @triton.jit
@@ -268,10 +269,11 @@ def dw_reduce_kernel(part, dw, db, n_part, D, W: tl.constexpr, HAS_BIAS: tl.cons
 
 
 def conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dy: torch.Tensor,
-             silu: bool, cu_seqlens: torch.Tensor | None = None):
+             silu: bool, cu_seqlens: torch.Tensor | None = None, *, config: triton.Config | None = None):
     """(dx, dw, db): dx `[B, T, D]` contiguous in x.dtype, dw `[D, W]` in weight.dtype, db `[D]`
     in bias.dtype or None without a bias. x and dy any strides; fp32 accumulation throughout;
-    dw/db bitwise reproducible run to run (fixed-order reduction, no atomics)."""
+    dw/db bitwise reproducible run to run (fixed-order reduction, no atomics). `config`: one of
+    `CONFIGS` / `CANDIDATES` for the main kernel instead of the autotuner's pick."""
     B, T, D = x.shape
     W = weight.shape[1]
     assert weight.shape[0] == D and 1 <= W <= 4, (tuple(x.shape), tuple(weight.shape))
@@ -293,7 +295,7 @@ def conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, d
     n_part = B * n_chunks
     part = alloc((n_part, W + int(has_bias), D), dtype=torch.float32, device=x.device)
     n_seq, n_steps = varlen_args(cu_seqlens)
-    conv_bwd_kernel[lambda meta: (triton.cdiv(D, meta["BD"]) * n_chunks, B)](
+    launch(conv_bwd_kernel, lambda meta: (triton.cdiv(D, meta["BD"]) * n_chunks, B), config,
         x, weight, bias if has_bias else weight, dy, dx, part,
         cu_seqlens if cu_seqlens is not None else weight,
         T, D, rows, n_seq, n_steps,

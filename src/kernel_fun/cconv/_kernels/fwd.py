@@ -39,7 +39,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernel_fun._common import hardware, switches
 from kernel_fun._common.fastmath import FAST_MATH, sigmoid
-from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.tuning import (alloc, autotune_cache, autotune_configs, config_name,  # noqa: F401
+                                       install_interpreter_shims, launch)
 from kernel_fun._common.witness import record_launch
 
 
@@ -48,11 +49,11 @@ install_interpreter_shims()
 
 # Grid sizing (`time_chunks`): chunks of at most `_MAX_ROWS_FWD` rows; more (shorter) ones,
 # down to `_MIN_ROWS_FWD` rows, while the grid has fewer than `_WARPS_PER_SM_FWD` warp-units per
-# SM. Set from scripts/cconv_sweep.py (H200, bf16, W=4, silu, 2026-11-30; records
-# bench/records/raw/2026-11-30-h200-cconv-sweep-*.json): with the fast sigmoid, 64-row chunks
-# beat 128 (B=16 T=8192 D=2048: 0.2727-0.2741 ms against 0.2736-0.2751 with R=16, 0.2745
-# against 0.2796 with R=8; D=4096: 0.5336 against 0.5367); 256 rows and one wave of long
-# chunks are slower still. Not kept: the W-1 halo rows read at the chunk's end, when the
+# SM. Set from scripts/cconv_sweep.py (since replaced by `kernel-fun bench --stages cconv`;
+# H200, bf16, W=4, silu, 2026-11-30; records bench/records/raw/2026-11-30-h200-cconv-sweep-*.json):
+# with the fast sigmoid, 64-row chunks beat 128 (B=16 T=8192 D=2048: 0.2727-0.2741 ms against
+# 0.2736-0.2751 with R=16, 0.2745 against 0.2796 with R=8; D=4096: 0.5336 against 0.5367);
+# 256 rows and one wave of long chunks are slower still. Not kept: the W-1 halo rows read at the chunk's end, when the
 # previous chunk's program reads them (they missed L2: Nsight Compute counted DRAM reads 2.4%
 # over x at 128-row chunks), +2% at 128 rows and nothing at 64; x rows loaded .cg, nothing.
 _MAX_ROWS_FWD = 64
@@ -111,7 +112,7 @@ def varlen_args(cu_seqlens: torch.Tensor | None):
 # here), so `cmask & ok` splats it into an int32 array, which its loads and stores reject as a
 # mask ("mask has unsupported dtype"); `False | ok` takes the type of the boolean literal. The
 # compiler folds it away: sm_90a PTX and SASS identical to `cmask & ok` (Triton 3.6, every
-# config of scripts/sass_stats.py cconv). Inline, not a helper: ptxas schedules an inlined
+# config of tools/sass_stats.py cconv). Inline, not a helper: ptxas schedules an inlined
 # function's debug scope differently (one FADD/FFMA swap in three backward configs).
 
 
@@ -290,7 +291,7 @@ def fwd_trip(xs, u0, t_end, T, x1, x2, x3, c0, c1, c2, c3, b, py, D, cmask, cu_s
     return x1, x2, x3, s, start, end
 
 
-_FWD_CONFIGS = [
+CONFIGS = [
     # BD channels per program, R rows per trip; BD / (32 x num_warps) channels per thread
     # (8 gives 16 B vectors). The sweep's winners (H200, 2026-11-30; ms at B=16 T=8192
     # D=2048 / D=4096 in 64-row chunks, fast sigmoid; the latency pick from the first sweep),
@@ -312,14 +313,14 @@ _FWD_CONFIGS = [
 # streams) 4-11% slower, BD 512 x R16 on 4 warps 1% slower
 # (bench/records/raw/2026-11-30-h200-cconv-sweep-fwd-dedc2fa.json). The sweep still forces
 # the ones listed here.
-_FWD_CANDIDATES = [
+CANDIDATES = [
     triton.Config({"BD": 256, "R": 4}, num_warps=1),
     triton.Config({"BD": 256, "R": 8}, num_warps=1),
 ]
 
 
 @triton.autotune(
-    configs=autotune_configs(_FWD_CONFIGS), **autotune_cache(),
+    configs=autotune_configs(CONFIGS), **autotune_cache(),
     # dtypes of the tensor arguments are part of Triton's autotune key already. TC (rows per
     # chunk) separates small grids (B=1, T=2048: 16-row chunks) from production ones.
     key=["D", "TC", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_TMAJOR", "VEC16"],
@@ -360,20 +361,21 @@ def conv_fwd_kernel(
 # so the bytes in flight cost no registers (64 against the register-prefetch kernel's 166 at
 # R=16), and short chunks (`_MAX_ROWS_TMA`) whose programs request their whole chunk at once.
 # The tile is read from shared memory straight into the per-thread row layout. Timed with
-# scripts/cconv_sweep.py (H200, bf16, W=4, silu, 2026-11-30; records
-# bench/records/raw/2026-11-30-h200-cconv-sweep-tma*-da0b68e.json), ms at B=16 T=8192
+# scripts/cconv_sweep.py (since replaced by `kernel-fun bench --stages cconv`; H200, bf16, W=4,
+# silu, 2026-11-30; records bench/records/raw/2026-11-30-h200-cconv-sweep-tma*-da0b68e.json), ms at B=16 T=8192
 # D=2048 / D=4096 / packed (B=1 T=131072 D=2048, 16 documents) / column slice ([8, 8192, 6144]
 # [..., 2048:4096]) in 32-row chunks, against the pointer kernel's best 0.2733 / 0.5321 /
 # 0.2771 / 0.1394 (0.2788 / 0.5500 at 32-row chunks): R=32 with NS=3, 0.2593 / 0.5108 / 0.2696
 # / 0.1352, the fastest or within 0.3% of it in every case, so it is the one config (no
 # autotuning: a launch without the autotuner and its box pre-hook costs less host time).
-_TMA_CONFIG = triton.Config({"BD": 128, "R": 32, "NS": 3}, num_warps=1)
+TMA_CONFIGS = [triton.Config({"BD": 128, "R": 32, "NS": 3}, num_warps=1)]
 # Timed and not kept (same records; D=2048 / D=4096 / packed / slice): R=8 with 7 trips ahead,
 # 0.2588 / 0.5114 / 0.2828 / 0.1352; R=16 with 3, 0.2600 / 0.5224 / 0.2757 / 0.1355; BD=256 on
 # two warps, 0.2651 / 0.5238 / 0.2747 / 0.1349; R=8 with 5 trips ahead 0.2604 at D=2048, 3 trips
 # 0.2688; R=32 with one buffer (NS=2) 0.2624; R=16 on two warps 0.2616; four warps 0.3019;
-# 64-row chunks 0.2661 at best, 16-row ones 0.2652, 48-row ones 0.2628. The sweep forces these.
-_TMA_CANDIDATES = [
+# 64-row chunks 0.2661 at best, 16-row ones 0.2652, 48-row ones 0.2628. `kernel-fun bench --stages
+# cconv` forces these.
+TMA_CANDIDATES = [
     triton.Config({"BD": 128, "R": 8, "NS": 8}, num_warps=1),
     triton.Config({"BD": 128, "R": 16, "NS": 4}, num_warps=1),
     triton.Config({"BD": 256, "R": 32, "NS": 3}, num_warps=2),
@@ -384,7 +386,7 @@ _TMA_CANDIDATES = [
 ]
 _MAX_ROWS_TMA = 32
 # Below this many bytes of x the pointer kernel runs instead: it is faster on small grids
-# (scripts/cconv_host.py, H200, bf16 [B, T, 2048], device time of the forward: 8 MB 6.9 us
+# (tools/cconv_host.py, H200, bf16 [B, T, 2048], device time of the forward: 8 MB 6.9 us
 # against 10.8, 32 MB 21.0 against 20.4, 64 MB 39.4 against 36.0, 512 MB 274.6 against 257.0;
 # record bench/records/raw/2026-11-30-h200-cconv-host-3363462.json). Host time per launch: the
 # same as the pointer one's in that run (61-96 us per call on that machine's host; the TMA one
@@ -437,13 +439,16 @@ def conv_fwd_tma_kernel(
 
 
 def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool,
-             cu_seqlens: torch.Tensor | None = None, tma: bool | None = None) -> torch.Tensor:
+             cu_seqlens: torch.Tensor | None = None, tma: bool | None = None, *,
+             config: triton.Config | None = None) -> torch.Tensor:
     """y `[B, T, D]` contiguous in x.dtype, computed in fp32.
 
     x `[B, T, D]` any strides (a column slice of a wider projection, a transposed `[B, D, T]`
     buffer); weight `[D, W]` (W in 1..4) any float dtype and strides; bias `[D]` or None;
     cu_seqlens int32/int64 `[N+1]` with B == 1 for packed documents. `tma`: force the TMA
-    forward (x must pass `tma_ok`) or the pointer one; None picks (`use_tma`).
+    forward (x must pass `tma_ok`) or the pointer one; None picks (`use_tma`). `config`: one of
+    the kernel's `CONFIGS` / `CANDIDATES` (`TMA_CONFIGS` / `TMA_CANDIDATES` for the TMA forward)
+    instead of the autotuner's pick (the TMA forward's one fixed config).
     """
     B, T, D = x.shape
     W = weight.shape[1]
@@ -459,7 +464,7 @@ def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, s
         assert tma_ok(x), "the TMA forward needs a D-contiguous, 16-byte aligned x on sm_90+"
     if tma:
         n_chunks, rows = time_chunks(B, T, D, x.device, _MAX_ROWS_TMA, _WARPS_PER_SM_FWD, _MIN_ROWS_FWD)
-        cfg = _TMA_CONFIG
+        cfg = config or TMA_CONFIGS[0]
         BD, R = cfg.kwargs["BD"], cfg.kwargs["R"]
         desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [1, R, BD])
         conv_fwd_tma_kernel[(triton.cdiv(D, BD) * n_chunks, B)](
@@ -474,7 +479,7 @@ def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, s
         record_launch("cconv.fwd")
         return y
     n_chunks, rows = time_chunks(B, T, D, x.device, _MAX_ROWS_FWD, _WARPS_PER_SM_FWD, _MIN_ROWS_FWD)
-    conv_fwd_kernel[lambda meta: (triton.cdiv(D, meta["BD"]) * n_chunks, B)](
+    launch(conv_fwd_kernel, lambda meta: (triton.cdiv(D, meta["BD"]) * n_chunks, B), config,
         x, weight, bias if bias is not None else weight, y,
         cu_seqlens if cu_seqlens is not None else weight,
         T, D, rows, n_seq, n_steps,

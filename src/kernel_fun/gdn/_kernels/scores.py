@@ -26,6 +26,7 @@ install_interpreter_shims()
 
 # The first is the interpreter's. Not yet timed on a GPU.
 CONFIGS = [triton.Config({}, num_warps=nw, num_stages=ns) for nw, ns in [(4, 2), (4, 3), (8, 2), (2, 2)]]
+CANDIDATES: list = []
 
 
 @triton.jit(do_not_specialize=["T"])

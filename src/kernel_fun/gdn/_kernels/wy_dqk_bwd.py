@@ -36,6 +36,7 @@ install_interpreter_shims()
 # registers, BV64/w8 236, no stack; BV128/w8 spills 112 B, 4 warps 200-280 B (dq, dk alone are
 # 128 registers a thread there), so those are left out. Not yet timed.
 CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns) for bv, nw, ns in [(32, 8, 2), (64, 8, 2)]]
+CANDIDATES: list = []
 
 
 @triton.jit(do_not_specialize=["T"])

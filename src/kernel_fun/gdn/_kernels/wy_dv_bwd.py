@@ -44,6 +44,7 @@ install_interpreter_shims()
 # so 4-warp configurations are left out. Not yet timed.
 CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
            for bv, nw, ns in [(32, 8, 2), (64, 8, 2), (128, 8, 2)]]
+CANDIDATES: list = []
 
 
 def prune_bv(configs, named_args, **kwargs):

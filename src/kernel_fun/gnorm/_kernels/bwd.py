@@ -31,7 +31,8 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.fastmath import FAST_MATH
-from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.tuning import (alloc, autotune_cache, autotune_configs, config_name,  # noqa: F401
+                                       install_interpreter_shims, launch)
 from kernel_fun._common.witness import record_launch
 from kernel_fun.cconv._kernels.fwd import sm_count
 
@@ -59,7 +60,7 @@ CONFIGS = [
     triton.Config({"TILE": 4096, "PPS": 2, "NS": 2}, num_warps=8, maxnreg=128),
     triton.Config({"TILE": 8192, "PPS": 1, "NS": 1}, num_warps=16, maxnreg=128),  # V up to MAX_V
 ]
-CANDIDATES = list(CONFIGS)
+CANDIDATES: list = []  # extra configs a bench may force (none yet: nothing is timed)
 MAX_PPS = max(c.kwargs["PPS"] for c in CONFIGS)
 
 
@@ -136,13 +137,15 @@ def gnorm_bwd_kernel(
         tl.store(pp + V, tl.sum(acc_b, axis=0), mask=cmask)
 
 
-def gnorm_bwd(h, g, weight, bias, rstd, dy, dres, activation: str, x_dtype, res_dtype, need_dw: bool, need_db: bool):
+def gnorm_bwd(h, g, weight, bias, rstd, dy, dres, activation: str, x_dtype, res_dtype, need_dw: bool, need_db: bool,
+              *, config: triton.Config | None = None):
     """(dx, dg, dw, db, dres_in): dx `[N, V]` in x_dtype, dg in g.dtype, dw/db `[V]` in the
     parameter's dtype (None when not needed or absent), dres_in `[N, V]` in res_dtype when
     res_dtype is given and differs from x_dtype (else None: the residual's gradient is dx).
 
     h, g, dy, dres: `[N, V]` with unit column stride; rstd fp32 `[N]`. dw/db bitwise
-    reproducible run to run for one autotune pick (fixed-order reduction, no atomics).
+    reproducible run to run for one autotune pick (fixed-order reduction, no atomics). `config`:
+    one of `CONFIGS` / `CANDIDATES` instead of the autotuner's pick.
     """
     N, V = h.shape
     dev = h.device
@@ -166,7 +169,7 @@ def gnorm_bwd(h, g, weight, bias, rstd, dy, dres, activation: str, x_dtype, res_
     def grid(meta):
         return (min(triton.cdiv(N, meta["BR"]), n_sm * meta["PPS"]),)
 
-    gnorm_bwd_kernel[grid](
+    launch(gnorm_bwd_kernel, grid, config,
         h, g, weight if weight is not None else h, bias if bias is not None else h, rstd, dy,
         dres if dres is not None else dy, dx, dg, dres_in if store_dres else dx, part,
         N, h.stride(0), g.stride(0), dy.stride(0), dres.stride(0) if dres is not None else 0,
@@ -176,7 +179,7 @@ def gnorm_bwd(h, g, weight, bias, rstd, dy, dres, activation: str, x_dtype, res_
     )
     record_launch("gnorm.bwd")
     if dw is not None or db is not None:
-        cfg = gnorm_bwd_kernel.best_config.kwargs
+        cfg = (config or gnorm_bwd_kernel.best_config).kwargs
         n_part = min(triton.cdiv(N, rows_per_tile(cfg["TILE"], BV)), n_sm * cfg["PPS"])
         dw_reduce(part, n_part, dw, db)
     return dx, dg, dw if need_dw else None, db if need_db else None, dres_in

@@ -27,7 +27,8 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.fastmath import FAST_MATH
-from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims
+from kernel_fun._common.tuning import (alloc, autotune_cache, autotune_configs, config_name,  # noqa: F401
+                                       install_interpreter_shims, launch)
 from kernel_fun._common.witness import record_launch
 
 from .common import GATES, block_v, gate_fwd, n_bucket, prune_by_registers, rows_per_tile
@@ -46,8 +47,8 @@ CONFIGS = [
     triton.Config({"TILE": 2048}, num_warps=2),
     triton.Config({"TILE": 8192}, num_warps=16),
 ]
-# What scripts and the frontend test compile for sm_90a (the same list: nothing is timed yet).
-CANDIDATES = list(CONFIGS)
+# Extra configs a bench may force (none yet: nothing is timed).
+CANDIDATES: list = []
 
 
 @triton.autotune(
@@ -93,11 +94,13 @@ def gnorm_fwd_kernel(
 
 
 def gnorm_fwd(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-              residual: torch.Tensor | None, res_dtype: torch.dtype | None, eps: float, activation: str):
+              residual: torch.Tensor | None, res_dtype: torch.dtype | None, eps: float, activation: str,
+              *, config: triton.Config | None = None):
     """(y, rstd, h): y `[N, V]` contiguous in x.dtype, rstd fp32 `[N]`, h = x (+ residual)
     `[N, V]` contiguous in `res_dtype` (None when `res_dtype` is None: nothing stored).
 
     x, g, residual: `[N, V]` with unit column stride (any row stride); weight, bias `[V]` or None.
+    `config`: one of `CONFIGS` / `CANDIDATES` instead of the autotuner's pick.
     """
     N, V = x.shape
     y = alloc((N, V), dtype=x.dtype, device=x.device)
@@ -106,7 +109,7 @@ def gnorm_fwd(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor | None, bia
     if N == 0:
         return y, rstd, h
     BV = block_v(V)
-    gnorm_fwd_kernel[lambda meta: (triton.cdiv(N, meta["BR"]),)](
+    launch(gnorm_fwd_kernel, lambda meta: (triton.cdiv(N, meta["BR"]),), config,
         x, g, weight if weight is not None else x, bias if bias is not None else x,
         residual if residual is not None else x, h if h is not None else y, y, rstd,
         N, float(eps), x.stride(0), g.stride(0), residual.stride(0) if residual is not None else 0,

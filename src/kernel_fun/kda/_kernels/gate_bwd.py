@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, launch
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, config_name, launch  # noqa: F401
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_grid, chunk_program
 

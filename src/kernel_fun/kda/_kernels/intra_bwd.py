@@ -48,7 +48,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch
+from kernel_fun._common.tuning import (alloc, autotune_cache, autotune_configs, config_name,  # noqa: F401
+                                       install_interpreter_shims, launch)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_grid, chunk_program
 
@@ -74,7 +75,7 @@ FAST_RANGE = 192.0
 
 # What the autotuner may pick (the interpreter runs only the first). ptxas takes every
 # register it is allowed (255), which caps a 4-warp CTA at 2 per SM. Its stack (spills;
-# sm_90a ahead-of-time compile, triton 3.6, ``scripts/sass_stats.py``, which before 2026-11-30
+# sm_90a ahead-of-time compile, triton 3.6, ``tools/sass_stats.py``, which before 2026-11-30
 # read LOCAL and missed them): BK=64 on 4 warps none; BK=128 (the only block the fused l2norm
 # epilogue takes) 272 bytes; with ``maxnreg`` 168 or 128, 160-664 bytes. Fewest SASS
 # instructions per program at K=128 (sm_90a): BK=64/128 on 4 warps.
@@ -84,8 +85,8 @@ CONFIGS = [
                                  (128, False, 4, 1, None), (32, False, 4, 1, 128), (64, True, 4, 1, 168),
                                  (64, False, 8, 1, 128), (64, False, 4, 2, 168)]
 ]
-# Not yet timed or checked on a GPU (scripts/kda_stage_bench.py ``--only ianc`` and the GPU
-# tests force them). With the l2norm backward fused (as shipped) the autotuner has one
+# Not yet timed or checked on a GPU (``kernel-fun bench --stages kda`` and the GPU tests force
+# them). With the l2norm backward fused (as shipped) the autotuner has one
 # configuration, BK=128 on 4 warps, and with the one anchor and gate_monotone ptxas gives it 255
 # registers and a 224-byte stack (134 spill instructions; sm_90a, 2026-11-30). The same block on
 # 8 warps: 221 registers, no stack, half the instructions per thread, and the same 8 warps per SM

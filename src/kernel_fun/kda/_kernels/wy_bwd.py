@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, launch
+from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, config_name, launch  # noqa: F401
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_grid, chunk_program
 
@@ -46,7 +46,7 @@ def _cfg(bk, bv, early_epi, warps, stages):
 # 128 on 8 warps, BV=128, 2 stages, a 128-register cap) were dropped. 8 warps: two warpgroups
 # share the M=64 wgmma tiles. ``EARLY_EPI`` issues the epilogue's loads before the V loop.
 CONFIGS = [_cfg(*c) for c in [(64, 64, False, 8, 4), (32, 64, True, 4, 3), (64, 64, False, 8, 3), (64, 32, False, 8, 4)]]
-# Not yet timed or checked on a GPU (scripts/kda_stage_bench.py and the GPU tests force them):
+# Not yet timed or checked on a GPU (``kernel-fun bench --stages kda`` and the GPU tests force them):
 # they extend the measured trend, deeper pipelining won (s4 3.63, s3 4.19, s2 4.78 ms).
 CANDIDATES = [_cfg(*c) for c in [(64, 64, False, 8, 5), (64, 64, True, 8, 4), (32, 64, True, 4, 4)]]
 

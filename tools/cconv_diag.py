@@ -3,8 +3,8 @@
 itself and two plain copies moving the same bytes, at the production shape (bf16 x
 [16, 8192, 2048], fp32 weight [2048, 4], silu, W=4).
 
-    python scripts/cconv_diag.py out.json        # do_bench medians (no profiler)
-    ncu ... python scripts/cconv_diag.py --once   # one launch each, for Nsight Compute
+    python tools/cconv_diag.py out.json        # do_bench medians (no profiler)
+    ncu ... python tools/cconv_diag.py --once   # one launch each, for Nsight Compute
 
 Variants (each forced to one configuration: no autotuning, so ncu sees the kernel as timed):
 
@@ -13,11 +13,11 @@ Variants (each forced to one configuration: no autotuning, so ncu sees the kerne
 * fwd           the pointer forward's first config (W=4, silu)
 * fwd_w1        the same kernel at W=1 without silu: the walk and its bytes, almost no math
 * fwd_exact     the shipped config with tl.sigmoid (fastmath.FAST_MATH off); bwd_exact too
-* fwd_tma       the TMA forward (fwd.conv_fwd_tma_kernel, fwd._TMA_CONFIG): the default for large x
+* fwd_tma       the TMA forward (fwd.conv_fwd_tma_kernel, fwd.TMA_CONFIGS[0]): the default for large x
 * bwd           the shipped backward config (W=4, silu)
 * bwd_w1        the same at W=1 without silu
 
-`scripts/gpu_run.sh cconv_diag` runs the timing pass and then the ncu pass.
+`tools/gpu_run.sh cconv_diag` runs the timing pass and then the ncu pass.
 """
 from __future__ import annotations
 
@@ -46,27 +46,16 @@ def variants(x, w, dy):
 
     y = torch.empty_like(x)
     n = x.numel()
-    fcfg, bcfg = F_._FWD_CONFIGS[0], B_._BWD_CONFIGS[0]
+    fcfg, bcfg = F_.CONFIGS[0], B_.CONFIGS[0]
     w1 = w[:, :1].contiguous()
-
-    def forced(kernel, cfg, fn):
-        def run():
-            saved = kernel.configs
-            kernel.configs = [cfg]
-            try:
-                return fn()
-            finally:
-                kernel.configs = saved
-        return run
-
     out = {
         "copy_torch": lambda: y.copy_(x),
         "copy_triton": lambda: flat_copy_kernel[(triton.cdiv(n, 4096),)](x, y, n, BLOCK=4096, num_warps=4),
-        "fwd": forced(F_.conv_fwd_kernel, fcfg, lambda: F_.conv_fwd(x, w, None, True, tma=False)),
-        "fwd_w1": forced(F_.conv_fwd_kernel, fcfg, lambda: F_.conv_fwd(x, w1, None, False, tma=False)),
+        "fwd": lambda: F_.conv_fwd(x, w, None, True, tma=False, config=fcfg),
+        "fwd_w1": lambda: F_.conv_fwd(x, w1, None, False, tma=False, config=fcfg),
         "fwd_tma": lambda: F_.conv_fwd(x, w, None, True, tma=True),
-        "bwd": forced(B_.conv_bwd_kernel, bcfg, lambda: B_.conv_bwd(x, w, None, dy, True)),
-        "bwd_w1": forced(B_.conv_bwd_kernel, bcfg, lambda: B_.conv_bwd(x, w1, None, dy, False)),
+        "bwd": lambda: B_.conv_bwd(x, w, None, dy, True, config=bcfg),
+        "bwd_w1": lambda: B_.conv_bwd(x, w1, None, dy, False, config=bcfg),
     }
 
     def exact(mod, fn):  # tl.sigmoid in place of fastmath.sigmoid's short form

@@ -1,42 +1,33 @@
 #!/usr/bin/env python
-"""Compile our Triton kernels ahead of time for sm_90a on a machine without a GPU.
+"""Do the shipped kernels lower for my target? Triton's compiler on a machine without a GPU.
 
-    python scripts/sass_stats.py intra_bwd            # registers, spills, shared memory, static
-    python scripts/sass_stats.py wy_bwd | state_scan_fwd | state_scan_bwd | score_grad | gate_bwd | cconv
-    python scripts/sass_stats.py gdn_scores | gdn_wy_dv | gdn_wy_dqk | gnorm
-    python scripts/sass_stats.py all --frontend       # every config of every kernel, every flag
-                                                      # combination, lowered to Triton IR only
+    kernel-fun check --lower sm_90a | sm_100a | all
 
-Default mode: the production configurations (and, for intra_bwd, each fused epilogue in turn)
-compiled to a cubin with the ptxas and cuobjdump that ship with the triton wheel; prints what
-ptxas made of each: a proxy to check before spending device time, not a timing.
+Triton compiles for a named ``GPUTarget("cuda", 90 | 100, 32)``, and its wheel ships a ptxas for
+each (``ptxas`` and ``ptxas-blackwell`` in Triton 3.6; 3.9 uses ``ptxas-blackwell``, CUDA 13, for
+both), so no GPU is needed. Two depths:
 
-``--frontend``: lower each kernel to Triton IR (the step where Triton type-checks the kernel:
-an if/else whose branches give one name two shapes, a constexpr mismatch, a missing argument).
-Triton's interpreter, which runs the CPU tests, does none of those checks, so a kernel can pass
-every interpreted test and still fail to compile on the GPU. Exit status 1 if any fails;
-tests/common/test_frontend_compile.py runs this in CI. About 0.3 s per kernel variant.
+- ``compile``: every shipped configuration (what each autotuner sees, or a launcher's fixed one)
+  all the way to a cubin: Triton's GPU passes for the target, LLVM, ptxas. What
+  ``kernel-fun check --lower`` runs.
+- ``frontend``: every configuration any launcher, bench or test can force (``CONFIGS`` and
+  ``CANDIDATES``), at every flag combination, lowered to Triton IR only: the step where Triton
+  type-checks a kernel (an if/else whose branches give one name two shapes, a constexpr
+  mismatch, a missing argument). Triton's interpreter, which runs the CPU tests, does none of
+  those checks, so a kernel can pass every interpreted test and still fail to compile on a GPU.
+  About 0.3 s per variant.
 
-``--compile``: the production configurations (default mode's list) compiled all the way to a
-cubin (Triton's GPU passes for the target, LLVM, ptxas), nothing printed but ok/FAILED and
-the seconds; ``--jobs N`` compiles in N processes. With ``--frontend`` or ``--compile`` it also
-checks coverage: every kernel the package ships (`discover`: the ``*_kernel`` objects of each
-``kernel_fun.<pkg>._kernels`` module) has a spec here, and every configuration its autotuner
-sees has one; a kernel or config without one counts as a failure.
-
-``--target sm_90a`` (default) | ``sm_100a`` | ``sm_90a,sm_100a`` | ``all``: the GPU to compile
-for (Hopper, Blackwell B200/B300). No GPU is needed: Triton compiles for a named
-``GPUTarget("cuda", 90 | 100, 32)``, and its wheel ships a ptxas for each (``ptxas`` and
-``ptxas-blackwell`` in Triton 3.6; 3.9 uses ``ptxas-blackwell``, CUDA 13, for both).
+Both check coverage: every kernel the package ships (``discover``: the ``*_kernel`` objects of
+each ``kernel_fun.<pkg>._kernels`` module) has a spec here, and every configuration its
+autotuner sees has one; a kernel or config without one counts as a failure.
+Runs only where TRITON_INTERPRET is unset (kernels must be real ``triton.jit`` functions).
+``stats`` reads registers and spills back from a cubin (tools/sass_stats.py prints them).
 """
 from __future__ import annotations
 
 import itertools
 import os
-import re
-import subprocess
 import sys
-import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -47,7 +38,7 @@ TARGETS = {"sm_90a": GPUTarget("cuda", 90, 32), "sm_100a": GPUTarget("cuda", 100
 TARGET = TARGETS["sm_90a"]
 
 
-def _source(fn, pointer_types: dict, constexprs: dict) -> ASTSource:
+def source(fn, pointer_types: dict, constexprs: dict) -> ASTSource:
     """``fn`` (a JITFunction) with its pointers typed (default fp32 pointers; ``T`` is i32). An
     integer typed ``"i32:16"`` is a multiple of 16, as Triton specializes a launch where one is
     (a stride or width of 2048): without it a row's address is not known aligned and its loads
@@ -69,7 +60,7 @@ def _source(fn, pointer_types: dict, constexprs: dict) -> ASTSource:
                      attrs=attrs)
 
 
-def _options(num_warps, num_stages, maxnreg) -> dict:
+def options(num_warps, num_stages, maxnreg) -> dict:
     opts = dict(num_warps=num_warps, num_stages=num_stages)
     if maxnreg:
         opts["maxnreg"] = maxnreg
@@ -83,29 +74,34 @@ def lower(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None, 
 
     target = target or TARGET
     backend = make_backend(target)
-    options = backend.parse_options(_options(num_warps, num_stages, maxnreg))
+    opts = backend.parse_options(options(num_warps, num_stages, maxnreg))
     context = ir.context()
     ir.load_dialects(context)
     backend.load_dialects(context)
-    return _source(fn, pointer_types, constexprs).make_ir(
-        target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
+    return source(fn, pointer_types, constexprs).make_ir(
+        target, opts, backend.get_codegen_implementation(opts), backend.get_module_map(), context)
 
 
 def build(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None, target=None):
     """The kernel compiled to a cubin for ``target`` (default sm_90a): Triton's compiled kernel."""
-    return triton.compile(_source(fn, pointer_types, constexprs), target=target or TARGET,
-                          options=_options(num_warps, num_stages, maxnreg))
+    return triton.compile(source(fn, pointer_types, constexprs), target=target or TARGET,
+                          options=options(num_warps, num_stages, maxnreg))
 
 
 def stats(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None, target=None) -> dict:
-    """Compile for ``target`` (default sm_90a): registers, local memory (spills), shared memory,
-    SASS and MUFU counts."""
+    """Compile for ``target`` (default sm_90a) and read the cubin back with the wheel's cuobjdump:
+    registers, stack (spills), local memory, spill instructions, shared memory, SASS and MUFU
+    counts (tests hold kernels to no spills; tools/sass_stats.py prints them)."""
+    import re
+    import subprocess
+    import tempfile
+
     k = build(fn, pointer_types, constexprs, num_warps, num_stages, maxnreg, target)
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(k.asm["cubin"])
-    res = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "--dump-resource-usage", f.name],
-                         capture_output=True, text=True).stdout
-    sass = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
+    tool = os.path.join(TOOLS, "cuobjdump")
+    res = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
     os.unlink(f.name)
     m = re.search(r"REG:(\d+)\s+STACK:(\d+).*?LOCAL:(\d+)", res, re.S)
     # ptxas puts spilled registers on the stack (STACK, reached by LDL/STL), not in LOCAL
@@ -117,16 +113,6 @@ def stats(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None, 
 # Each spec generator yields (label, jit function, pointer types, constexprs, config); with
 # full=False only what the default mode reports (production configs), with full=True every
 # configuration any launcher, bench or test can force, at every flag combination.
-
-def _module_attr(m, *names):
-    """The first of ``names`` that module ``m`` has (a value, or a function's return): config
-    lists go by the ``CONFIGS`` / ``CANDIDATES`` convention, or by the older per-module names."""
-    for n in names:
-        if hasattr(m, n):
-            v = getattr(m, n)
-            return v() if callable(v) and not isinstance(v, triton.Config) else v
-    raise AttributeError(f"{m.__name__} has none of {names}")
-
 
 def shipped_configs(kernel) -> list:
     """The configurations a kernel is launched with on a GPU: its autotuner's list (Triton's
@@ -140,16 +126,13 @@ def shipped_configs(kernel) -> list:
     return list(kernel.configs)
 
 
-def candidates(m, kernel, *names) -> list:
-    """Extra configurations a bench may force (the first of ``names`` module ``m`` has; none:
-    []), those whose parameters are ``kernel``'s constexprs."""
-    try:
-        cfgs = _module_attr(m, *names)
-    except AttributeError:
-        return []
+def candidates(m, kernel, prefix: str = "") -> list:
+    """The configurations a bench may force beyond the shipped ones (module ``m``'s
+    ``<prefix>CANDIDATES``, the config convention of ``_common/tuning.py``), those whose
+    parameters are ``kernel``'s constexprs."""
     fn = _jit_fn(kernel)
     params = {p.name for p in fn.params if p.is_constexpr}
-    return [c for c in cfgs if set(c.kwargs) <= params]
+    return [c for c in getattr(m, prefix + "CANDIDATES") if set(c.kwargs) <= params]
 
 
 def _jit_fn(kernel):
@@ -161,7 +144,7 @@ def _jit_fn(kernel):
     return kernel
 
 
-def _cfg_label(c) -> str:
+def cfg_label(c) -> str:
     extra = f" r{c.maxnreg}" if getattr(c, "maxnreg", None) else ""
     return f"{c.kwargs} w{c.num_warps} s{c.num_stages}{extra}"
 
@@ -194,7 +177,7 @@ def intra_bwd(full):
         c.update({f: True for f in flags if f != "ANCHOR"})
         if "ANCHOR" in flags:
             c["FAST_RANGE"] = m.FAST_RANGE
-        yield f"intra_bwd {name} varlen={varlen} {_cfg_label(cfg)}", m._intra_bwd_kernel.fn, ptr, c, cfg
+        yield f"intra_bwd {name} varlen={varlen} {cfg_label(cfg)}", m._intra_bwd_kernel.fn, ptr, c, cfg
 
 
 def wy_bwd(full):
@@ -204,7 +187,7 @@ def wy_bwd(full):
     ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
     for cfg, varlen in itertools.product(m.CONFIGS + m.CANDIDATES if full else m.CONFIGS, (False, True) if full else (False,)):
         c = dict(H=16, HV=16, K=128, V=256, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", **cfg.kwargs)
-        yield f"wy_bwd varlen={varlen} {_cfg_label(cfg)}", m._wy_bwd_kernel.fn, ptr, c, cfg
+        yield f"wy_bwd varlen={varlen} {cfg_label(cfg)}", m._wy_bwd_kernel.fn, ptr, c, cfg
 
 
 def state_scan_fwd(full):
@@ -247,30 +230,30 @@ def score_grad(full):
     from kernel_fun._delta._kernels import score_grad as m
 
     ptr = {"v": "*bf16", "do": "*bf16", "cu_seqlens": "*i64", "chunk_indices": "*i64", "scale": "fp32"}
-    for cfg, varlen in itertools.product(m.CONFIGS, (False, True) if full else (False,)):
+    for cfg, varlen in itertools.product(m.CONFIGS + (m.CANDIDATES if full else []), (False, True) if full else (False,)):
         c = dict(HV=16, V=256, BT=64, IS_VARLEN=varlen, **cfg.kwargs)
-        yield f"score_grad varlen={varlen} {_cfg_label(cfg)}", m._score_grad_kernel.fn, ptr, c, cfg
+        yield f"score_grad varlen={varlen} {cfg_label(cfg)}", m._score_grad_kernel.fn, ptr, c, cfg
 
 
 def gate_bwd(full):
     from kernel_fun.kda._kernels import gate_bwd as m
 
     ptr = {"g_raw": "*bf16", "cu_seqlens": "*i64", "chunk_indices": "*i64"}
-    for cfg, varlen, gate in itertools.product(m.CONFIGS, (False, True) if full else (False,),
+    for cfg, varlen, gate in itertools.product(m.CONFIGS + (m.CANDIDATES if full else []), (False, True) if full else (False,),
                                                ((True, True), (True, False), (False, False)) if full else ((True, True),)):
         c = dict(HV=16, K=128, BT=64, IS_VARLEN=varlen, GATE=gate[0], HAS_DT_BIAS=gate[1], **cfg.kwargs)
-        yield f"gate_bwd varlen={varlen} GATE/HAS_DT_BIAS={gate} {_cfg_label(cfg)}", m._gate_bwd_kernel.fn, ptr, c, cfg
+        yield f"gate_bwd varlen={varlen} GATE/HAS_DT_BIAS={gate} {cfg_label(cfg)}", m._gate_bwd_kernel.fn, ptr, c, cfg
 
 
 def cconv(full):
     from kernel_fun.cconv._kernels import bwd, fwd
 
     ptr = dict(x="*bf16", y="*bf16", dy="*bf16", dx="*bf16", cu_seqlens="*i64")
-    # shipped: what the autotuner sees; candidates by whichever name the module gives them
+    # shipped: what the autotuner sees; then the candidates
     lists = (("fwd", fwd.conv_fwd_kernel, shipped_configs(fwd.conv_fwd_kernel) + (
-                 candidates(fwd, fwd.conv_fwd_kernel, "CANDIDATES", "FWD_CANDIDATES", "_FWD_CANDIDATES") if full else [])),
+                 candidates(fwd, fwd.conv_fwd_kernel) if full else [])),
              ("bwd", bwd.conv_bwd_kernel, shipped_configs(bwd.conv_bwd_kernel) + (
-                 candidates(bwd, bwd.conv_bwd_kernel, "CANDIDATES", "BWD_CANDIDATES", "_BWD_CANDIDATES") if full else [])))
+                 candidates(bwd, bwd.conv_bwd_kernel) if full else [])))
     for name, kernel, configs in lists:
         fn = kernel.fn
         # the production launch: D = 2048, D-major x, dy, a [D, 4] weight (s_wd = 4): strides and
@@ -294,13 +277,12 @@ def cconv(full):
                 c["DY_TMAJOR"] = lay["X_TMAJOR"]
                 if not lay["X_TMAJOR"]:
                     c["s_gd"] = 1
-            yield f"cconv {name} {lay} {_cfg_label(cfg)}", fn, types, c, cfg
-    # the TMA forward (fwd._TMA_CONFIG, then the candidates): x read through a [B, T, D] descriptor, box [1, R, BD]
-    fn = fwd.conv_fwd_tma_kernel  # a JITFunction (no autotuner): one fixed config
-    tma = _module_attr(fwd, "TMA_CONFIGS", "TMA_CONFIG", "_TMA_CONFIG")
-    tma = list(tma) if isinstance(tma, (list, tuple)) else [tma]
+            yield f"cconv {name} {lay} {cfg_label(cfg)}", fn, types, c, cfg
+    # the TMA forward (fwd.TMA_CONFIGS, then TMA_CANDIDATES): x read through a [B, T, D] descriptor, box [1, R, BD]
+    fn = fwd.conv_fwd_tma_kernel  # a JITFunction (no autotuner): its launcher's fixed config
+    tma = list(fwd.TMA_CONFIGS)
     if full:
-        tma += candidates(fwd, fn, "TMA_CANDIDATES", "_TMA_CANDIDATES")
+        tma += candidates(fwd, fn, "TMA_")
     for cfg in tma:
         types = dict(ptr, x_desc=f"tensordesc<bf16[1,{cfg.kwargs['R']},{cfg.kwargs['BD']}]>",
                      **{a: "i32:16" if a in ("D", "s_xb", "s_xt") else "i32"
@@ -310,7 +292,7 @@ def cconv(full):
             lays += [dict(IS_VARLEN=True, HAS_BIAS=False, SILU=False, W=3)]
         for lay in lays:
             c = dict(**lay, **cfg.kwargs, s_wi=1, FAST=True)
-            yield f"cconv fwd_tma {lay} {_cfg_label(cfg)}", fn, types, c, cfg
+            yield f"cconv fwd_tma {lay} {cfg_label(cfg)}", fn, types, c, cfg
     fn = bwd.dw_reduce_kernel  # one fixed config (conv_bwd): the summation order must not vary
     for has_bias in (False, True) if full else (True,):
         yield (f"cconv dw_reduce HAS_BIAS={has_bias}", fn, dict(n_part="i32", D="i32"),
@@ -331,11 +313,11 @@ def _gdn_specs(name, m, kernel, full, grouped=False):
     # HV = 32 changes code only where G = HV / H is a loop bound (``grouped``: wy_dqk_bwd's
     # group loop); elsewhere it is one more stride constant, compiled only in the full list
     hvs = (16, 32) if full or grouped else (16,)
-    for cfg, hv, varlen in itertools.product(m.CONFIGS, hvs, (False, True) if full else (False,)):
+    for cfg, hv, varlen in itertools.product(m.CONFIGS + (m.CANDIDATES if full else []), hvs, (False, True) if full else (False,)):
         c = dict(H=16, HV=hv, K=128, BT=64, KP=128, IS_VARLEN=varlen, DOT_PRECISION="tf32", **cfg.kwargs)
         if "V" in fn.arg_names:
             c["V"] = 128
-        yield f"{name} HV={hv} varlen={varlen} {_cfg_label(cfg)}", fn, ptr, c, cfg
+        yield f"{name} HV={hv} varlen={varlen} {cfg_label(cfg)}", fn, ptr, c, cfg
 
 
 def gdn_scores(full):
@@ -392,7 +374,7 @@ def gnorm(full):
             c = dict(V=V, BV=BV, GATE=gate, **f, N_BUCKET=2, BR=rows_per_tile(cfg.kwargs["TILE"], BV), FAST=True,
                      **cfg.kwargs)
             flag_s = "".join(k for k, v in f.items() if v).replace("HAS_", "+").replace("STORE_", "+store_") or "-"
-            yield f"gnorm {name} V={V} gate={gate} {flag_s} {_cfg_label(cfg)}", fn, ptr, c, cfg
+            yield f"gnorm {name} V={V} gate={gate} {flag_s} {cfg_label(cfg)}", fn, ptr, c, cfg
     # dw_reduce: dw_reduce.dw_reduce's fixed launch (BP=32, BM=128, 4 warps); V is a runtime
     # int (a multiple of 16 at either width: one compile serves both)
     for hw, hb in ((True, False), (False, True), (True, True)) if full else ((True, False),):
@@ -401,7 +383,7 @@ def gnorm(full):
                dict(HAS_W=hw, HAS_B=hb, BP=32, BM=128), triton.Config({}, num_warps=4))
 
 
-KERNELS = {"intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,
+SPECS = {"intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,
            "state_scan_bwd": state_scan_bwd, "score_grad": score_grad, "gate_bwd": gate_bwd, "cconv": cconv,
            "gdn_scores": gdn_scores, "gdn_wy_dv": gdn_wy_dv, "gdn_wy_dqk": gdn_wy_dqk, "gnorm": gnorm}
 
@@ -462,9 +444,9 @@ def uncovered(specs) -> list[str]:
     for name, (fn, cfgs) in discover().items():
         mine = [sp for sp in specs if _jit_fn(sp[1]) is fn]
         if not mine:
-            missing.append(f"{name}: no spec in scripts/sass_stats.py")
+            missing.append(f"{name}: no spec in kernel_fun/bench/lowering.py")
             continue
-        missing += [f"{name}: config {_cfg_label(c)} has no spec" for c in cfgs or ()
+        missing += [f"{name}: config {cfg_label(c)} has no spec" for c in cfgs or ()
                     if not any(_covers(sp, fn, c) for sp in mine)]
     return missing
 
@@ -473,37 +455,27 @@ def shipped_specs() -> list:
     """Every shipped configuration of every kernel, once: the default mode's specs (the
     production flags) and, for an autotuner config those leave out, the first spec of the
     full list that compiles it. What ``--compile`` builds for each target."""
-    specs = [sp for name in KERNELS for sp in KERNELS[name](full=False)]
+    specs = [sp for name in SPECS for sp in SPECS[name](full=False)]
     full = None
     for _, (fn, cfgs) in discover().items():
         for c in cfgs or ():
             if any(_covers(sp, fn, c) for sp in specs):
                 continue
             if full is None:
-                full = [sp for name in KERNELS for sp in KERNELS[name](full=True)]
+                full = [sp for name in SPECS for sp in SPECS[name](full=True)]
             specs += [sp for sp in full if _covers(sp, fn, c)][:1]
     return specs
 
 
-def _targets(argv) -> list[str]:
-    for i, a in enumerate(argv):
-        if a == "--target" or a.startswith("--target="):
-            v = argv[i + 1] if a == "--target" else a.split("=", 1)[1]
-            names = list(TARGETS) if v == "all" else v.split(",")
-            bad = [n for n in names if n not in TARGETS]
-            if bad:
-                raise SystemExit(f"unknown target {bad}; known: {', '.join(TARGETS)}, all")
-            return names
-    return ["sm_90a"]
+def ptxas_missing(target: str) -> str | None:
+    """Why this Triton cannot assemble for ``target`` (``"sm_90a"``) here; None when it can."""
+    from triton.backends.nvidia.compiler import get_ptxas
 
-
-def _int_opt(argv, flag, default):
-    for i, a in enumerate(argv):
-        if a == flag:
-            return int(argv[i + 1])
-        if a.startswith(flag + "="):
-            return int(a.split("=", 1)[1])
-    return default
+    try:
+        path = get_ptxas(TARGETS[target].arch).path
+    except Exception as e:  # noqa: BLE001  (a missing tool raises from the knob)
+        return f"no ptxas for {target} in this Triton: {e}"
+    return None if path and os.path.exists(path) else f"no ptxas for {target} in this Triton ({path})"
 
 
 _WORK: list = []  # (label, target name, spec args, mode) for the worker processes (fork)
@@ -518,48 +490,57 @@ def _check(i: int) -> str:
     try:
         (lower if mode == "frontend" else build)(*args, target=TARGETS[tname])
         return f"ok     {tname} {label} ({time.perf_counter() - t0:.1f} s)"
-    except Exception as e:  # noqa: BLE001  (report every failure, then exit 1)
+    except Exception as e:  # noqa: BLE001  (report every failure, then count it)
         msg = str(e).strip().splitlines()
         return f"FAILED {tname} {label}: {type(e).__name__}: {msg[-1] if msg else ''}"
 
 
-def main(argv) -> int:
-    frontend = "--frontend" in argv
-    compile_ = "--compile" in argv
-    targets = _targets(argv)
-    jobs = _int_opt(argv, "--jobs", 1)
-    skip = {i + 1 for i, a in enumerate(argv) if a in ("--target", "--jobs")}
-    names = [a for i, a in enumerate(argv) if not a.startswith("--") and i not in skip] or ["intra_bwd"]
-    if names == ["all"]:
-        names = list(KERNELS)
-    if compile_ and names == list(KERNELS):
-        specs = shipped_specs()
-    else:
-        specs = [s for name in names for s in KERNELS[name](full=frontend)]
-    if not (frontend or compile_):
-        for label, fn, ptr, const, cfg in specs:
-            for tname in targets:
-                st = stats(fn, ptr, const, cfg.num_warps, cfg.num_stages, getattr(cfg, "maxnreg", None), TARGETS[tname])
-                print(label if len(targets) == 1 else f"{tname} {label}", st, flush=True)
-        return 0
-    mode = "frontend" if frontend else "compile"
+def run(names=None, mode: str = "compile", targets=("sm_90a",), jobs: int = 1, out=print) -> int:
+    """Lower (``mode="frontend"``: every forcible config and flag, Triton IR) or compile
+    (``"compile"``: every shipped config, a cubin) the specs of ``names`` (default: every kernel,
+    then coverage is checked too) for each of ``targets``; one line per item, then
+    ``"<n> failed"``. Returns the number of failures."""
+    every = names is None or list(names) == list(SPECS)
+    names = list(SPECS) if names is None else list(names)
+    specs = shipped_specs() if mode == "compile" and every else [
+        s for name in names for s in SPECS[name](full=mode == "frontend")]
     _WORK[:] = [(label, tname, (fn, ptr, const, cfg.num_warps, cfg.num_stages, getattr(cfg, "maxnreg", None)), mode)
                 for label, fn, ptr, const, cfg in specs for tname in targets]
     if jobs > 1:
         import multiprocessing
 
         with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            lines = pool.imap(_check, range(len(_WORK)))
-            lines = [print(line, flush=True) or line for line in lines]
+            lines = [out(line) or line for line in pool.imap(_check, range(len(_WORK)))]
     else:
-        lines = [print(line, flush=True) or line for line in map(_check, range(len(_WORK)))]
+        lines = [out(line) or line for line in map(_check, range(len(_WORK)))]
     failed = sum(not line.startswith("ok ") for line in lines)
-    if names == list(KERNELS):  # every spec generator ran: the package's kernels must all be in them
+    if every:  # every spec generator ran: the package's kernels must all be in them
         for line in uncovered(specs):
             failed += 1
-            print(f"UNCOVERED {line}", flush=True)
-    print(f"{failed} failed", flush=True)
-    return 1 if failed else 0
+            out(f"UNCOVERED {line}")
+    out(f"{failed} failed")
+    return failed
+
+
+def main(argv) -> int:
+    """``[NAME...|all] (--frontend|--compile) [--target sm_90a|sm_100a|sm_90a,sm_100a|all] [--jobs N]``:
+    ``run`` on the command line (``python -m kernel_fun.bench.lowering``); exit 1 on a failure."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m kernel_fun.bench.lowering")
+    p.add_argument("names", nargs="*", default=["all"], help=f"all, or some of: {', '.join(SPECS)}")
+    p.add_argument("--frontend", action="store_true", help="every forcible config and flag, to Triton IR")
+    p.add_argument("--compile", action="store_true", help="every shipped config, to a cubin (default)")
+    p.add_argument("--target", default="sm_90a")
+    p.add_argument("--jobs", type=int, default=1)
+    a = p.parse_args(argv)
+    targets = list(TARGETS) if a.target == "all" else a.target.split(",")
+    bad = [t for t in targets if t not in TARGETS] + [n for n in a.names if n != "all" and n not in SPECS]
+    if bad:
+        p.error(f"unknown {', '.join(bad)}; targets: {', '.join(TARGETS)}, all; kernels: {', '.join(SPECS)}")
+    names = None if a.names == ["all"] else a.names
+    return 1 if run(names, "frontend" if a.frontend else "compile", targets, a.jobs,
+                    out=lambda line: print(line, flush=True)) else 0
 
 
 if __name__ == "__main__":

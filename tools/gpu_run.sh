@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # One batched GPU session step on the lent H200: install the carried fla wheel, then run the
-# named steps, each under its own timeout, logging to $OUT. Usage: scripts/gpu_run.sh STEP...
+# named steps, each under its own timeout, logging to $OUT. Usage: tools/gpu_run.sh STEP...
 # Steps: doctor, gnorm_tests, gnorm_bench, model_kda (kernel-fun bench --model kda; MODEL_ARGS
 #        passes e.g. "--shape steps=8"), model_gdn, gdn_tests, gdn_bench, cconv_tests, cconv_bench,
-#        delta_tests, delta_bench, kda_stage_tests, kda_stage_bench, kda_tests, kda_bench,
-#        candidates, cconv_sweep,
-#        cconv_diag (scripts/cconv_diag.py timed, then under Nsight Compute), cconv_pick (the
-#        autotuner's picks beside each shipped config, scripts/cconv_pick.py),
-#        cconv_host (host cost against device time of the two forwards, scripts/cconv_host.py),
-#        ncu_kda (Nsight Compute on our kda stage kernels, scripts/kda_ncu.py), kda_variants (the
+#        delta_tests, kda_stage_tests, kda_tests, kda_bench, candidates,
+#        stages_cconv, stages_kda, stages_gdn, stages_gnorm (kernel-fun bench --stages FAMILY:
+#        every config of every shipped kernel forced, checked against its stage reference, timed;
+#        the delta scans are kda's and gdn's),
+#        cconv_diag (tools/cconv_diag.py timed, then under Nsight Compute),
+#        cconv_host (host cost against device time of the two forwards, tools/cconv_host.py),
+#        ncu_kda (Nsight Compute on our kda stage kernels, tools/kda_ncu.py), kda_variants (the
 #        shipped chain against fla's own chunk_kda and fp64; the one-anchor, score-gradient
 #        and dv-from-A stage tests)
 # candidates: the stage-level GPU tests that force every configuration, candidates included.
-# CCONV_SWEEP_ARGS="--cases prod2048 --dirs fwd" is passed to scripts/cconv_sweep.py.
-# KDA_STAGE_ARGS="--only wy --B 16" is passed to scripts/kda_stage_bench.py.
+# STAGES_ARGS is passed to the stages_* steps (e.g. STAGES_ARGS="--kernel cconv.fwd" with stages_cconv alone).
 # KDA_CASES="--case prod_b16 ..." picks kda bench cases; KDA_TEST_K="..." is passed to pytest -k.
 set -u
 export PYTHONUNBUFFERED=1
@@ -48,22 +48,20 @@ for step in "$@"; do
     cconv_runtime) timeout "$T" python3 -m pytest -m gpu tests/cconv/test_runtime_gpu.py -q -rs -s 2>&1 | tee "$OUT/cconv_runtime.log" | tail -40 ;;
     cconv_bench) timeout "$T" python3 -m kernel_fun bench --family cconv --json "$OUT/cconv_bench.json" 2>&1 | tee "$OUT/cconv_bench.log" ;;
     delta_tests) timeout "$T" python3 -m pytest -m gpu tests/delta -q -x -rs 2>&1 | tee "$OUT/delta_tests.log" | tail -30 ;;
-    delta_bench) timeout "$T" python3 scripts/delta_scan_bench.py "$OUT/delta_bench.json" 2>&1 | tee "$OUT/delta_bench.log" | tail -40 ;;
     kda_stage_tests) timeout "$T" python3 -m pytest -m gpu tests/kda/test_stage_kernels_gpu.py -q -x -rs 2>&1 | tee "$OUT/kda_stage_tests.log" | tail -30 ;;
-    kda_stage_bench) timeout "$T" python3 scripts/kda_stage_bench.py "$OUT/kda_stage_bench.json" ${KDA_STAGE_ARGS:-} 2>&1 | tee "$OUT/kda_stage_bench.log" | tail -40 ;;
     kda_tests) timeout "$T" python3 -m pytest -m gpu tests/kda/test_chain_gpu.py -q -rs -s ${KDA_TEST_K:+-k "$KDA_TEST_K"} 2>&1 | tee "$OUT/kda_tests.log" | tail -40 ;;
     kda_bench) timeout "$T" python3 -m kernel_fun bench --family kda ${KDA_CASES:-} --json "$OUT/kda_bench.json" 2>&1 | tee "$OUT/kda_bench.log" ;;
     candidates) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_stage_kernels_gpu.py -k "one_anchor or gate_bwd or every_config" 2>&1 | tee "$OUT/candidates.log" | grep --line-buffered -E "^\[|passed|failed|Error" | tail -60 ;;
     kda_variants) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_chain_gpu.py tests/kda/test_stage_kernels_gpu.py tests/delta/test_state_scan_bwd_gpu.py -k "against_fla_chunk_kda or one_anchor or dv_from_A or score_grad" 2>&1 | tee "$OUT/kda_variants.log" | grep --line-buffered -E "vs fp64|ref dA_log|anchor|passed|failed|Error" | tail -60 ;;
     ncu_kda) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-      timeout "$T" "$NCU" --clock-control none --target-processes all -k regex:'_intra_bwd_kernel|_wy_bwd_kernel' --launch-count 4 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis python3 scripts/kda_ncu.py 2>&1 | tee "$OUT/ncu_kda.txt" | grep --line-buffered -E "launched|==PROF==|==ERR|Duration|Throughput|Stall|Warp Cycles|Registers|Achieved Occupancy|Theoretical Occupancy|Issued|Eligible" | tail -120 ;;
-    cconv_diag) timeout 200 python3 scripts/cconv_diag.py "$OUT/cconv_diag.json" 2>&1 | tee "$OUT/cconv_diag.log"
+      timeout "$T" "$NCU" --clock-control none --target-processes all -k regex:'_intra_bwd_kernel|_wy_bwd_kernel' --launch-count 4 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis python3 tools/kda_ncu.py 2>&1 | tee "$OUT/ncu_kda.txt" | grep --line-buffered -E "launched|==PROF==|==ERR|Duration|Throughput|Stall|Warp Cycles|Registers|Achieved Occupancy|Theoretical Occupancy|Issued|Eligible" | tail -120 ;;
+    cconv_diag) timeout 200 python3 tools/cconv_diag.py "$OUT/cconv_diag.json" 2>&1 | tee "$OUT/cconv_diag.log"
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-      timeout "$T" "$NCU" --clock-control none --kernel-name-base demangled -k regex:'copy|conv_fwd|conv_bwd|dw_reduce' --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_read.sum,smsp__inst_executed.sum,lts__t_sector_hit_rate.pct python3 scripts/cconv_diag.py --once > "$OUT/ncu_cconv.txt" 2>&1
+      timeout "$T" "$NCU" --clock-control none --kernel-name-base demangled -k regex:'copy|conv_fwd|conv_bwd|dw_reduce' --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_read.sum,smsp__inst_executed.sum,lts__t_sector_hit_rate.pct python3 tools/cconv_diag.py --once > "$OUT/ncu_cconv.txt" 2>&1
       grep -E "launched|==ERR|  [a-z_]*(kernel|copy)|Duration|DRAM Throughput|dram__bytes|Registers Per|Achieved Occupancy|Theoretical Occupancy|Issued Warp|Eligible Warps|No Eligible|Stall|inst_executed|hit_rate" "$OUT/ncu_cconv.txt" | head -150 ;;
-    cconv_host) timeout "$T" python3 scripts/cconv_host.py "$OUT/cconv_host.json" 2>&1 | tee "$OUT/cconv_host.log" | tail -30 ;;
-    cconv_pick) timeout "$T" python3 scripts/cconv_pick.py "$OUT/cconv_pick.json" 2>&1 | tee "$OUT/cconv_pick.log" | tail -60 ;;
-    cconv_sweep) timeout "$T" python3 scripts/cconv_sweep.py "$OUT/cconv_sweep.json" ${CCONV_SWEEP_ARGS:-} 2>&1 | tee "$OUT/cconv_sweep.log" | tail -60 ;;
+    cconv_host) timeout "$T" python3 tools/cconv_host.py "$OUT/cconv_host.json" 2>&1 | tee "$OUT/cconv_host.log" | tail -30 ;;
+    stages_cconv|stages_kda|stages_gdn|stages_gnorm) fam=${step#stages_}
+      timeout "$T" python3 -m kernel_fun bench --stages "$fam" ${STAGES_ARGS:-} --json "$OUT/stages_$fam.json" 2>&1 | tee "$OUT/stages_$fam.log" | tail -80 ;;
     gnorm_tests) timeout "$T" python3 -m pytest -m gpu tests/gnorm -q -x -rs --durations=5 2>&1 | tee "$OUT/gnorm_tests.log" | tail -30 ;;
     gnorm_bench) timeout "$T" python3 -m kernel_fun bench --family gnorm --json "$OUT/gnorm_bench.json" 2>&1 | tee "$OUT/gnorm_bench.log" ;;
     model_kda) timeout "$T" python3 -m kernel_fun bench --model kda ${MODEL_ARGS:-} --json "$OUT/model_kda.json" 2>&1 | tee "$OUT/model_kda.log" ;;

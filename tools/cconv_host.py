@@ -4,13 +4,13 @@ one), to place the size below which the TMA forward's extra host work (a TensorD
 per call, Triton's tensor-map encoding per launch, the autotune pre-hook) outweighs its
 faster walk.
 
-    python scripts/cconv_host.py out.json [--public-only]
-    python scripts/cconv_host.py --cpu     # no GPU: the public entry's own Python, launch stubbed
+    python tools/cconv_host.py out.json [--public-only]
+    python tools/cconv_host.py --cpu       # no GPU: the public entry's own Python, launch stubbed
 
-Per shape and path: host_us, the wall time per call of 300 back-to-back calls with the queue
-kept short (the host's cost when it, not the GPU, is the bottleneck); gpu_us, the device time
+Per shape and path: host_us, the wall time per call of back-to-back calls with the queue kept
+short (``harness.host_us``: the host's cost when it, not the GPU, is the bottleneck); gpu_us, the device time
 per call from a CUDA graph of 20 calls replayed (no host work at all); and call_us, do_bench's
-median per call (what the sweep and the bench see). Timing helpers from cconv_sweep.py.
+median per call (what the bench sees). Timing helpers from ``kernel_fun.bench.harness``.
 """
 from __future__ import annotations
 
@@ -23,31 +23,40 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 PUBLIC = (16, 8192, 2048)
 SHAPES = [(1, 2048, 2048), (2, 4096, 2048), (4, 4096, 2048), (8, 4096, 2048), (8, 8192, 2048),
           (16, 8192, 2048)]
 
 
+def graph_ms(fn, n=20) -> float:
+    """GPU-only time per call: n calls captured in one CUDA graph, the replay timed."""
+    from kernel_fun.bench.harness import median_ms
+
+    fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(n):
+            fn()
+    return median_ms(graph.replay) / n
+
+
 def measure(fn, graph=True):
-    from cconv_sweep import bench, graph_ms
+    from kernel_fun.bench.harness import host_us, median_ms
 
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
     # host: bursts of 10 calls from an idle GPU, so the launch queue never fills and blocks
-    t_host = 0.0
-    for _ in range(30):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(10):
-            fn()
-        t_host += time.perf_counter() - t0
-    torch.cuda.synchronize()
     # (a public call that needs grad is captured only once its backward ran eagerly: no graph)
-    return dict(host_us=t_host * 1e6 / 300, gpu_us=graph_ms(fn) * 1e3 if graph else float("nan"),
-                call_us=bench(fn) * 1e3)
+    return dict(host_us=host_us(fn), gpu_us=graph_ms(fn) * 1e3 if graph else float("nan"),
+                call_us=median_ms(fn) * 1e3)
 
 
 def cpu_entry_cost(N=5000, R=15):
