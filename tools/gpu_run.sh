@@ -66,7 +66,7 @@ for step in "$@"; do
     gnorm_bench) timeout "$T" python3 -m kernel_fun bench --family gnorm --json "$OUT/gnorm_bench.json" 2>&1 | tee "$OUT/gnorm_bench.log" ;;
     model_kda) timeout "$T" python3 -m kernel_fun bench --model kda ${MODEL_ARGS:-} --json "$OUT/model_kda.json" 2>&1 | tee "$OUT/model_kda.log" ;;
     model_gdn) timeout "$T" python3 -m kernel_fun bench --model gdn ${MODEL_ARGS:-} --json "$OUT/model_gdn.json" 2>&1 | tee "$OUT/model_gdn.log" ;;
-    gdn_tests) timeout "$T" python3 -m pytest -m gpu tests/gdn -q -x -rs --durations=5 2>&1 | tee "$OUT/gdn_tests.log" | tail -30 ;;
+    gdn_tests) timeout "$T" python3 -m pytest -m gpu tests/gdn -q -rs -s --durations=5 2>&1 | tee "$OUT/gdn_tests.log" | tail -30 ;;
     gdn_bench) timeout "$T" python3 -m kernel_fun bench --family gdn ${GDN_CASES:-} --json "$OUT/gdn_bench.json" 2>&1 | tee "$OUT/gdn_bench.log" ;;
     *) echo "unknown step $step" ;;
   esac
