@@ -54,8 +54,11 @@ def _case(name, dtype=torch.bfloat16):
 # Cases whose per-head scalars (dA_log, ddt_bias: [HV] sums over every token) are ill-conditioned:
 # with strong decay almost every term cancels, and moving each bf16 input by one ulp moves the
 # fp64 reference's dA_log by 1.2e-2 to 4.7e-2 (CPU, T=2048, two draws, 2026-12-01). There the
-# ceiling for those two is the larger of fla's tolerance and that noise floor, measured in the test.
+# ceiling for those two is the larger of fla's tolerance and that noise floor, measured in the
+# test as the largest move over three draws (one draw on the H200 stayed under 2e-2 while ours
+# was 2.92e-2: a single draw is not the floor).
 ILL_CONDITIONED = {"strong_decay_negeig": ("dA_log", "ddt_bias")}
+NOISE_DRAWS = 3
 
 
 def _one_ulp(t, seed):
@@ -81,9 +84,10 @@ def test_against_fp64_naive_recurrence(name):
     errs = {n: _rel(ours[n], ref[n]) for n in ref if ref[n] is not None}
     tol = dict(TOL)
     if name in ILL_CONDITIONED:
-        moved = _run(chunk_gated_delta_rule_ref, _one_ulp(t, 7), do.double(), dht.double(), **flags)
-        for n in ILL_CONDITIONED[name]:
-            tol[n] = max(TOL[n], _rel(moved[n], ref[n]))
+        for seed in range(NOISE_DRAWS):
+            moved = _run(chunk_gated_delta_rule_ref, _one_ulp(t, 7 + seed), do.double(), dht.double(), **flags)
+            for n in ILL_CONDITIONED[name]:
+                tol[n] = max(tol[n], _rel(moved[n], ref[n]))
     print(name, {n: f"{e:.2e}" for n, e in errs.items()}, "ceilings", {n: f"{tol[n]:.2e}" for n in errs})
     bad = {n: e for n, e in errs.items() if not e <= tol[n]}
     assert not bad, bad
