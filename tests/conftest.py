@@ -38,16 +38,16 @@ def device():
 @pytest.fixture
 def clean_state(monkeypatch):
     """No KERNEL_FUN_* switches, and the per-process caches (log-once, warm signatures, fla
-    drift status) forgotten before and after the test."""
-    from kernel_fun._common import capture, compat, report
+    drift status, static verdicts) forgotten before and after the test."""
+    from kernel_fun._common import capture, compat, gate, report
 
     for k in list(os.environ):
         if k.startswith("KERNEL_FUN_"):
             monkeypatch.delenv(k)
-    for reset in (report.reset_logged, capture.reset_warm, compat.reset):
+    for reset in (report.reset_logged, capture.reset_warm, compat.reset, gate.Verdicts.reset_all):
         reset()
     yield
-    for reset in (report.reset_logged, capture.reset_warm, compat.reset):
+    for reset in (report.reset_logged, capture.reset_warm, compat.reset, gate.Verdicts.reset_all):
         reset()
 
 

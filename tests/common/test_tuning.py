@@ -55,3 +55,13 @@ def test_autotune_results_kept_on_disk_where_triton_can():
         text = path.read_text()
         for call in text.split("triton.autotune(")[1:]:
             assert "autotune_cache()" in call.split(")(")[0].split("@triton.jit")[0], path
+
+
+def test_host_cdiv_and_next_pow2_equal_tritons():
+    import triton
+
+    from kernel_fun._common.tuning import cdiv, next_pow2
+
+    assert all(next_pow2(n) == triton.next_power_of_2(n) for n in range(-3, 5000))
+    assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 300) for b in range(1, 70))
+    assert cdiv(2**40 + 1, 64) == triton.cdiv(2**40 + 1, 64)

@@ -256,3 +256,45 @@ def test_warmup_compiles_and_shows_progress(capsys):
     gnorm.warmup(N=5, V=(16, 24), dtype=torch.float32, activation="sigmoid")
     err = capsys.readouterr().err
     assert "kernel-fun gnorm warmup [1/2]" in err and "[2/2]" in err
+
+
+def test_kept_verdicts_answer_as_the_full_checks(fla_calls, monkeypatch):
+    """A call whose static key was seen skips the classification and the box; the answer is
+    the same, bad input still raises every time, and the per-call gates (switches, capture)
+    still apply to a kept verdict."""
+    x, g, w = _xgw()
+    calls = [dict(x=x, g=g, weight=w, bias=None, activation=a, residual=None, prenorm=False,
+                  residual_in_fp32=False, eps=1e-5) for a in ("swish", "sigmoid", "gelu")]
+    calls.append(dict(calls[0], x=torch.randn(2, 5, 9000), g=torch.randn(2, 5, 9000), weight=None))  # V > MAX_V
+    for call in calls:
+        key = ops._static_key(call, {})
+        assert key is not None
+        full = ops._decide(call, {})
+        assert ops._decide(call, {}, key) == full  # computed and kept
+        assert ops._VERDICTS.get(key) is not None
+        assert ops._decide(call, {}, key) == full  # from the kept verdict
+    assert not ops._decide(calls[2], {}, ops._static_key(calls[2], {}))[0]  # gelu: routed
+    assert ops._static_key(calls[0], {"extra": 1}) is None
+    assert ops._static_key(dict(calls[0], prenorm=1), {}) is None
+    # bad input raises each time: nothing is kept for it
+    bad = dict(calls[0], weight=torch.ones(7))
+    for _ in range(2):
+        with pytest.raises(ValueError, match="weight must be"):
+            ops._decide(bad, {}, ops._static_key(bad, {}))
+    # the per-call gates still run on a kept verdict
+    key = ops._static_key(calls[0], {})
+    monkeypatch.setenv("KERNEL_FUN_DISABLE", "1")
+    assert not ops._decide(calls[0], {}, key)[0]
+    monkeypatch.delenv("KERNEL_FUN_DISABLE")
+    monkeypatch.setattr(capture, "_capturing", lambda: True)
+    assert not ops._decide(calls[0], {}, key)[0]
+
+
+def test_kept_verdicts_are_bounded(monkeypatch):
+    from kernel_fun._common import gate
+
+    monkeypatch.setattr(gate.Verdicts, "LIMIT", 8)
+    for n in range(1, 30):
+        x = torch.randn(n, 16)
+        gnorm.rms_norm_gated(x, torch.randn(n, 16), None, None)
+        assert len(ops._VERDICTS) <= 8

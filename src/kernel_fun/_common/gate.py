@@ -5,6 +5,47 @@ from .compat import drift_gate
 from .switches import disabled_reason
 
 
+class Verdicts:
+    """A family's static verdicts by call key: the answer of its checks that depend on the
+    arguments alone (the classification of every argument, the support box), so a call whose
+    key was seen pays for one dict lookup instead of them (about 20 us of host time a gnorm
+    call; CPU, 2026-12-01). The key holds everything those checks read (types, shapes, dtypes,
+    flag values); a call without one (unusual arguments) runs them every time. What can change
+    under a fixed key is never cached: the switches, fla's drift, the device's gate, capture.
+    Bounded: cleared when full, so shapes that never repeat cost the checks, never memory."""
+
+    LIMIT = 4096
+    _all: list = []
+
+    def __init__(self):
+        self._d: dict = {}
+        Verdicts._all.append(self)
+
+    def get(self, key):
+        return self._d.get(key)
+
+    def put(self, key, verdict) -> None:
+        if len(self._d) >= self.LIMIT:
+            self._d.clear()
+        self._d[key] = verdict
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    @classmethod
+    def reset_all(cls) -> None:
+        for v in cls._all:
+            v._d.clear()
+
+
+def _first_refusal(checks) -> tuple[bool, str]:
+    for gate in checks:
+        ok, reason = gate()
+        if not ok:
+            return False, reason
+    return True, ""
+
+
 def decide(family: str, *checks) -> tuple[bool, str]:
     """Run a family's gates in order and return the first refusal, or (True, "").
 
@@ -19,8 +60,24 @@ def decide(family: str, *checks) -> tuple[bool, str]:
     ok, reason = drift_gate()
     if not ok:
         return False, reason
-    for gate in checks:
-        ok, reason = gate()
-        if not ok:
-            return False, reason
-    return True, ""
+    return _first_refusal(checks)
+
+
+def decide_keyed(family: str, verdicts: Verdicts, key, static, dynamic) -> tuple[bool, str]:
+    """``decide`` with the ``static`` checks' verdict kept in ``verdicts`` under ``key`` (None:
+    not kept). Same order and answers as ``decide(family, *static, *dynamic)``: the switches,
+    the drift check, ``static``, then ``dynamic``. A check that raises (bad input) keeps nothing."""
+    reason = disabled_reason(family)
+    if reason:
+        return False, reason
+    ok, reason = drift_gate()
+    if not ok:
+        return False, reason
+    verdict = verdicts.get(key) if key is not None else None
+    if verdict is None:
+        verdict = _first_refusal(static)
+        if key is not None:
+            verdicts.put(key, verdict)
+    if not verdict[0]:
+        return verdict
+    return _first_refusal(dynamic)

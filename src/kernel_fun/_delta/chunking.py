@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from .._common.compat import fla_symbol
+from .._common.tuning import cdiv
 
 
 def chunk_indices(cu_seqlens, chunk_size: int, cu_seqlens_cpu=None):
@@ -50,7 +51,7 @@ def chunk_grid(who: str, B: int, T: int, BT: int, cu_seqlens, indices):
     """``(chunk_indices, NT)`` for a (chunk, batch x head) grid: the chunk indices of a varlen
     batch (made when not given) and the number of chunks."""
     if cu_seqlens is None:
-        return indices, triton.cdiv(T, BT)
+        return indices, cdiv(T, BT)
     check_varlen_batch(who, B, cu_seqlens)
     if indices is None:
         indices = chunk_indices(cu_seqlens, BT)
@@ -62,7 +63,7 @@ def total_chunks(B: int, T: int, BT: int, cu_seqlens, indices, offsets):
     varlen; read from ``indices`` when given, which saves a device sync) and the chunk offsets
     of a varlen batch (made when not given)."""
     if cu_seqlens is None:
-        return triton.cdiv(T, BT), offsets
+        return cdiv(T, BT), offsets
     if offsets is None:
         offsets = chunk_offsets(cu_seqlens, BT)
     return (len(indices) if indices is not None else int(offsets[-1])), offsets
@@ -71,7 +72,7 @@ def total_chunks(B: int, T: int, BT: int, cu_seqlens, indices, offsets):
 def scan_grid(V: int, n_heads: int):
     """The state scans' grid: ``cdiv(V, BV)`` V-blocks for each of ``n_heads`` (sequence x
     value head), V-blocks of one head adjacent."""
-    return lambda meta: (triton.cdiv(V, meta["BV"]) * n_heads,)
+    return lambda meta: (cdiv(V, meta["BV"]) * n_heads,)
 
 
 @triton.jit

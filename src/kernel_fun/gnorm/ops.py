@@ -94,7 +94,31 @@ def _signature(x, g, weight, bias, residual, activation, prenorm, residual_in_fp
             bool(prenorm), bool(residual_in_fp32))
 
 
-def _decide(call: dict, extra: dict) -> tuple[bool, str]:
+_VERDICTS = gate.Verdicts()
+_TENSOR = torch.Tensor
+
+
+def _tkey(t):
+    return None if t is None else (type(t), t.shape, t.dtype)
+
+
+def _static_key(call: dict, extra: dict):
+    """What the classification and the box read, or None (then nothing is kept): the common
+    call's flags are a str, two bools and a Python number, with no extra keywords."""
+    if extra or type(call["activation"]) is not str or type(call["prenorm"]) is not bool \
+            or type(call["residual_in_fp32"]) is not bool or type(call["eps"]) not in (float, int):
+        return None
+    x, g = call["x"], call["g"]
+    if not (isinstance(x, _TENSOR) and isinstance(g, _TENSOR)):
+        return None
+    w, b, r = call["weight"], call["bias"], call["residual"]
+    if not all(t is None or isinstance(t, _TENSOR) for t in (w, b, r)):
+        return None
+    return (call["activation"], call["prenorm"], call["residual_in_fp32"], type(call["eps"]),
+            _tkey(x), _tkey(g), _tkey(w), _tkey(b), _tkey(r))
+
+
+def _decide(call: dict, extra: dict, key=None) -> tuple[bool, str]:
     x, g, weight, bias, residual = call["x"], call["g"], call["weight"], call["bias"], call["residual"]
 
     def describe():
@@ -103,12 +127,11 @@ def _decide(call: dict, extra: dict) -> tuple[bool, str]:
         return (_signature(x, g, weight, bias, residual, call["activation"], call["prenorm"],
                            call["residual_in_fp32"]), needs_grad)
 
-    return gate.decide(
-        FAMILY,
-        lambda: C.classify(RULES, call, extra),
-        lambda: _box(x, g, weight, bias, residual),
-        lambda: hardware.tensor_gate(x, g, weight, bias, residual),
-        lambda: capture.capture_gate(FAMILY, describe, x.device),
+    return gate.decide_keyed(
+        FAMILY, _VERDICTS, key,
+        (lambda: C.classify(RULES, call, extra), lambda: _box(x, g, weight, bias, residual)),
+        (lambda: hardware.tensor_gate(x, g, weight, bias, residual),
+         lambda: capture.capture_gate(FAMILY, describe, x.device)),
     )
 
 
@@ -148,7 +171,7 @@ def rms_norm_gated(
     """
     call = {"x": x, "g": g, "weight": weight, "bias": bias, "activation": activation,
             "residual": residual, "prenorm": prenorm, "residual_in_fp32": residual_in_fp32, "eps": eps}
-    ok, reason = _decide(call, kwargs)
+    ok, reason = _decide(call, kwargs, _static_key(call, kwargs))
     report.report(FAMILY, ok, reason, detail=f"x {tuple(x.shape)} {x.dtype}" if hasattr(x, "shape") else "")
     if not ok:
         return fla_symbol("fla.modules.norm.fused_norm_gate", "rms_norm_gated")(**call, **kwargs)

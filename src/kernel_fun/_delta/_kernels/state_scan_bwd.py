@@ -37,7 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch
+from kernel_fun._common.tuning import (
+    alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch, next_pow2)
 from kernel_fun._common.witness import record_launch
 
 from kernel_fun._delta.chunking import check_varlen_batch, scan_grid, scan_program, total_chunks
@@ -247,7 +248,7 @@ def state_scan_bwd(
         dh0=dh0 if dh0 is not None else dummy, dv2=dv2,
         cu_seqlens=cu_seqlens if is_varlen else dummy, chunk_offsets=chunk_offsets if is_varlen else dummy,
         scale=float(scale), T=T, HQ=HQ, HK=HK, HV=HV, K=K, V=V, BT=BT,
-        KP=max(16, triton.next_power_of_2(K)), GATE=gate_kind, USE_DHT=dht is not None,
+        KP=max(16, next_pow2(K)), GATE=gate_kind, USE_DHT=dht is not None,
         STORE_DH0=dh0 is not None, IS_VARLEN=is_varlen,
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32", DV_FROM_A=A is not None,
     )

@@ -44,7 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch
+from kernel_fun._common.tuning import (
+    alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch, next_pow2)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import check_varlen_batch, scan_grid, scan_program, total_chunks
 
@@ -592,7 +593,7 @@ def state_scan_fwd(
         cu_seqlens=cu_seqlens if is_varlen else dummy,
         chunk_offsets=chunk_offsets if (is_varlen and save_h) else dummy,
         scale=float(scale), T=T, T_total=T, N=N,
-        HQ=HQ, HK=HK, HV=HV, K=K, V=V, BT=BT, BK=min(64, max(16, triton.next_power_of_2(K))),
+        HQ=HQ, HK=HK, HV=HV, K=K, V=V, BT=BT, BK=min(64, max(16, next_pow2(K))),
         GATE=gate_kind, Q_GATED=q_gated, HAS_AQK=Aqk is not None, USE_H0=initial_state is not None,
         STORE_HT=output_final_state, SAVE_H=save_h, SAVE_V_NEW=save_v_new,
         STATE_V_FIRST=state_v_first, IS_VARLEN=is_varlen,

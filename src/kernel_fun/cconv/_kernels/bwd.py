@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.fastmath import FAST_MATH, sigmoid
-from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, config_name, launch  # noqa: F401
+from kernel_fun._common.tuning import (  # noqa: F401
+    alloc, autotune_cache, autotune_configs, cdiv, config_name, launch)
 from kernel_fun._common.witness import record_launch
 
 from .fwd import (aligned16, block_coords, conv_row, load_rows, seq_advance, t_major, time_chunks,
@@ -295,7 +296,7 @@ def conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, d
     n_part = B * n_chunks
     part = alloc((n_part, W + int(has_bias), D), dtype=torch.float32, device=x.device)
     n_seq, n_steps = varlen_args(cu_seqlens)
-    launch(conv_bwd_kernel, lambda meta: (triton.cdiv(D, meta["BD"]) * n_chunks, B), config,
+    launch(conv_bwd_kernel, lambda meta: (cdiv(D, meta["BD"]) * n_chunks, B), config,
         x, weight, bias if has_bias else weight, dy, dx, part,
         cu_seqlens if cu_seqlens is not None else weight,
         T, D, rows, n_seq, n_steps,
@@ -309,7 +310,7 @@ def conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, d
     # n_part / 64 tiles (3 trips at B=16, T=8192, D=2048). Fixed config: the summation order,
     # hence the bits of dw, must not depend on an autotune pick.
     BM = 128
-    dw_reduce_kernel[(triton.cdiv((W + int(has_bias)) * D, BM),)](
+    dw_reduce_kernel[(cdiv((W + int(has_bias)) * D, BM),)](
         part, dw, db if has_bias else dw, n_part, D, W=W, HAS_BIAS=has_bias, BP=64, BM=BM,
         num_warps=4,
     )

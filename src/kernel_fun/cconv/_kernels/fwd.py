@@ -39,8 +39,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernel_fun._common import hardware, switches
 from kernel_fun._common.fastmath import FAST_MATH, sigmoid
-from kernel_fun._common.tuning import (alloc, autotune_cache, autotune_configs, config_name,  # noqa: F401
-                                       install_interpreter_shims, launch)
+from kernel_fun._common.tuning import (  # noqa: F401
+    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch)
 from kernel_fun._common.witness import record_launch
 
 
@@ -80,11 +80,11 @@ def time_chunks(B: int, T: int, D: int, device: torch.device, max_rows: int, war
     `max_rows` rows, and more (shorter) chunks while the grid has fewer than `warps_per_sm`
     warp-units (128 channels of one chunk) per SM, down to `min_rows` rows per chunk.
     A huge `max_rows` gives one wave of long chunks (the 2026-11-30 sizing)."""
-    units = max(1, B * triton.cdiv(D, 128))
-    fill = min(sm_count(device) * warps_per_sm // units, triton.cdiv(T, max(1, min_rows)))
-    n = max(1, triton.cdiv(T, max(1, max_rows)), fill)
-    rows = triton.cdiv(triton.cdiv(T, n), _ROW_ALIGN) * _ROW_ALIGN
-    return triton.cdiv(T, rows), rows
+    units = max(1, B * cdiv(D, 128))
+    fill = min(sm_count(device) * warps_per_sm // units, cdiv(T, max(1, min_rows)))
+    n = max(1, cdiv(T, max(1, max_rows)), fill)
+    rows = cdiv(cdiv(T, n), _ROW_ALIGN) * _ROW_ALIGN
+    return cdiv(T, rows), rows
 
 
 def t_major(t: torch.Tensor) -> bool:
@@ -467,7 +467,7 @@ def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, s
         cfg = config or TMA_CONFIGS[0]
         BD, R = cfg.kwargs["BD"], cfg.kwargs["R"]
         desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [1, R, BD])
-        conv_fwd_tma_kernel[(triton.cdiv(D, BD) * n_chunks, B)](
+        conv_fwd_tma_kernel[(cdiv(D, BD) * n_chunks, B)](
             desc, x, weight, bias if bias is not None else weight, y,
             cu_seqlens if cu_seqlens is not None else weight,
             T, D, rows, n_seq, n_steps,
@@ -479,7 +479,7 @@ def conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, s
         record_launch("cconv.fwd")
         return y
     n_chunks, rows = time_chunks(B, T, D, x.device, _MAX_ROWS_FWD, _WARPS_PER_SM_FWD, _MIN_ROWS_FWD)
-    launch(conv_fwd_kernel, lambda meta: (triton.cdiv(D, meta["BD"]) * n_chunks, B), config,
+    launch(conv_fwd_kernel, lambda meta: (cdiv(D, meta["BD"]) * n_chunks, B), config,
         x, weight, bias if bias is not None else weight, y,
         cu_seqlens if cu_seqlens is not None else weight,
         T, D, rows, n_seq, n_steps,

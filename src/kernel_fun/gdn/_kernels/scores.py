@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import (  # noqa: F401  (config_name: the convention every kernel module keeps)
-    alloc, autotune_cache, autotune_configs, config_name, install_interpreter_shims, launch)
+from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
+    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch, next_pow2)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_program
 
@@ -77,12 +77,12 @@ def gated_scores(q, k, g, scale, cu_seqlens=None, chunk_indices=None, chunk_size
     if tuple(k.shape) != tuple(q.shape) or tuple(g.shape[:2]) != (B, T) or HV % H:
         raise ValueError(f"gated_scores: q {tuple(q.shape)} k {tuple(k.shape)} g {tuple(g.shape)}")
     is_varlen = cu_seqlens is not None
-    NT = len(chunk_indices) if is_varlen else triton.cdiv(T, BT)
+    NT = len(chunk_indices) if is_varlen else cdiv(T, BT)
     q, k, g = q.contiguous(), k.contiguous(), g.contiguous()
     A = alloc((B, T, HV, BT), dtype=q.dtype, device=q.device)
     args = dict(q=q, k=k, g=g, A=A, cu_seqlens=cu_seqlens if is_varlen else A,
                 chunk_indices=chunk_indices if is_varlen else A, scale=float(scale), T=T, H=H, HV=HV, K=K,
-                BT=BT, KP=max(16, triton.next_power_of_2(K)), IS_VARLEN=is_varlen,
+                BT=BT, KP=max(16, next_pow2(K)), IS_VARLEN=is_varlen,
                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     grid = (NT, B * HV)
     launch(gated_scores_kernel_tuned, grid, config, **args)

@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import (  # noqa: F401  (config_name: the convention every kernel module keeps)
-    alloc, autotune_cache, autotune_configs, config_name, install_interpreter_shims, launch)
+from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
+    alloc, autotune_cache, autotune_configs, config_name, install_interpreter_shims, launch, next_pow2)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_program
 
@@ -184,7 +184,7 @@ def wy_dqk_bwd(q, k, v_new, g, h, dh, do, dv, dAqk, dAkk, dgz, scale, NT: int, c
     args = dict(
         q=q, k=k, v_new=v_new, g=g, h=h, dh=dh, do=do, dv=dv, dAqk=dAqk, dAkk=dAkk, dgz=dgz, dq=dq, dk=dk, dg=dg,
         cu_seqlens=cu_seqlens if is_varlen else dg, chunk_indices=chunk_indices if is_varlen else dg,
-        scale=float(scale), T=T, H=H, HV=HV, K=K, V=V, BT=chunk_size, KP=max(16, triton.next_power_of_2(K)),
+        scale=float(scale), T=T, H=H, HV=HV, K=K, V=V, BT=chunk_size, KP=max(16, next_pow2(K)),
         IS_VARLEN=is_varlen, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
     grid = (NT, B * H)

@@ -49,6 +49,7 @@ dAqk^T, dAkk^T written by the first half).
 from __future__ import annotations
 
 import triton
+from kernel_fun._common.tuning import cdiv
 
 from .wy_dqk_bwd import wy_dqk_bwd
 from .wy_dv_bwd import wy_dv_bwd
@@ -86,7 +87,7 @@ def wy_dqkwg_bwd(q, k, v, v_new, g, beta, A, h, dh, do, dv2, scale, cu_seqlens=N
             raise ValueError("wy_dqkwg_bwd: cu_seqlens needs B == 1 and chunk_indices")
         NT = len(chunk_indices)
     else:
-        NT = triton.cdiv(T, BT)
+        NT = cdiv(T, BT)
     if tuple(h.shape) != (B, NT, HV, K, V):
         raise ValueError(f"wy_dqkwg_bwd: h {tuple(h.shape)} must be {(B, NT, HV, K, V)}")
     if tuple(dh.shape) != tuple(h.shape):

@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import (  # noqa: F401  (config_name: the convention every kernel module keeps)
-    alloc, autotune_cache, autotune_configs, config_name, install_interpreter_shims, launch)
+from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
+    alloc, autotune_cache, autotune_configs, config_name, install_interpreter_shims, launch, next_pow2)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_program
 
@@ -202,7 +202,7 @@ def wy_dv_bwd(k, v, v_new, g, beta, A, h, do, dv2, scale, NT: int, cu_seqlens=No
     args = dict(
         k=k, v=v, v_new=v_new, g=g, beta=beta, A=A, h=h, do=do, dv2=dv2, dv=dv, db=db, dAqk=dAqk, dAkk=dAkk,
         dgz=dgz, cu_seqlens=cu_seqlens if is_varlen else db, chunk_indices=chunk_indices if is_varlen else db,
-        scale=float(scale), T=T, H=H, HV=HV, K=K, V=V, BT=BT, KP=max(16, triton.next_power_of_2(K)),
+        scale=float(scale), T=T, H=H, HV=HV, K=K, V=V, BT=BT, KP=max(16, next_pow2(K)),
         IS_VARLEN=is_varlen, DOT_PRECISION="ieee" if k.dtype == torch.float32 else "tf32",
     )
     grid = (NT, B * HV)

@@ -31,8 +31,8 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.fastmath import FAST_MATH
-from kernel_fun._common.tuning import (alloc, autotune_cache, autotune_configs, config_name,  # noqa: F401
-                                       install_interpreter_shims, launch)
+from kernel_fun._common.tuning import (  # noqa: F401
+    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch)
 from kernel_fun._common.witness import record_launch
 from kernel_fun.cconv._kernels.fwd import sm_count
 
@@ -167,7 +167,7 @@ def gnorm_bwd(h, g, weight, bias, rstd, dy, dres, activation: str, x_dtype, res_
     part = alloc((n_sm * MAX_PPS, 2, V), dtype=torch.float32, device=dev)
 
     def grid(meta):
-        return (min(triton.cdiv(N, meta["BR"]), n_sm * meta["PPS"]),)
+        return (min(cdiv(N, meta["BR"]), n_sm * meta["PPS"]),)
 
     launch(gnorm_bwd_kernel, grid, config,
         h, g, weight if weight is not None else h, bias if bias is not None else h, rstd, dy,
@@ -180,6 +180,6 @@ def gnorm_bwd(h, g, weight, bias, rstd, dy, dres, activation: str, x_dtype, res_
     record_launch("gnorm.bwd")
     if dw is not None or db is not None:
         cfg = (config or gnorm_bwd_kernel.best_config).kwargs
-        n_part = min(triton.cdiv(N, rows_per_tile(cfg["TILE"], BV)), n_sm * cfg["PPS"])
+        n_part = min(cdiv(N, rows_per_tile(cfg["TILE"], BV)), n_sm * cfg["PPS"])
         dw_reduce(part, n_part, dw, db)
     return dx, dg, dw if need_dw else None, db if need_db else None, dres_in

@@ -5,6 +5,7 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.fastmath import sigmoid
+from kernel_fun._common.tuning import next_pow2
 
 # The gate codes the kernels take (constexpr): fla's 'swish' and 'silu' are one function.
 SWISH = 0
@@ -17,7 +18,7 @@ MAX_V = 8192
 
 def block_v(V: int) -> int:
     """The padded row width BV: the next power of two (masked past V)."""
-    return triton.next_power_of_2(V)
+    return next_pow2(V)
 
 
 def rows_per_tile(tile: int, bv: int) -> int:

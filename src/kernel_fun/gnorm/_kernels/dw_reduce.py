@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import install_interpreter_shims
+from kernel_fun._common.tuning import cdiv, install_interpreter_shims
 from kernel_fun._common.witness import record_launch
 
 install_interpreter_shims()
@@ -44,7 +44,7 @@ def dw_reduce(part: torch.Tensor, n_part: int, dw: torch.Tensor | None, db: torc
     Fixed config: the summation order, hence the bits, must not depend on an autotune pick."""
     V = part.shape[2]
     BM = 128
-    dw_reduce_kernel[(triton.cdiv(V, BM),)](
+    dw_reduce_kernel[(cdiv(V, BM),)](
         part, dw if dw is not None else part, db if db is not None else part, n_part, V,
         HAS_W=dw is not None, HAS_B=db is not None, BP=32, BM=BM, num_warps=4,
     )

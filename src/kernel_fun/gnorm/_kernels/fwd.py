@@ -27,8 +27,8 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.fastmath import FAST_MATH
-from kernel_fun._common.tuning import (alloc, autotune_cache, autotune_configs, config_name,  # noqa: F401
-                                       install_interpreter_shims, launch)
+from kernel_fun._common.tuning import (  # noqa: F401
+    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch)
 from kernel_fun._common.witness import record_launch
 
 from .common import GATES, block_v, gate_fwd, n_bucket, prune_by_registers, rows_per_tile
@@ -109,7 +109,7 @@ def gnorm_fwd(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor | None, bia
     if N == 0:
         return y, rstd, h
     BV = block_v(V)
-    launch(gnorm_fwd_kernel, lambda meta: (triton.cdiv(N, meta["BR"]),), config,
+    launch(gnorm_fwd_kernel, lambda meta: (cdiv(N, meta["BR"]),), config,
         x, g, weight if weight is not None else x, bias if bias is not None else x,
         residual if residual is not None else x, h if h is not None else y, y, rstd,
         N, float(eps), x.stride(0), g.stride(0), residual.stride(0) if residual is not None else 0,

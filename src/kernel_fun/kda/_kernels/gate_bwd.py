@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, config_name, launch  # noqa: F401
+from kernel_fun._common.tuning import (  # noqa: F401
+    alloc, autotune_cache, autotune_configs, cdiv, config_name, launch)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_grid, chunk_program
 
@@ -169,7 +170,7 @@ def dg_cumsum_gate_bwd(
     dA_part = alloc((n_part, K), torch.float32, dev) if gate else None
     dbias_part = alloc((n_part, K), torch.float32, dev) if gate else None
     if NT > 0:
-        grid = lambda meta: (NT, B * HV, triton.cdiv(K, meta["BK"]))  # noqa: E731
+        grid = lambda meta: (NT, B * HV, cdiv(K, meta["BK"]))  # noqa: E731
         launch(_gate_bwd_kernel, grid, config, dg,
                g.contiguous() if gate else dg, A_log if gate else dg,
                dt_bias if dt_bias is not None and gate else dg, out, dA_part, dbias_part,
