@@ -38,6 +38,11 @@ class Verdicts:
             v._d.clear()
 
 
+def _switch_gate(family: str) -> tuple[bool, str]:
+    reason = disabled_reason(family)
+    return (False, reason) if reason else (True, "")
+
+
 def _first_refusal(checks) -> tuple[bool, str]:
     for gate in checks:
         ok, reason = gate()
@@ -54,25 +59,16 @@ def decide(family: str, *checks) -> tuple[bool, str]:
     zero-argument callables answering (ok, reason), e.g. argument classification, the box,
     the tensor gate, the capture gate.
     """
-    reason = disabled_reason(family)
-    if reason:
-        return False, reason
-    ok, reason = drift_gate()
-    if not ok:
-        return False, reason
-    return _first_refusal(checks)
+    return _first_refusal((lambda: _switch_gate(family), drift_gate, *checks))
 
 
 def decide_keyed(family: str, verdicts: Verdicts, key, static, dynamic) -> tuple[bool, str]:
     """``decide`` with the ``static`` checks' verdict kept in ``verdicts`` under ``key`` (None:
     not kept). Same order and answers as ``decide(family, *static, *dynamic)``: the switches,
     the drift check, ``static``, then ``dynamic``. A check that raises (bad input) keeps nothing."""
-    reason = disabled_reason(family)
-    if reason:
-        return False, reason
-    ok, reason = drift_gate()
-    if not ok:
-        return False, reason
+    verdict = _first_refusal((lambda: _switch_gate(family), drift_gate))
+    if not verdict[0]:
+        return verdict
     verdict = verdicts.get(key) if key is not None else None
     if verdict is None:
         verdict = _first_refusal(static)
