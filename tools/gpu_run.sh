@@ -39,6 +39,30 @@ if [ "${AUTOTUNE_CACHE:-}" = restore ]; then
 fi
 save_autotune() {
   (cd "$TC" 2>/dev/null && find . -name '*.autotune.json' -print0 | tar czf "$OUT/triton_autotune.tgz" --null -T -)
+  [ "${COMPILE_CACHE:-}" = "" ] || save_compiled
+}
+# Compiled kernels carried too, with COMPILE_CACHE=restore (or =save to start one): everything in
+# Triton's cache but the autotune entries, as one gzipped tar split into 15 MB parts (the device
+# tool's per-file limit is 16 MiB), $OUT/compiled/part-aa, -ab, ... after each step; copy them to
+# .triton_compiled/ (git-ignored) and pass that folder in `carry`. At most 3 parts (the carry's
+# limit is 64 MiB); a larger cache is not returned. Entries are keyed by the kernel's source and
+# its specialization, so an edited kernel recompiles. On 2026-12-01 a 560 s call ran 72 GPU tests:
+# most of a test's time here is compiling ours and fla's kernels anew.
+if [ "${COMPILE_CACHE:-}" = restore ] && ls .triton_compiled/part-* >/dev/null 2>&1; then
+  mkdir -p "$TC"
+  cat .triton_compiled/part-* | tar xz -C "$TC" --skip-old-files --exclude='*.autotune.json'
+  echo "compiled cache: $(find "$TC" -type f ! -name '*.autotune.json' | wc -l) files in $TC"
+fi
+save_compiled() {
+  rm -rf "$OUT/compiled" && mkdir -p "$OUT/compiled"
+  (cd "$TC" 2>/dev/null && find . -type f ! -name '*.autotune.json' -print0 | tar cz --null -T - \
+    | split -b 15000000 - "$OUT/compiled/part-")
+  local n
+  n=$(ls "$OUT/compiled" | wc -l)
+  if [ "$n" -gt 3 ]; then
+    rm -rf "$OUT/compiled"
+    echo "compiled cache: $n parts of 15 MB, over 3, not returned"
+  fi
 }
 for step in "$@"; do
   echo "=== $step ($(date -u +%H:%M:%S))"
