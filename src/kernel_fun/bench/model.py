@@ -240,16 +240,28 @@ def run_arm(arm: str, cfg: dict, init_state: dict, tokens, layer: str) -> dict:
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     out = {"arm": arm, "loss": [], "step_ms": []}
 
-    def step(record_grads=False):
+    def mark(phases, name):
+        # phases: {name: (MB held at the phase's end, MB peak within it)} over ``base``
+        if phases is not None:
+            torch.cuda.synchronize()
+            phases[name] = (round((torch.cuda.memory_allocated() - base) / 2**20, 1),
+                            round((torch.cuda.max_memory_allocated() - base) / 2**20, 1))
+            torch.cuda.reset_peak_memory_stats()
+
+    def step(record_grads=False, phases=None):
         opt.zero_grad(set_to_none=True)
+        mark(phases, "start")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(inputs)
         loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+        mark(phases, "forward")  # held: what the graph saved for the backward
         loss.backward()
+        mark(phases, "backward")
         grads = None
         if record_grads:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
         opt.step()
+        mark(phases, "optimizer")
         return loss, grads
 
     with _arm_env(arm, layer):
@@ -263,6 +275,10 @@ def run_arm(arm: str, cfg: dict, init_state: dict, tokens, layer: str) -> dict:
             if i == 0:
                 out["grads0"] = grads
         out["peak_mb"] = round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)  # this arm's own
+        # one more step, phase by phase (where a peak difference between arms comes from)
+        phases: dict = {}
+        step(phases=phases)
+        out["memory_by_phase_mb"] = {k: {"held": h, "peak": pk} for k, (h, pk) in phases.items()}
         after = launch_counts()
         launched = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
         out["launches"] = {fam: sum(v for k, v in launched.items() if k.startswith(fam + "."))
@@ -372,6 +388,7 @@ def main(layer: str, overrides: dict, json_path: str | None) -> int:
         "replaced_kernels_speedup": round(replaced_fla / replaced_ours, 3) if replaced_ours else None,
         "replaced_kernels_ms": {"fla": round(replaced_fla, 3), "ours": round(replaced_ours, 3)},
         "peak_mb": {"fla": f["peak_mb"], "ours": o["peak_mb"]},
+        "memory_by_phase_mb": {"fla": f.get("memory_by_phase_mb"), "ours": o.get("memory_by_phase_mb")},
         "first_step_s": {"fla": f["first_step_s"], "ours": o["first_step_s"]},
         "disabled_equals_fla_bitwise": bitwise,
         "engaged": {fam: n > 0 for fam, n in o["launches"].items()},
