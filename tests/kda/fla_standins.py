@@ -9,10 +9,16 @@ fails. ``install(monkeypatch)`` routes ``kda.chain``'s fla calls to these.
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
 from kernel_fun.kda.reference_stages import recompute_w_u_reference
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "delta"))
+from input_standins import INPUTS, install_into  # noqa: E402  (shared with the other family)
 
 BT = 64
 F64 = torch.float64
@@ -143,54 +149,19 @@ def chunk_gated_delta_rule_fwd_h(k, w, u, gk, initial_state=None, output_final_s
     return h, v_new, final
 
 
-def l2norm_fwd(x, eps=1e-6, output_dtype=None):
-    x.view(-1, x.shape[-1])  # as fla's l2norm_fwd does: raises on a strided x, as fla would
-    xd = x.double()
-    rstd = 1.0 / torch.sqrt((xd * xd).sum(-1) + eps)
-    return (xd * rstd[..., None]).to(output_dtype or x.dtype), rstd.reshape(-1).float()
-
-
-def l2norm_bwd(y, rstd, dy, eps=1e-6):
-    yd, dyd = y.double(), dy.double()
-    r = rstd.double().view(*y.shape[:-1], 1)
-    return (dyd * r - (dyd * yd).sum(-1, keepdim=True) * yd * r).to(y.dtype)
-
-
-def fused_beta_sigmoid_fwd(x, scale=1.0):
-    return (scale * torch.sigmoid(x.double())).float()
-
-
-def fused_beta_sigmoid_bwd(x, dy, scale=1.0):
-    s = torch.sigmoid(x.double())
-    return (dy.double() * scale * s * (1 - s)).to(x.dtype)
-
-
 STANDINS = {
+    **INPUTS,  # _delta/inputs' l2norm and beta sigmoid (tests/delta/input_standins.py)
     ("fla.ops.kda.gate", "kda_gate_chunk_cumsum"): kda_gate_chunk_cumsum,
     ("fla.ops.utils.cumsum", "chunk_local_cumsum"): chunk_local_cumsum,
     ("fla.ops.kda.chunk_intra", "chunk_kda_fwd_intra"): chunk_kda_fwd_intra,
     ("fla.ops.kda.wy_fast", "recompute_w_u_fwd"): recompute_w_u_fwd,
     ("fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_fwd_h"): chunk_gated_delta_rule_fwd_h,
-    ("fla.modules.norm.l2norm", "l2norm_fwd"): l2norm_fwd,
-    ("fla.modules.norm.l2norm", "l2norm_bwd"): l2norm_bwd,
-    ("fla.ops.common.gate", "fused_beta_sigmoid_fwd"): fused_beta_sigmoid_fwd,
-    ("fla.ops.common.gate", "fused_beta_sigmoid_bwd"): fused_beta_sigmoid_bwd,
 }
 
 
 def install(monkeypatch):
-    """Route kda.chain's fla stage calls to the stand-ins (fla's index helpers stay fla's: they
-    are torch code). Returns the list of (module, symbol) called, in order."""
-    from kernel_fun._common.compat import fla_symbol
-    from kernel_fun._delta import inputs
+    """Route kda.chain's fla stage calls (and ``_delta.inputs``') to the stand-ins. Returns the
+    list of (module, symbol) called, in order."""
     from kernel_fun.kda import chain
 
-    called = []
-
-    def fake(module, symbol):
-        called.append((module, symbol))
-        return STANDINS.get((module, symbol)) or fla_symbol(module, symbol)
-
-    monkeypatch.setattr(chain, "_fla", fake)
-    monkeypatch.setattr(inputs, "_fla", fake)  # the l2norm and beta sigmoid around the chain
-    return called
+    return install_into(monkeypatch, chain, STANDINS)
