@@ -119,6 +119,26 @@ def test_two_devices_with_different_capabilities_gate_apart(fake_cuda, monkeypat
     assert reads == [0, 1]
 
 
+def test_sm_count_is_probed_per_device(fake_cuda, monkeypatch):
+    props = {0: 132, 1: 78}
+    reads = []
+
+    def get_props(i):
+        reads.append(i)
+        return SimpleNamespace(multi_processor_count=props[i])
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", get_props)
+    hardware.reset_probes()
+    assert hardware.sm_count(CUDA0) == 132 and hardware.sm_count(CUDA1) == 78
+    fake_cuda.current = 1
+    assert hardware.sm_count(CUDA) == 78  # no index: the current device's
+    assert hardware.sm_count(CUDA0) == 132 and reads == [0, 1]  # cached per index
+    assert hardware.sm_count(torch.device("cpu")) == 4  # the interpreter's stand-in
+    hardware.reset_probes()
+    assert hardware.sm_count(CUDA0) == 132 and reads == [0, 1, 0]
+    hardware.reset_probes()  # no fake count left behind for a later test
+
+
 def test_machine_gate_asks_about_the_current_device(fake_cuda, monkeypatch):
     monkeypatch.setattr(hardware, "_read_capability", lambda i: {0: (9, 0), 1: (8, 6)}[i])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -29,10 +29,28 @@ def device_capability(index: int) -> tuple[int, int]:
     return _capability_cache[index]
 
 
+_sm_cache: dict = {}
+
+
+def sm_count(device) -> int:
+    """Streaming multiprocessors of the ``torch.device`` ``device``, probed once per index (4 for
+    CPU tensors under the interpreter: the persistent and grid-sizing launchers' stand-in)."""
+    if device.type != "cuda":
+        return 4
+    index = _device.index(device)
+    n = _sm_cache.get(index)
+    if n is None:
+        import torch
+
+        n = _sm_cache[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return n
+
+
 def reset_probes() -> None:
     """Forget the cached probes."""
     _capability_cache.clear()
     _gate_cache.clear()
+    _sm_cache.clear()
 
 
 def device_gate(index: int) -> tuple[bool, str]:

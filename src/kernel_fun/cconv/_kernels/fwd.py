@@ -30,7 +30,6 @@ before the current document's start. No host sync.
 """
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
@@ -62,18 +61,6 @@ _MIN_ROWS_FWD = 16
 _ROW_ALIGN = 16  # chunk starts: multiples of 16 rows, so Triton sees aligned T-major vectors
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count_cuda(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of `device` (4 for CPU tensors under the interpreter)."""
-    if device.type != "cuda":
-        return 4
-    return _sm_count_cuda(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def time_chunks(B: int, T: int, D: int, device: torch.device, max_rows: int, warps_per_sm: int,
                 min_rows: int):
     """(n_chunks, rows_per_chunk), rows a multiple of `_ROW_ALIGN`: chunks of at most
@@ -81,7 +68,7 @@ def time_chunks(B: int, T: int, D: int, device: torch.device, max_rows: int, war
     warp-units (128 channels of one chunk) per SM, down to `min_rows` rows per chunk.
     A huge `max_rows` gives one wave of long chunks (the 2026-11-30 sizing)."""
     units = max(1, B * cdiv(D, 128))
-    fill = min(sm_count(device) * warps_per_sm // units, cdiv(T, max(1, min_rows)))
+    fill = min(hardware.sm_count(device) * warps_per_sm // units, cdiv(T, max(1, min_rows)))
     n = max(1, cdiv(T, max(1, max_rows)), fill)
     rows = cdiv(cdiv(T, n), _ROW_ALIGN) * _ROW_ALIGN
     return cdiv(T, rows), rows
