@@ -166,8 +166,9 @@ def stages(family: str, device: str | None, overrides: dict, json_path: str | No
 def lower(target: str, jobs: int) -> int:
     """``check --lower TARGET``: every shipped config of every kernel compiled for the target
     (``kernel_fun.bench.lowering``), no GPU needed. Exit 0 when all lower, 1 otherwise."""
-    if os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on"):
-        # interpreted kernels cannot be lowered: the same command in a process without it
+    from ._common.tuning import interpreting
+
+    if interpreting():  # interpreted kernels cannot be lowered: the same command in a process without it
         import subprocess
 
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

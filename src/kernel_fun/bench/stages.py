@@ -3,8 +3,9 @@ forced one at a time, checked against its plain-torch stage reference, and timed
 
 The kernels are the family's probes (``kernel_fun.bench.<family>.probes``: each kernel launched
 as the family's chain launches it, beside its reference; ``kernel-fun check`` runs kda's, gdn's
-and gnorm's with the autotuner's pick, and cconv's TMA one). For each probe, each configuration of its module's ``CONFIGS``
-(rows marked ``shipped``) and ``CANDIDATES`` (``candidate``) is passed as ``config=``, then none
+and gnorm's with the autotuner's pick, and cconv's TMA one). For each probe, each configuration
+of its module's ``CONFIGS`` (rows marked ``shipped``) and ``CANDIDATES`` (``candidate``) is
+passed as ``config=``, then none
 (``autotuned``: the autotuner's own pick, beside the configs it chose from): its outputs
 are compared with the reference (relative RMS error per output, ``ok`` when every one is under
 the probe's tolerance), then, on a GPU, it is timed (``harness.median_ms``). The delta engine's
@@ -49,9 +50,10 @@ def stage_shape(family: str, device: str, overrides: dict | None) -> dict:
 
 def stage_rows(family: str, probes, timed: bool, out=print) -> list[dict]:
     """One row per (probe, configuration): family, kernel, probe (its label), config, kind
-    (shipped / candidate / fixed / autotuned: the autotuner's pick, config=None), ms (None untimed), errors {output: rel err}, max_rel_err, ok,
-    and ``error`` where the launch raised (a configuration that does not fit this GPU)."""
-    from .harness import median_ms, probe_errors
+    (shipped / candidate / fixed / autotuned: the autotuner's pick, config=None), ms (None
+    untimed), errors {output: rel err}, max_rel_err, ok, and ``error`` where the launch raised
+    (a configuration that does not fit this GPU)."""
+    from .harness import median_ms, run_probe
 
     rows = []
     for p in probes:
@@ -66,7 +68,7 @@ def stage_rows(family: str, probes, timed: bool, out=print) -> list[dict]:
             if p.note:
                 row["note"] = p.note
             try:
-                errs, fails = probe_errors(p, p.run(config), expected)
+                errs, fails = run_probe(p, config, expected)  # launched (witnessed) and checked
                 row.update(errors={k: float(f"{e:.3e}") for k, e in errs.items()},
                            max_rel_err=float(f"{max(errs.values()):.3e}"), ok=not fails)
                 if timed:
@@ -113,12 +115,11 @@ def run(family: str, device: str, overrides: dict | None, json_path: str | None,
     ceilings = harness.measure_ceilings() if timed else {}
     probes = [p for p in _module(family).probes(device, shape) if want is None or p.kernel in want]
     print(f"{'kernel':22s} {'config':28s} {'kind':9s} {'ms':>9s} {'max err':>9s}  status", flush=True)
-    rows = []
+    rows = stage_rows(family, probes, timed)
     timing = ({"method": "triton.testing.do_bench median of each forced configuration's launcher call",
                "warmup_ms": harness.WARMUP_MS, "rep_ms": harness.REP_MS} if timed else
               {"method": "untimed: Triton's interpreter on CPU tensors"})
     rec = harness.record(rows, ceilings, extra={"stages": family, "device": device, "shape": shape, "timing": timing})
-    rows += stage_rows(family, probes, timed)
     harness.write_record(rec, json_path or harness.default_record_path(rec, f"stages-{family}"))
     bad = [r for r in rows if not r["ok"]]
     print(f"stages {family}: {len(rows)} rows, {len(bad)} not ok", flush=True)

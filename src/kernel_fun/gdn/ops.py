@@ -149,7 +149,7 @@ def chunk_gated_delta_rule(
     kwargs = call.pop("kwargs")
     ok, reason = _decide(call, kwargs)
     report.report(FAMILY, ok, reason,
-                   detail=f"q {tuple(q.shape)} v {tuple(v.shape)}" if hasattr(q, "shape") else "")
+                  detail=lambda: f"q {tuple(q.shape)} v {tuple(v.shape)}" if hasattr(q, "shape") else "")
     if not ok:
         return fla_symbol("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")(**call, **kwargs)
     from .autograd import ChunkGatedDeltaRuleFunction

@@ -95,7 +95,6 @@ def _signature(x, g, weight, bias, residual, activation, prenorm, residual_in_fp
 
 
 _VERDICTS = gate.Verdicts()
-_TENSOR = torch.Tensor
 
 
 def _tkey(t):
@@ -109,10 +108,10 @@ def _static_key(call: dict, extra: dict):
             or type(call["residual_in_fp32"]) is not bool or type(call["eps"]) not in (float, int):
         return None
     x, g = call["x"], call["g"]
-    if not (isinstance(x, _TENSOR) and isinstance(g, _TENSOR)):
+    if not (isinstance(x, torch.Tensor) and isinstance(g, torch.Tensor)):
         return None
     w, b, r = call["weight"], call["bias"], call["residual"]
-    if not all(t is None or isinstance(t, _TENSOR) for t in (w, b, r)):
+    if not all(t is None or isinstance(t, torch.Tensor) for t in (w, b, r)):
         return None
     return (call["activation"], call["prenorm"], call["residual_in_fp32"], type(call["eps"]),
             _tkey(x), _tkey(g), _tkey(w), _tkey(b), _tkey(r))
@@ -172,7 +171,7 @@ def rms_norm_gated(
     call = {"x": x, "g": g, "weight": weight, "bias": bias, "activation": activation,
             "residual": residual, "prenorm": prenorm, "residual_in_fp32": residual_in_fp32, "eps": eps}
     ok, reason = _decide(call, kwargs, _static_key(call, kwargs))
-    report.report(FAMILY, ok, reason, detail=f"x {tuple(x.shape)} {x.dtype}" if hasattr(x, "shape") else "")
+    report.report(FAMILY, ok, reason, detail=lambda: f"x {tuple(x.shape)} {x.dtype}" if hasattr(x, "shape") else "")
     if not ok:
         return fla_symbol("fla.modules.norm.fused_norm_gate", "rms_norm_gated")(**call, **kwargs)
     from .autograd import RMSNormGatedFunction

@@ -121,7 +121,7 @@ def chunk_kda(
     kwargs = call.pop("kwargs")
     ok, reason = _decide(call, kwargs)
     report.report(FAMILY, ok, reason,
-                   detail=f"q {tuple(q.shape)} v {tuple(v.shape)}" if hasattr(q, "shape") else "")
+                  detail=lambda: f"q {tuple(q.shape)} v {tuple(v.shape)}" if hasattr(q, "shape") else "")
     if not ok:
         return fla_symbol("fla.ops.kda", "chunk_kda")(**call, **kwargs)
     from .autograd import ChunkKDAFunction

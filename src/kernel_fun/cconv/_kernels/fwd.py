@@ -30,12 +30,12 @@ before the current document's start. No host sync.
 """
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernel_fun._common import device as D
 from kernel_fun._common import hardware, switches
 from kernel_fun._common.fastmath import FAST_MATH, sigmoid
 from kernel_fun._common.tuning import (  # noqa: F401
@@ -52,8 +52,8 @@ install_interpreter_shims()
 # H200, bf16, W=4, silu, 2026-11-30; records bench/records/raw/2026-11-30-h200-cconv-sweep-*.json):
 # with the fast sigmoid, 64-row chunks beat 128 (B=16 T=8192 D=2048: 0.2727-0.2741 ms against
 # 0.2736-0.2751 with R=16, 0.2745 against 0.2796 with R=8; D=4096: 0.5336 against 0.5367);
-# 256 rows and one wave of long chunks are slower still. Not kept: the W-1 halo rows read at the chunk's end, when the
-# previous chunk's program reads them (they missed L2: Nsight Compute counted DRAM reads 2.4%
+# 256 rows and one wave of long chunks are slower still. Not kept: the W-1 halo rows read at
+# the chunk's end, when the previous chunk's program reads them (they missed L2: Nsight Compute counted DRAM reads 2.4%
 # over x at 128-row chunks), +2% at 128 rows and nothing at 64; x rows loaded .cg, nothing.
 _MAX_ROWS_FWD = 64
 _WARPS_PER_SM_FWD = 32
@@ -389,8 +389,7 @@ def tma_ok(x: torch.Tensor) -> bool:
         return False
     if x.device.type != "cuda":
         return True  # the interpreter
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    return hardware.device_capability(index)[0] >= 9
+    return hardware.device_capability(D.index(x.device))[0] >= 9
 
 
 def use_tma(x: torch.Tensor) -> bool:
