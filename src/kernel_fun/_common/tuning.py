@@ -7,8 +7,9 @@ with ``config_name(c)``, and its launcher takes ``config=c`` (keyword) to force 
 (``launch``). ``kernel-fun bench --stages FAMILY`` forces each in turn. A module holding a
 second tuned kernel prefixes its lists with that kernel's name (cconv's ``TMA_CONFIGS``,
 ``TMA_CANDIDATES``); a kernel its launcher runs with one fixed configuration (the fixed-order
-dw/db reductions: their bits must not depend on a pick) has no lists. Every output a launcher allocates goes through ``alloc``, so tests can poison outputs
-with NaN (``POISON_OUTPUTS``) and an element a kernel forgets to write fails.
+dw/db reductions: their bits must not depend on a pick) has no lists. Every output a launcher
+allocates goes through ``alloc``, so tests can poison outputs with NaN (``POISON_OUTPUTS``) and
+an element a kernel forgets to write fails.
 
 Under Triton's interpreter (``TRITON_INTERPRET=1``, read by ``triton.jit`` when a kernel
 module is imported) autotuning would run every configuration on the CPU for nothing, so

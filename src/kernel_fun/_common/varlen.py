@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 
 from . import switches
+
+
 def check_cu_seqlens(family: str, cu_seqlens: torch.Tensor, cu_seqlens_cpu, T: int) -> None:
     """Raise a clear ValueError for malformed offsets: not 1-D int, not starting at 0,
     decreasing, or not ending at T. Values are checked only where that costs no device sync:

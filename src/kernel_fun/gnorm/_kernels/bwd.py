@@ -31,10 +31,10 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.fastmath import FAST_MATH
+from kernel_fun._common.hardware import sm_count
 from kernel_fun._common.tuning import (  # noqa: F401
     alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch)
 from kernel_fun._common.witness import record_launch
-from kernel_fun._common.hardware import sm_count
 
 from .common import GATES, block_v, gate_fwd_bwd, n_bucket, prune_by_registers, rows_per_tile
 from .dw_reduce import dw_reduce
