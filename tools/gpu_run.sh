@@ -4,6 +4,7 @@
 # Steps: doctor, gnorm_tests, gnorm_bench, model_kda (kernel-fun bench --model kda; MODEL_ARGS
 #        passes e.g. "--shape steps=8"), model_gdn, gdn_tests, gdn_bench, cconv_tests, cconv_bench,
 #        delta_tests, kda_stage_tests, kda_tests, kda_bench, candidates,
+#        gpu_tests (every GPU test, SHARDS processes at once; TEST_PATHS narrows),
 #        stages_cconv, stages_kda, stages_gdn, stages_gnorm (kernel-fun bench --stages FAMILY:
 #        every config of every shipped kernel forced, checked against its stage reference, timed;
 #        the delta scans are kda's and gdn's),
@@ -64,6 +65,45 @@ save_compiled() {
     echo "compiled cache: $n parts of 15 MB, over 3, not returned"
   fi
 }
+# gpu_tests: every GPU test (TEST_PATHS, default tests/) in SHARDS (default 8) pytest processes
+# at once on the one GPU: most of a GPU test's time is compiling kernels (one CPU core each) and
+# fla's autotuning at tiny shapes, so processes overlap well. The collected ids are cut into
+# contiguous runs weighted by the file's rough cost per test (neighbouring tests share compiled
+# kernels), one log per shard ($OUT/gpu_tests-N.log, -v: a line per test as it ends), then a
+# summary of every shard (passed / failed / skipped, the failures by id).
+run_sharded_tests() {
+  local n=${SHARDS:-8} d="$OUT/shards"
+  mkdir -p "$d"
+  python3 -m pytest -m gpu --collect-only -q ${TEST_PATHS:-tests} 2>/dev/null | grep '::' > "$d/ids"
+  python3 - "$d" "$n" <<'PY'
+import sys
+d, n = sys.argv[1], int(sys.argv[2])
+ids = open(f"{d}/ids").read().split()
+cost = {"kda/test_chain": 30, "gdn/test_chain": 30, "kda/test_stage": 12, "delta/": 8, "gnorm/": 3}
+w = [next((c for k, c in cost.items() if k in i), 5) for i in ids]
+total, acc, shard = sum(w), 0, 0
+outs = [open(f"{d}/shard-{j}", "w") for j in range(n)]
+for i, c in zip(ids, w):
+    if acc >= total * (shard + 1) / n and shard < n - 1:
+        shard += 1
+    outs[shard].write(i + "\n")
+    acc += c
+PY
+  echo "$(wc -l < "$d/ids") tests in $n shards"
+  local j
+  for ((j = 0; j < n; j++)); do
+    mapfile -t ids < "$d/shard-$j"
+    [ ${#ids[@]} -gt 0 ] || continue
+    timeout "$T" python3 -m pytest -m gpu -v -rfEs -p no:cacheprovider --durations=8 "${ids[@]}" \
+      > "$OUT/gpu_tests-$j.log" 2>&1 &
+  done
+  wait
+  for ((j = 0; j < n; j++)); do
+    [ -f "$OUT/gpu_tests-$j.log" ] || continue
+    echo "shard $j: $(grep -cE ' PASSED' "$OUT/gpu_tests-$j.log") passed, $(grep -cE ' FAILED| ERROR' "$OUT/gpu_tests-$j.log") failed, $(grep -cE ' SKIPPED' "$OUT/gpu_tests-$j.log") skipped of $(wc -l < "$d/shard-$j"); $(tail -1 "$OUT/gpu_tests-$j.log")"
+  done
+  grep -hE '^(FAILED|ERROR) ' "$OUT"/gpu_tests-*.log | head -40
+}
 for step in "$@"; do
   echo "=== $step ($(date -u +%H:%M:%S))"
   case $step in
@@ -91,6 +131,7 @@ for step in "$@"; do
     model_kda) timeout "$T" python3 -m kernel_fun bench --model kda ${MODEL_ARGS:-} --json "$OUT/model_kda.json" 2>&1 | tee "$OUT/model_kda.log" ;;
     model_gdn) timeout "$T" python3 -m kernel_fun bench --model gdn ${MODEL_ARGS:-} --json "$OUT/model_gdn.json" 2>&1 | tee "$OUT/model_gdn.log" ;;
     gdn_tests) timeout "$T" python3 -m pytest -m gpu tests/gdn -q -rs -s --durations=5 2>&1 | tee "$OUT/gdn_tests.log" | tail -30 ;;
+    gpu_tests) run_sharded_tests ;;
     gdn_bench) timeout "$T" python3 -m kernel_fun bench --family gdn ${GDN_CASES:-} --json "$OUT/gdn_bench.json" 2>&1 | tee "$OUT/gdn_bench.log" ;;
     *) echo "unknown step $step" ;;
   esac
