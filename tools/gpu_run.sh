@@ -65,16 +65,22 @@ save_compiled() {
     echo "compiled cache: $n parts of 15 MB, over 3, not returned"
   fi
 }
-# gpu_tests: every GPU test (TEST_PATHS, default tests/) in SHARDS (default 8) pytest processes
-# at once on the one GPU: most of a GPU test's time is compiling kernels (one CPU core each) and
-# fla's autotuning at tiny shapes, so processes overlap well. The collected ids are cut into
-# contiguous runs weighted by the file's rough cost per test (neighbouring tests share compiled
-# kernels), one log per shard ($OUT/gpu_tests-N.log, -v: a line per test as it ends), then a
-# summary of every shard (passed / failed / skipped, the failures by id).
+# gpu_tests: every GPU test (TEST_PATHS, default tests/; or the ids listed in IDS_FILE) in SHARDS
+# (default 8) pytest processes at once on the one GPU: most of a GPU test's time is compiling
+# kernels (one CPU core each), fla's autotuning at tiny shapes and the fp64 references' launches,
+# so processes overlap well. The ids are cut into contiguous runs weighted by the file's rough
+# cost per test (neighbouring tests share compiled kernels). Tests matching SERIAL (a regex;
+# default: the ones that need tens of GB) run after the others, in one process. One log per
+# shard (-v: a line per test as it ends), returned as one archive $OUT/gpu_tests_logs.tgz (the
+# device tool returns few files), and a summary: passed / failed / skipped per shard, the
+# failures by id.
 run_sharded_tests() {
-  local n=${SHARDS:-8} d="$OUT/shards"
+  local n=${SHARDS:-8} d="$OUT/shards" serial=${SERIAL:-over_2_31|at_production_shape}
   mkdir -p "$d"
-  python3 -m pytest -m gpu --collect-only -q ${TEST_PATHS:-tests} 2>/dev/null | grep '::' > "$d/ids"
+  if [ -n "${IDS_FILE:-}" ]; then cp "$IDS_FILE" "$d/all"; else
+    python3 -m pytest -m gpu --collect-only -q ${TEST_PATHS:-tests} 2>/dev/null | grep '::' > "$d/all"; fi
+  grep -E "$serial" "$d/all" > "$d/serial" || true
+  grep -vE "$serial" "$d/all" > "$d/ids" || true
   python3 - "$d" "$n" <<'PY'
 import sys
 d, n = sys.argv[1], int(sys.argv[2])
@@ -89,20 +95,24 @@ for i, c in zip(ids, w):
     outs[shard].write(i + "\n")
     acc += c
 PY
-  echo "$(wc -l < "$d/ids") tests in $n shards"
+  echo "$(wc -l < "$d/all") tests: $(wc -l < "$d/ids") in $n shards, then $(wc -l < "$d/serial") alone"
   local j
-  for ((j = 0; j < n; j++)); do
-    mapfile -t ids < "$d/shard-$j"
-    [ ${#ids[@]} -gt 0 ] || continue
-    timeout "$T" python3 -m pytest -m gpu -v -rfEs -p no:cacheprovider --durations=8 "${ids[@]}" \
-      > "$OUT/gpu_tests-$j.log" 2>&1 &
-  done
+  run_shard() {
+    mapfile -t ids < "$d/shard-$1"
+    [ ${#ids[@]} -gt 0 ] || return 0
+    timeout "$2" python3 -m pytest -m gpu -v -rfEs -p no:cacheprovider --durations=8 "${ids[@]}" \
+      > "$OUT/gpu_tests-$1.log" 2>&1
+  }
+  for ((j = 0; j < n; j++)); do run_shard "$j" "$T" & done
   wait
-  for ((j = 0; j < n; j++)); do
+  cp "$d/serial" "$d/shard-serial"
+  run_shard serial "${SERIAL_TIMEOUT:-200}"
+  for j in $(seq 0 $((n - 1))) serial; do
     [ -f "$OUT/gpu_tests-$j.log" ] || continue
     echo "shard $j: $(grep -cE ' PASSED' "$OUT/gpu_tests-$j.log") passed, $(grep -cE ' FAILED| ERROR' "$OUT/gpu_tests-$j.log") failed, $(grep -cE ' SKIPPED' "$OUT/gpu_tests-$j.log") skipped of $(wc -l < "$d/shard-$j"); $(tail -1 "$OUT/gpu_tests-$j.log")"
   done
   grep -hE '^(FAILED|ERROR) ' "$OUT"/gpu_tests-*.log | head -40
+  (cd "$OUT" && tar czf gpu_tests_logs.tgz gpu_tests-*.log shards && rm -rf gpu_tests-*.log shards)
 }
 for step in "$@"; do
   echo "=== $step ($(date -u +%H:%M:%S))"
