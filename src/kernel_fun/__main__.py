@@ -137,12 +137,17 @@ def bench(families: list[str], overrides: dict, json_path: str | None, only: lis
           flush=True)
     print(harness.header(), flush=True)
     rows = []
-    rec = harness.record(rows, ceilings)  # rows fill in place; rewritten after every case, so
-    for fam, mod, cases in selected:      # an interrupted run keeps what it measured
+    rec = harness.record(rows, ceilings)  # rows fill in place; rewritten after every row, so
+    written = [json_path]                 # an interrupted run keeps what it measured
+
+    def keep(row):
+        rows.append(row)
+        written[0] = harness.write_record(rec, written[0], announce=len(rows) == 1)
+
+    for fam, mod, cases in selected:
         for name, build in cases:
-            rows += harness.run_case(build(), ceilings)
+            harness.run_case(build(), ceilings, on_row=keep)
             torch.cuda.empty_cache()
-            json_path = harness.write_record(rec, json_path)
     return 0 if all(r["engaged"] for r in rows) else 3
 
 

@@ -61,3 +61,19 @@ def test_every_shipped_kernel_has_a_stage_probe(family, device):
         lists = [c for c, _ in p.configs()]
         assert lists == getattr(p.module, p.lists + "CONFIGS") + getattr(p.module, p.lists + "CANDIDATES")
         assert len({p.config_name(c) for c in lists}) == len(lists)  # names tell configs apart
+
+
+def test_cconv_stages_read_a_column_slice(tmp_path, device):
+    """layout=column_slice: the backward's probe reads x as the middle third of a [B, T, 3D]
+    projection (row stride 3D), as the layers' fused q/k/v conv hands it over, and checks it."""
+    path = tmp_path / "stages.json"
+    status = cli.main(["bench", "--stages", "cconv", "--device", device, "--kernel", "cconv.bwd", "--shape",
+                       SMALL + ",layout=column_slice", "--json", str(path)])
+    rec = json.loads(path.read_text())
+    assert status == 0 and rec["shape"]["layout"] == "column_slice"
+    assert rec["rows"] and all(r["kernel"] == "cconv.bwd" and r["ok"] for r in rec["rows"]), rec["rows"]
+    from kernel_fun.bench import cconv
+    from kernel_fun.bench.harness import UsageError
+
+    with pytest.raises(UsageError, match="layout='transposed'"):
+        cconv.probes(device, dict(layout="transposed"))

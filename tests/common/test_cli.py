@@ -121,3 +121,26 @@ def test_bench_rows_carry_host_time_beside_fla():
     line = harness._format_row(row)
     assert "41.5" in line and "60.2" in line
     assert "host us" in harness.header()
+
+
+def test_host_bursts_shrink_for_slow_calls():
+    assert harness.host_bursts(0.25) == harness.HOST_BURSTS  # a cconv forward: every burst
+    assert harness.host_bursts(30.0) == 10                  # a kda fwd+bwd at B=16: 3 s of GPU
+    assert harness.host_bursts(1000.0) == harness.HOST_MIN_BURSTS
+
+
+def test_run_case_hands_each_row_over_as_it_is_made(monkeypatch):
+    """A case cut off in its second direction (a device call's timeout) has already handed its
+    first row to ``on_row``, which the CLI uses to rewrite the record."""
+    monkeypatch.setattr(harness, "median_ms", lambda fn: 2.0)
+    monkeypatch.setattr(harness, "host_us", lambda fn, bursts=None: 50.0)
+
+    def cut():
+        raise KeyboardInterrupt
+
+    case = harness.Case("cconv", "c", {}, [harness.Direction("fwd", lambda: None, lambda: None),
+                                           harness.Direction("bwd", cut, lambda: None)], witness=("cconv.",))
+    seen = []
+    with pytest.raises(KeyboardInterrupt):
+        harness.run_case(case, {"copy_TBps": 4.0}, on_row=seen.append)
+    assert [r["direction"] for r in seen] == ["fwd"] and seen[0]["ours_host_us"] == 50.0

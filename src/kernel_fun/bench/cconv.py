@@ -155,9 +155,11 @@ def check(device: str = "cpu") -> list[str]:
 
 # The stage probes' shapes: the check's TMA one (fp32 [2, 37, 64], bias) and, for `bench --stages
 # cconv` on a GPU, the production call (bf16 [16, 8192, 2048], fp32 weight, no bias, as fla's
-# ShortConvolution makes it); `--shape` replaces any of them.
-CHECK_SHAPE = dict(B=2, T=37, D=64, W=4, dtype="float32", bias=1)
-STAGE_SHAPES = {"cpu": CHECK_SHAPE, "cuda": dict(B=16, T=8192, D=2048, W=4, dtype="bfloat16", bias=0)}
+# ShortConvolution makes it); `--shape` replaces any of them (layout=column_slice: x the middle
+# third of a [B, T, 3D] projection, as the layers' fused q/k/v conv reads it).
+CHECK_SHAPE = dict(B=2, T=37, D=64, W=4, dtype="float32", bias=1, layout="contiguous")
+STAGE_SHAPES = {"cpu": CHECK_SHAPE,
+                "cuda": dict(B=16, T=8192, D=2048, W=4, dtype="bfloat16", bias=0, layout="contiguous")}
 
 
 def probes(device: str, shape: dict | None = None) -> list:
@@ -171,12 +173,17 @@ def probes(device: str, shape: dict | None = None) -> list:
 
     from ..cconv import reference as R
     from ..cconv._kernels import bwd, fwd
-    from .harness import Probe
+    from .harness import Probe, UsageError
 
     shape = dict(CHECK_SHAPE, **(shape or {}))
     B, T, D, W = (int(shape[k]) for k in ("B", "T", "D", "W"))
+    if shape["layout"] not in ("contiguous", "column_slice"):
+        raise UsageError(f"--shape: layout={shape['layout']!r} for the cconv stages must be contiguous or column_slice")
     gen = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(B, T, D, generator=gen, device=device).to(getattr(torch, shape["dtype"]))
+    if shape["layout"] == "column_slice":
+        x = torch.randn(B, T, 3 * D, generator=gen, device=device).to(getattr(torch, shape["dtype"]))[..., D:2 * D]
+    else:
+        x = torch.randn(B, T, D, generator=gen, device=device).to(getattr(torch, shape["dtype"]))
     w = torch.randn(D, W, generator=gen, device=device) / W
     b = torch.randn(D, generator=gen, device=device) if int(shape["bias"]) else None
     dy = torch.randn(B, T, D, generator=gen, device=device).to(x.dtype)

@@ -31,6 +31,8 @@ WARMUP_MS = 50
 REP_MS = 300
 HOST_CALLS = 10  # calls per burst: few enough that the launch queue never fills and blocks
 HOST_BURSTS = 30
+HOST_MIN_BURSTS = 5
+HOST_BUDGET_MS = 3000  # GPU time the bursts of one host column may take: a 30 ms call gets 10
 
 
 class UsageError(ValueError):
@@ -111,6 +113,13 @@ def _git_sha() -> str:
         return sha + ("-dirty" if dirty else "")
     except Exception:
         return os.environ.get("KERNEL_FUN_GIT_SHA", "unknown")
+
+
+def host_bursts(gpu_ms: float, calls: int = HOST_CALLS) -> int:
+    """Bursts for a call of ``gpu_ms``: ``HOST_BURSTS``, fewer (down to ``HOST_MIN_BURSTS``) where
+    that many would keep the GPU busy for more than ``HOST_BUDGET_MS`` (each burst waits for its
+    calls to drain), so that a slow call's host column costs seconds, not a minute."""
+    return max(HOST_MIN_BURSTS, min(HOST_BURSTS, int(HOST_BUDGET_MS / max(gpu_ms * calls, 1e-9))))
 
 
 def host_us(fn, calls: int = HOST_CALLS, bursts: int = HOST_BURSTS) -> float:
@@ -279,7 +288,10 @@ def check_probes(probes) -> list:
     return [f for p in probes for f in run_probe(p)[1]]
 
 
-def run_case(case: Case, ceilings: dict) -> list[dict]:
+def run_case(case: Case, ceilings: dict, on_row: Callable[[dict], None] | None = None) -> list[dict]:
+    """Each direction of ``case`` warmed, timed (ours, fla), host-timed, printed; ``on_row`` is
+    called with each row as it is made (the CLI rewrites the record there, so a run cut off
+    mid-case keeps the directions it measured)."""
     from .._common.witness import launches
 
     rows = []
@@ -292,8 +304,8 @@ def run_case(case: Case, ceilings: dict) -> list[dict]:
         engaged = counted() > before
         ours_ms = median_ms(d.ours)
         fla_ms = median_ms(d.fla) if d.fla is not None else None
-        ours_host = host_us(d.ours)
-        fla_host = host_us(d.fla) if d.fla is not None else None
+        ours_host = host_us(d.ours, bursts=host_bursts(ours_ms))
+        fla_host = host_us(d.fla, bursts=host_bursts(fla_ms)) if d.fla is not None else None
         row = {"family": case.family, "case": case.case, "shape": case.shape, "direction": d.name,
                "ours_ms": round(ours_ms, 4), "fla_ms": None if fla_ms is None else round(fla_ms, 4),
                "speedup": None if fla_ms is None else round(fla_ms / ours_ms, 3), "engaged": engaged,
@@ -313,6 +325,8 @@ def run_case(case: Case, ceilings: dict) -> list[dict]:
             row["note"] = case.note
         rows.append(row)
         print(_format_row(row), flush=True)
+        if on_row is not None:
+            on_row(row)
     return rows
 
 
@@ -346,8 +360,9 @@ def record(rows: list[dict], ceilings: dict, extra: dict | None = None) -> dict:
         "versions": versions(),
         "git_sha": _git_sha(),
         "timing": {"method": "triton.testing.do_bench median", "warmup_ms": WARMUP_MS, "rep_ms": REP_MS,
-                   "host_us": f"median over {HOST_BURSTS} bursts of the wall time of {HOST_CALLS} calls "
-                              f"without sync (from an idle GPU) per call"},
+                   "host_us": f"median over {HOST_BURSTS} bursts (fewer, down to {HOST_MIN_BURSTS}, where they "
+                              f"would keep the GPU busy over {HOST_BUDGET_MS} ms) of the wall time of "
+                              f"{HOST_CALLS} calls without sync (from an idle GPU) per call"},
         "ceilings": ceilings,
         "rows": rows,
     }
@@ -364,10 +379,11 @@ def default_record_path(rec: dict, tag: str = "") -> str:
     return os.path.join(root, f"{day}-{gpu}{'-' + tag if tag else ''}-{rec['git_sha']}.json")
 
 
-def write_record(rec: dict, path: str | None) -> str:
+def write_record(rec: dict, path: str | None, announce: bool = True) -> str:
     path = path or default_record_path(rec)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(rec, f, indent=1)
-    print(f"record: {path}", file=sys.stderr)
+    if announce:
+        print(f"record: {path}", file=sys.stderr)
     return path
