@@ -71,7 +71,7 @@ save_compiled() {
 # so processes overlap well. The ids are cut into contiguous runs weighted by the file's rough
 # cost per test (neighbouring tests share compiled kernels). Tests matching SERIAL (a regex;
 # default: the ones that need tens of GB) run after the others, in one process. One log per
-# shard (-v: a line per test as it ends), returned as one archive $OUT/gpu_tests_logs.tgz (the
+# shard (-v -s: a line per test as it ends, and what the tests print), returned as one archive $OUT/gpu_tests_logs.tgz (the
 # device tool returns few files), and a summary: passed / failed / skipped per shard, the
 # failures by id.
 run_sharded_tests() {
@@ -100,16 +100,18 @@ PY
   run_shard() {
     mapfile -t ids < "$d/shard-$1"
     [ ${#ids[@]} -gt 0 ] || return 0
-    timeout "$2" python3 -m pytest -m gpu -v -rfEs -p no:cacheprovider --durations=8 "${ids[@]}" \
+    timeout "$2" python3 -m pytest -m gpu -v -s -rfEs -p no:cacheprovider --durations=8 "${ids[@]}" \
       > "$OUT/gpu_tests-$1.log" 2>&1
   }
   for ((j = 0; j < n; j++)); do run_shard "$j" "$T" & done
   wait
   cp "$d/serial" "$d/shard-serial"
   run_shard serial "${SERIAL_TIMEOUT:-200}"
+  res() { grep -cE "(^| )($1)( \(.*\))?( +\[ *[0-9]+%\])?\$" "$2"; }  # a test's result word (-v), not the summary's
   for j in $(seq 0 $((n - 1))) serial; do
     [ -f "$OUT/gpu_tests-$j.log" ] || continue
-    echo "shard $j: $(grep -cE ' PASSED' "$OUT/gpu_tests-$j.log") passed, $(grep -cE ' FAILED| ERROR' "$OUT/gpu_tests-$j.log") failed, $(grep -cE ' SKIPPED' "$OUT/gpu_tests-$j.log") skipped of $(wc -l < "$d/shard-$j"); $(tail -1 "$OUT/gpu_tests-$j.log")"
+    local lg="$OUT/gpu_tests-$j.log"
+    echo "shard $j: $(res PASSED "$lg") passed, $(res 'FAILED|ERROR' "$lg") failed, $(res SKIPPED "$lg") skipped of $(wc -l < "$d/shard-$j"); $(tail -1 "$lg")"
   done
   grep -hE '^(FAILED|ERROR) ' "$OUT"/gpu_tests-*.log | head -40
   (cd "$OUT" && tar czf gpu_tests_logs.tgz gpu_tests-*.log shards && rm -rf gpu_tests-*.log shards)
