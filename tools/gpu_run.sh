@@ -42,13 +42,17 @@ save_autotune() {
   (cd "$TC" 2>/dev/null && find . -name '*.autotune.json' -print0 | tar czf "$OUT/triton_autotune.tgz" --null -T -)
   [ "${COMPILE_CACHE:-}" = "" ] || save_compiled
 }
-# Compiled kernels carried too, with COMPILE_CACHE=restore (or =save to start one): everything in
-# Triton's cache but the autotune entries, as one gzipped tar split into 15 MB parts (the device
-# tool's per-file limit is 16 MiB), $OUT/compiled/part-aa, -ab, ... after each step; copy them to
-# .triton_compiled/ (git-ignored) and pass that folder in `carry`. At most 3 parts (the carry's
+# Compiled kernels carried too, with COMPILE_CACHE=restore (or =save to start one): of Triton's
+# cache, what a cache hit reads (each kernel's metadata .json, its group file and its .cubin;
+# Triton 3.6's compile() loads those and nothing else, the IR text stays behind), as one gzipped
+# tar split into 15 MB parts (the device tool's per-file limit is 16 MiB), $OUT/compiled/part-aa,
+# -ab, ... after each step; copy them to .triton_compiled/ (git-ignored) and pass that folder in
+# `carry`. COMPILE_ONLY (a regex on kernel names) keeps only those. At most 3 parts (the carry's
 # limit is 64 MiB); a larger cache is not returned. Entries are keyed by the kernel's source and
-# its specialization, so an edited kernel recompiles. On 2026-12-01 a 560 s call ran 72 GPU tests:
-# most of a test's time here is compiling ours and fla's kernels anew.
+# its specialization, so an edited kernel recompiles. The group files hold absolute paths: the
+# cache must sit at the same place on the next machine (the image's $HOME/.triton/cache). On
+# 2026-12-02 every kda GPU test that calls fla cost 220-310 s in a fresh process, most of it
+# compiling; the whole cache with IR was 13 parts.
 if [ "${COMPILE_CACHE:-}" = restore ] && ls .triton_compiled/part-* >/dev/null 2>&1; then
   mkdir -p "$TC"
   cat .triton_compiled/part-* | tar xz -C "$TC" --skip-old-files --exclude='*.autotune.json'
@@ -56,13 +60,16 @@ if [ "${COMPILE_CACHE:-}" = restore ] && ls .triton_compiled/part-* >/dev/null 2
 fi
 save_compiled() {
   rm -rf "$OUT/compiled" && mkdir -p "$OUT/compiled"
-  (cd "$TC" 2>/dev/null && find . -type f ! -name '*.autotune.json' -print0 | tar cz --null -T - \
-    | split -b 15000000 - "$OUT/compiled/part-")
+  (cd "$TC" 2>/dev/null && find . -type f \( -name '*.json' -o -name '*.cubin' \) ! -name '*.autotune.json' \
+    | { if [ -n "${COMPILE_ONLY:-}" ]; then grep -E "/[^/]*(${COMPILE_ONLY})[^/]*$"; else cat; fi; } \
+    | tar cz -T - | split -b 15000000 - "$OUT/compiled/part-")
   local n
   n=$(ls "$OUT/compiled" | wc -l)
   if [ "$n" -gt 3 ]; then
     rm -rf "$OUT/compiled"
-    echo "compiled cache: $n parts of 15 MB, over 3, not returned"
+    echo "compiled cache: $n parts of 15 MB, over 3, not returned (COMPILE_ONLY narrows it)"
+  else
+    echo "compiled cache: $n parts returned"
   fi
 }
 # gpu_tests: every GPU test (TEST_PATHS, default tests/; or the ids listed in IDS_FILE) in SHARDS
