@@ -89,6 +89,28 @@ def test_many_rows_span_several_tiles_and_programs():
     check_errs(errs, 1e-5)
 
 
+@pytest.mark.parametrize("config", [c for c in bwd_mod.CANDIDATES if c.kwargs["PPS"] > bwd_mod.MAX_PPS],
+                         ids=bwd_mod.config_name)
+def test_forced_backward_with_more_programs_than_the_autotuner_has(config):
+    """A forced candidate with more programs per SM than any autotuned config (the partials are
+    sized for the config that runs) fills its whole grid here (4 "SMs" x PPS programs, several
+    tiles each) and still gives dx, dg, dw, db of the reference."""
+    from kernel_fun._common.numerics import rel_rms
+    from kernel_fun.gnorm.reference import rms_norm_gated_ref_grads
+
+    V = 16
+    rows = 4 * config.kwargs["PPS"] * (config.kwargs["TILE"] // V) * 2 + 3
+    inp = make_inputs((rows, V), torch.float32, bias=True)
+    x, g, w, b = (inp[k].detach() for k in ("x", "g", "weight", "bias"))
+    y, rstd, h = fwd_mod.gnorm_fwd(x, g, w, b, None, None, 1e-6, "swish")
+    dy = torch.randn_like(y)
+    dx, dg, dw, db, _ = bwd_mod.gnorm_bwd(x if h is None else h, g, w, b, rstd, dy, None, "swish", x.dtype,
+                                          None, True, True, config=config)
+    ref = rms_norm_gated_ref_grads(x, g, w, b, dy, "swish", eps=1e-6)
+    for name, got in (("x", dx), ("g", dg), ("weight", dw), ("bias", db)):
+        assert rel_rms(got, ref[name]) < 1e-5, name
+
+
 def test_mixed_dtypes():
     inp = make_inputs((4, 48), torch.float16, bias=True, wdtype=torch.float16)
     inp["g"] = inp["g"].detach().float().requires_grad_()  # g fp32, x fp16

@@ -60,8 +60,20 @@ CONFIGS = [
     triton.Config({"TILE": 4096, "PPS": 2, "NS": 2}, num_warps=8, maxnreg=128),
     triton.Config({"TILE": 8192, "PPS": 1, "NS": 1}, num_warps=16, maxnreg=128),  # V up to MAX_V
 ]
-CANDIDATES: list = []  # extra configs a bench may force (none yet: nothing is timed)
-MAX_PPS = max(c.kwargs["PPS"] for c in CONFIGS)
+# For `kernel-fun bench --stages gnorm` to force (not timed yet; issue 16's backward bar wants about
+# 98% of copy where the 2026-12-01 record had 94% / 91%): more bytes in flight per SM than the
+# configs above, through deeper pipelines (NS 3-4: cp.async stages in shared memory, 12-37 KB a
+# program) or more, smaller programs. None spills at V = 128, 256, 512 (sm_90a, Triton 3.6,
+# 103-128 registers); at a 64-register cap (16 programs of 2 warps, 8 of 4) all spill, so none of
+# those is offered.
+CANDIDATES = [
+    triton.Config({"TILE": 512, "PPS": 16, "NS": 1}, num_warps=1, maxnreg=128),
+    triton.Config({"TILE": 512, "PPS": 16, "NS": 2}, num_warps=1, maxnreg=128),
+    triton.Config({"TILE": 1024, "PPS": 8, "NS": 3}, num_warps=2, maxnreg=128),
+    triton.Config({"TILE": 2048, "PPS": 4, "NS": 4}, num_warps=4, maxnreg=128),
+    triton.Config({"TILE": 1024, "PPS": 4, "NS": 2}, num_warps=4, maxnreg=128),
+]
+MAX_PPS = max(c.kwargs["PPS"] for c in CONFIGS)  # of the autotuner's configs (the partials' size)
 
 
 @triton.autotune(
@@ -164,7 +176,10 @@ def gnorm_bwd(h, g, weight, bias, rstd, dy, dres, activation: str, x_dtype, res_
         return dx, dg, dw if need_dw else None, db if need_db else None, dres_in
     BV = block_v(V)
     n_sm = sm_count(dev)
-    part = alloc((n_sm * MAX_PPS, 2, V), dtype=torch.float32, device=dev)
+    # one partial row pair per program: the autotuner's configs have at most MAX_PPS programs per
+    # SM; a forced config (a candidate may have more) its own
+    part = alloc((n_sm * (config.kwargs["PPS"] if config is not None else MAX_PPS), 2, V),
+                 dtype=torch.float32, device=dev)
 
     def grid(meta):
         return (min(cdiv(N, meta["BR"]), n_sm * meta["PPS"]),)
