@@ -73,7 +73,7 @@ save_compiled() {
   fi
 }
 # gpu_tests: every GPU test (TEST_PATHS, default tests/; or the ids listed in IDS_FILE) in SHARDS
-# (default 8) pytest processes at once on the one GPU: most of a GPU test's time is compiling
+# (default 12) pytest processes at once on the one GPU: most of a GPU test's time is compiling
 # kernels (one CPU core each), fla's autotuning at tiny shapes and the fp64 references' launches,
 # so processes overlap well. The ids are cut into contiguous runs weighted by the file's rough
 # cost per test (neighbouring tests share compiled kernels). Tests matching SERIAL (a regex;
@@ -82,7 +82,7 @@ save_compiled() {
 # device tool returns few files), and a summary: passed / failed / skipped per shard, the
 # failures by id.
 run_sharded_tests() {
-  local n=${SHARDS:-8} d="$OUT/shards" serial=${SERIAL:-over_2_31|at_production_shape}
+  local n=${SHARDS:-12} d="$OUT/shards" serial=${SERIAL:-over_2_31|at_production_shape}
   mkdir -p "$d"
   if [ -n "${IDS_FILE:-}" ]; then cp "$IDS_FILE" "$d/all"; else
     python3 -m pytest -m gpu --collect-only -q ${TEST_PATHS:-tests} 2>/dev/null | grep '::' > "$d/all"; fi
