@@ -137,12 +137,13 @@ def bench(families: list[str], overrides: dict, json_path: str | None, only: lis
           flush=True)
     print(harness.header(), flush=True)
     rows = []
-    rec = harness.record(rows, ceilings)  # rows fill in place; rewritten after every row, so
-    written = [json_path]                 # an interrupted run keeps what it measured
+    rec = harness.record(rows, ceilings)  # rows fill in place; the record is rewritten after
+                                          # every row, so an interrupted run keeps what it measured
 
     def keep(row):
+        nonlocal json_path
         rows.append(row)
-        written[0] = harness.write_record(rec, written[0], announce=len(rows) == 1)
+        json_path = harness.write_record(rec, json_path, announce=len(rows) == 1)
 
     for fam, mod, cases in selected:
         for name, build in cases:

@@ -75,5 +75,5 @@ def test_cconv_stages_read_a_column_slice(tmp_path, device):
     from kernel_fun.bench import cconv
     from kernel_fun.bench.harness import UsageError
 
-    with pytest.raises(UsageError, match="layout='transposed'"):
-        cconv.probes(device, dict(layout="transposed"))
+    with pytest.raises(UsageError, match="layout='diagonal'"):
+        cconv.probes(device, dict(layout="diagonal"))

@@ -60,12 +60,12 @@ def decide(family: str, *checks) -> tuple[bool, str]:
     zero-argument callables answering (ok, reason), e.g. argument classification, the box,
     the tensor gate, the capture gate.
     """
-    return _first_refusal((lambda: _switch_gate(family), drift_gate, *checks))
+    return decide_keyed(family, None, None, checks, ())
 
 
 def decide_keyed(family: str, verdicts: Verdicts, key, static, dynamic) -> tuple[bool, str]:
     """``decide`` with the ``static`` checks' verdict kept in ``verdicts`` under ``key`` (None:
-    not kept). Same order and answers as ``decide(family, *static, *dynamic)``: the switches,
+    not kept, and ``verdicts`` may be None). Same order and answers as ``decide(family, *static, *dynamic)``: the switches,
     the drift check, ``static``, then ``dynamic``. A check that raises (bad input) keeps nothing."""
     verdict = _first_refusal((lambda: _switch_gate(family), drift_gate))
     if not verdict[0]:

@@ -22,19 +22,31 @@ KERNELS = {
 STAGED_WITH = {"cconv.dw_reduce": "cconv.bwd"}
 
 
+def _check_layout(layout) -> None:
+    from .harness import UsageError
+
+    if layout not in _LAYOUTS:
+        raise UsageError(f"--shape: layout={layout!r} for cconv must be one of {', '.join(_LAYOUTS)}")
+
+
+def _layout_x(B, T, D, layout, dt, device, g):
+    """x ``[B, T, D]`` of dtype ``dt`` in one of ``_LAYOUTS`` (a ``UsageError`` for another)."""
+    import torch
+
+    _check_layout(layout)
+    if layout == "contiguous":
+        return torch.randn(B, T, D, device=device, dtype=dt, generator=g)
+    if layout == "column_slice":  # the middle third of a wider projection [B, T, 3D]
+        return torch.randn(B, T, 3 * D, device=device, dtype=dt, generator=g)[..., D:2 * D]
+    # transposed: a contiguous [B, D, T] buffer viewed as [B, T, D]
+    return torch.randn(B, D, T, device=device, dtype=dt, generator=g).transpose(1, 2)
+
+
 def _inputs(B, T, D, W, layout="contiguous", dtype="bfloat16", device="cuda", seed=0):
     import torch
 
     g = torch.Generator(device=device).manual_seed(seed)
-    dt = getattr(torch, dtype)
-    if layout == "contiguous":
-        x = torch.randn(B, T, D, device=device, dtype=dt, generator=g)
-    elif layout == "column_slice":  # x = proj[..., :D] of a wider projection [B, T, 3D]
-        x = torch.randn(B, T, 3 * D, device=device, dtype=dt, generator=g)[..., D:2 * D]
-    elif layout == "transposed":  # a contiguous [B, D, T] buffer viewed as [B, T, D]
-        x = torch.randn(B, D, T, device=device, dtype=dt, generator=g).transpose(1, 2)
-    else:
-        raise ValueError(layout)
+    x = _layout_x(B, T, D, layout, getattr(torch, dtype), device, g)
     x.requires_grad_(True)
     w = (torch.randn(D, W, device=device, dtype=torch.float32, generator=g) / W).requires_grad_(True)
     return x, w
@@ -89,8 +101,7 @@ def cases(overrides: dict | None = None):
 
         p = dict(PROD, D=2048, layout="contiguous")
         p.update(overrides)
-        if p["layout"] not in _LAYOUTS:
-            raise UsageError(f"--shape: layout={p['layout']!r} for cconv must be one of {', '.join(_LAYOUTS)}")
+        _check_layout(p["layout"])  # before any GPU work (the case builds its inputs later)
         if not 1 <= int(p["W"]) <= 4:
             raise UsageError(f"--shape: W={p['W']} for cconv must be 1..4")
         return [("custom", lambda: _case("custom", int(p["B"]), int(p["T"]), int(p["D"]), int(p["W"]),
@@ -155,8 +166,8 @@ def check(device: str = "cpu") -> list[str]:
 
 # The stage probes' shapes: the check's TMA one (fp32 [2, 37, 64], bias) and, for `bench --stages
 # cconv` on a GPU, the production call (bf16 [16, 8192, 2048], fp32 weight, no bias, as fla's
-# ShortConvolution makes it); `--shape` replaces any of them (layout=column_slice: x the middle
-# third of a [B, T, 3D] projection, as the layers' fused q/k/v conv reads it).
+# ShortConvolution makes it); `--shape` replaces any of them (layout: one of _LAYOUTS, e.g.
+# column_slice, x the middle third of a [B, T, 3D] projection, as the layers' fused q/k/v conv reads it).
 CHECK_SHAPE = dict(B=2, T=37, D=64, W=4, dtype="float32", bias=1, layout="contiguous")
 STAGE_SHAPES = {"cpu": CHECK_SHAPE,
                 "cuda": dict(B=16, T=8192, D=2048, W=4, dtype="bfloat16", bias=0, layout="contiguous")}
@@ -173,17 +184,12 @@ def probes(device: str, shape: dict | None = None) -> list:
 
     from ..cconv import reference as R
     from ..cconv._kernels import bwd, fwd
-    from .harness import Probe, UsageError
+    from .harness import Probe
 
     shape = dict(CHECK_SHAPE, **(shape or {}))
     B, T, D, W = (int(shape[k]) for k in ("B", "T", "D", "W"))
-    if shape["layout"] not in ("contiguous", "column_slice"):
-        raise UsageError(f"--shape: layout={shape['layout']!r} for the cconv stages must be contiguous or column_slice")
     gen = torch.Generator(device=device).manual_seed(0)
-    if shape["layout"] == "column_slice":
-        x = torch.randn(B, T, 3 * D, generator=gen, device=device).to(getattr(torch, shape["dtype"]))[..., D:2 * D]
-    else:
-        x = torch.randn(B, T, D, generator=gen, device=device).to(getattr(torch, shape["dtype"]))
+    x = _layout_x(B, T, D, shape["layout"], getattr(torch, shape["dtype"]), device, gen)
     w = torch.randn(D, W, generator=gen, device=device) / W
     b = torch.randn(D, generator=gen, device=device) if int(shape["bias"]) else None
     dy = torch.randn(B, T, D, generator=gen, device=device).to(x.dtype)
