@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from kernel_fun._common.numerics import rel_rms
+from kernel_fun._common.tuning import config_name
 from kernel_fun._common.witness import launch_counts
 from kernel_fun.gdn import reference_stages as R
 from kernel_fun.gdn._kernels import scores as scores_mod
+from kernel_fun.gdn._kernels import wy_dqk_bwd as dqk_mod
 from kernel_fun.gdn._kernels import wy_dqkwg_bwd as bwd_mod
 from kernel_fun.gdn._kernels import wy_dv_bwd as dv_mod
 
@@ -88,6 +90,21 @@ def test_wy_dqkwg_bwd(name, dtype, tol):
     for n, o, r in zip(("dq", "dk", "dv", "dbeta", "dg"), out, ref):
         err = rel_rms(o, r)
         assert err < tol, (n, err)
+
+
+@pytest.mark.parametrize("config", dqk_mod.CONFIGS + dqk_mod.CANDIDATES, ids=config_name)
+def test_wy_dqk_bwd_every_config_k128_grouped(config):
+    """Every configuration of the second half forced (the interpreter's autotuner runs only the
+    first): K = 128 with a K block of 64 (two programs per chunk adding their parts of dg) and
+    of 128 (one), over a group of two value heads with a tail chunk; dg starts as NaN where the
+    launcher does not zero it."""
+    B, T, H, HV, K, V = 1, 80, 1, 2, 128, 64
+    t, _ = _inputs(B, T, H, HV, K, V, None, torch.float32, seed=3)
+    ref = R.wy_dqkwg_bwd_ref(**{n: x.double() for n, x in t.items() if n != "A"}, scale=K ** -0.5)
+    out = bwd_mod.wy_dqkwg_bwd(**t, scale=K ** -0.5, out_dtype=torch.float32, dqk_config=config)
+    for n, o, r in zip(("dq", "dk", "dv", "dbeta", "dg"), out, ref):
+        err = rel_rms(o, r)
+        assert err < 1e-5, (n, err)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])

@@ -77,11 +77,13 @@ def scan_grid(V: int, n_heads: int):
 
 @triton.jit
 def chunk_program(cu_seqlens, chunk_indices, T, H: tl.constexpr, HV: tl.constexpr, BT: tl.constexpr,
-                  IS_VARLEN: tl.constexpr):
-    """What a (chunk, batch x value head) program owns, grid (NT, B * HV): (batch row, value
-    head, q/k head, global chunk number (the index into h-shaped [.., NT, ..] tensors, unique
-    across the batch), first token (int64), valid rows of the chunk)."""
-    i_t = tl.program_id(0).to(tl.int64)
+                  IS_VARLEN: tl.constexpr, SPLIT: tl.constexpr = 1):
+    """What a (chunk, batch x value head) program owns, grid (NT * SPLIT, B * HV): (batch row,
+    value head, q/k head, global chunk number (the index into h-shaped [.., NT, ..] tensors,
+    unique across the batch), first token (int64), valid rows of the chunk). With SPLIT > 1 a
+    chunk has SPLIT programs with adjacent ids (so that their shared reads meet in L2); each
+    finds its part as ``tl.program_id(0) % SPLIT``."""
+    i_t = (tl.program_id(0) // SPLIT).to(tl.int64)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // HV
     i_hv = i_bh % HV

@@ -1,5 +1,5 @@
-"""GDN backward, second half, one (chunk, qk head) per program: dq, dk and dg from the state
-products and the first half's score gradients (``wy_dv_bwd.py``), group-summed over the qk
+"""GDN backward, second half, one (chunk, qk head, K block) per program: dq, dk and dg from the
+state products and the first half's score gradients (``wy_dv_bwd.py``), group-summed over the qk
 head's value heads.
 
 Per chunk (BT = 64 tokens) and value head, in the notation of ``wy_dqkwg_bwd.py``:
@@ -11,7 +11,14 @@ Per chunk (BT = 64 tokens) and value head, in the notation of ``wy_dqkwg_bwd.py`
           and on the last row also gamma_L sum(S * dS) + sum(rowsum(dk_state,w * K))
     dg  = the chunk-local reverse cumsum of dG
 
-Registers: dq, dk [BT, K] fp32 (64 KB at K = 128), every product M = 64 rows (wgmma). Transpose-
+Every product's output is a [BT, BK] slice of dq or dk, so a K block (BK columns of K) needs only
+its own columns of q, k, h, dh: split in NK = K / BK programs, none recomputes anything; they
+read the same do, v_new, dv, dAqk, dAkk (adjacent program ids, so those reads meet in L2). dG is a
+sum over K: each block adds its part, reverse-cumsummed, into a zeroed dg (two adds onto zero: the
+result does not depend on their order, so it is deterministic); the dGz part is added by block 0.
+Registers: dq, dk [BT, BK] fp32 (32 KB at BK = 64: 64 a thread on 4 warps), every product M = 64
+rows (wgmma). At BK = K = 128, dq and dk alone are 128 registers a thread on 4 warps, and on 8
+warps the grouped case (HV = 2H) spilled (sm_90a, 255 registers, 224-312 B of stack). Transpose-
 free: h^T, dh^T and dAqk^T, dAkk^T are loaded transposed from memory; no dot result is
 transposed (the Triton 3.4-3.7.0 Hopper miscompile, fla #640). The group's dq, dk accumulate in
 one pair of registers (the per-head gate factors are folded into the operands) and are written
@@ -24,7 +31,7 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
-    alloc, autotune_cache, autotune_configs, config_name, install_interpreter_shims, launch, next_pow2)
+    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch, next_pow2)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_program
 
@@ -32,12 +39,18 @@ from .wy_dv_bwd import prune_bv
 
 install_interpreter_shims()
 
-# (BV, num_warps, num_stages). The first is the only one the interpreter runs: BV=32, so that
-# the CPU tests (V = 64/128) exercise the V loop. sm_90a compile, K=V=128 (2026-12): BV32/w8 235
-# registers, BV64/w8 236, no stack; BV128/w8 spills 112 B, 4 warps 200-280 B (dq, dk alone are
-# 128 registers a thread there), so those are left out. Not yet timed.
-CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns) for bv, nw, ns in [(32, 8, 2), (64, 8, 2)]]
-CANDIDATES: list = []
+# (BK, BV, num_warps, num_stages). The first is the only one the interpreter runs: BK=64 and
+# BV=32, so that the CPU tests exercise the K split (K = 128) and the V loop (V = 64/128).
+# sm_90a compile (Triton 3.6, H=16, K=V=128, 2026-12-02), registers / stack at HV=16 | HV=32:
+#   BK64  BV32 w8 154/0 | 237/0     BK64  BV64 w8 155/0 | 248/0
+#   BK128 BV32 w8 248/0 | 255/224   BK128 BV64 w8 246/0 | 255/312   (the unsplit kernel)
+#   candidates: BK64 BV32 w4 252/0 | 255/8; BK64 BV64 w4 254/0 | 255/32
+# Tried and worse at HV=32: q, k loaded once before the group loop (252-255 registers, spills at
+# BV64 and BK128), the group loop unrolled (tl.static_range: 254-255, 216 B at BK128), maxnreg
+# 128 on 8 warps (28 spill ops at HV=16, 257 at HV=32).
+CONFIGS = [triton.Config({"BK": bk, "BV": bv}, num_warps=nw, num_stages=ns)
+           for bk, bv, nw, ns in [(64, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 2)]]
+CANDIDATES = [triton.Config({"BK": 64, "BV": bv}, num_warps=4, num_stages=2) for bv in (32, 64)]
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -61,17 +74,19 @@ def wy_dqk_bwd_kernel(
     scale,
     T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
+    BT: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    # one program per (chunk, qk head): chunk_program's 'value head' is the qk head here
-    _, i_h, _, i_tg, row0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, H, BT, IS_VARLEN)
+    # one program per (chunk, qk head, K block): chunk_program's 'value head' is the qk head here
+    NK: tl.constexpr = (KP + BK - 1) // BK
+    _, i_h, _, i_tg, row0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, H, BT, IS_VARLEN, NK)
+    i_kb = tl.program_id(0) % NK
     G: tl.constexpr = HV // H
     last = n_valid - 1
 
     o_i = tl.arange(0, BT)
     m_t = o_i < n_valid
-    o_k = tl.arange(0, KP)
+    o_k = i_kb * BK + tl.arange(0, BK)
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
 
@@ -82,8 +97,8 @@ def wy_dqk_bwd_kernel(
     dk += (row0 * H + i_h) * K
     dt_in = q.dtype.element_ty
 
-    b_dq = tl.zeros([BT, KP], dtype=tl.float32)
-    b_dk = tl.zeros([BT, KP], dtype=tl.float32)
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     r_q0 = tl.zeros([BT], dtype=tl.float32)  # rowsum(dq * q), rowsum(dk * k) of the heads before
     r_k0 = tl.zeros([BT], dtype=tl.float32)
     for i_g in range(G):
@@ -138,7 +153,7 @@ def wy_dqk_bwd_kernel(
         b_dk = tl.dot(b_st, b_q, b_dk, input_precision=DOT_PRECISION)
 
         p_gz = dgz + row0 * HV + i_hv + o_i * HV
-        b_dgh = tl.load(p_gz, mask=m_t, other=0.0)
+        b_dgh = tl.where(i_kb == 0, tl.load(p_gz, mask=m_t, other=0.0), 0.0)  # block 0 adds the Z part
         b_dgh += (tl.sum(b_dq * b_q32, 1) - r_q0) - (tl.sum(b_dk * b_k32, 1) - r_k0)
         b_dgh += tl.where(o_i == last, b_dgl, 0.0)
 
@@ -154,16 +169,26 @@ def wy_dqk_bwd_kernel(
         # dG reverse-cumsummed within the chunk: dg_t = sum over s >= t of dG_s
         b_dgh = tl.where(m_t, b_dgh, 0.0)
         b_rc = tl.sum(b_dgh[None, :], 1) - tl.cumsum(b_dgh, 0) + b_dgh  # [1, N]: see wy_dv_bwd
-        tl.store(dg + row0 * HV + i_hv + o_i * HV, b_rc.to(dg.dtype.element_ty), mask=m_t)
+        if NK == 1:
+            tl.store(dg + row0 * HV + i_hv + o_i * HV, b_rc.to(dg.dtype.element_ty), mask=m_t)
+        else:  # this block's part of a sum over K, into the zeroed dg
+            tl.atomic_add(dg + row0 * HV + i_hv + o_i * HV, b_rc.to(dg.dtype.element_ty), mask=m_t)
 
     tl.store(dq + o_i[:, None] * (H * K) + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + o_i[:, None] * (H * K) + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_tk)
 
 
+def _prune(configs, named_args, **kwargs):
+    """Drop configurations whose K block is wider than the padded K (then BV as the first half)."""
+    KP = kwargs.get("KP", named_args.get("KP"))
+    kept = [c for c in configs if c.kwargs["BK"] <= KP] or list(configs[:1])
+    return prune_bv(kept, named_args, **kwargs)
+
+
 wy_dqk_bwd_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(),
-    key=["H", "HV", "K", "V", "BT", "IS_VARLEN"],
-    prune_configs_by={"early_config_prune": prune_bv},
+    key=["H", "HV", "K", "V", "BT", "IS_VARLEN"], reset_to_zero=["dg"],
+    prune_configs_by={"early_config_prune": _prune},
 )(wy_dqk_bwd_kernel)
 
 
@@ -179,15 +204,19 @@ def wy_dqk_bwd(q, k, v_new, g, h, dh, do, dv, dAqk, dAkk, dgz, scale, NT: int, c
     out_dtype = out_dtype or q.dtype
     dq = alloc((B, T, H, K), dtype=out_dtype, device=q.device)
     dk = alloc((B, T, H, K), dtype=out_dtype, device=q.device)
-    dg = alloc((B, T, HV), dtype=torch.float32, device=q.device)
+    KP = max(16, next_pow2(K))
+    # zeroed when a K block narrower than K may run: the blocks add their parts of dG into it
+    split = any(c.kwargs["BK"] < KP for c in ([config] if config is not None else autotune_configs(CONFIGS)))
+    dg = (torch.zeros if split else alloc)((B, T, HV), dtype=torch.float32, device=q.device)
     is_varlen = cu_seqlens is not None
     args = dict(
         q=q, k=k, v_new=v_new, g=g, h=h, dh=dh, do=do, dv=dv, dAqk=dAqk, dAkk=dAkk, dgz=dgz, dq=dq, dk=dk, dg=dg,
         cu_seqlens=cu_seqlens if is_varlen else dg, chunk_indices=chunk_indices if is_varlen else dg,
-        scale=float(scale), T=T, H=H, HV=HV, K=K, V=V, BT=chunk_size, KP=max(16, next_pow2(K)),
+        scale=float(scale), T=T, H=H, HV=HV, K=K, V=V, BT=chunk_size, KP=KP,
         IS_VARLEN=is_varlen, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
-    grid = (NT, B * H)
+    # the K blocks of one (chunk, head) adjacent on axis 0 (chunk_program's SPLIT)
+    grid = lambda meta: (NT * cdiv(KP, meta["BK"]), B * H)  # noqa: E731
     launch(wy_dqk_bwd_kernel_tuned, grid, config, **args)
     record_launch("gdn.wy_dqk_bwd")
     return dq, dk, dg
