@@ -1,0 +1,193 @@
+"""GDN backward, second half, one (chunk, qk head) per program: dq, dk and dg from the state
+products and the first half's score gradients (``wy_dv_bwd.py``), group-summed over the qk
+head's value heads.
+
+Per chunk (BT = 64 tokens) and value head, in the notation of ``wy_dqkwg_bwd.py``:
+
+    dq  = diag(gamma scale) do S^T + dAqk K
+    dk  = diag(gamma_L / gamma) vn dS^T - diag(gamma) dv S^T + dAqk^T Q + (dAkk + dAkk^T) K
+          (diag(gamma) dv S^T = diag(beta gamma) A^T dvn S^T: the WY term of dw, taken from dv)
+    dG  = dGz + rowsum(dq * Q) - rowsum(dk_before_dAkk * K),
+          and on the last row also gamma_L sum(S * dS) + sum(rowsum(dk_state,w * K))
+    dg  = the chunk-local reverse cumsum of dG
+
+Registers: dq, dk [BT, K] fp32 (64 KB at K = 128), every product M = 64 rows (wgmma). Transpose-
+free: h^T, dh^T and dAqk^T, dAkk^T are loaded transposed from memory; no dot result is
+transposed (the Triton 3.4-3.7.0 Hopper miscompile, fla #640). The group's dq, dk accumulate in
+one pair of registers (the per-head gate factors are folded into the operands) and are written
+once; each head's share of rowsum(dq * Q) is the difference of the rowsums before and after it.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
+    alloc, autotune_cache, autotune_configs, config_name, install_interpreter_shims, launch, next_pow2)
+from kernel_fun._common.witness import record_launch
+from kernel_fun._delta.chunking import chunk_program
+
+from .wy_dv_bwd import prune_bv
+
+install_interpreter_shims()
+
+# (BV, num_warps, num_stages). The first is the only one the interpreter runs: BV=32, so that
+# the CPU tests (V = 64/128) exercise the V loop. sm_90a compile, K=V=128 (2026-12): BV32/w8 235
+# registers, BV64/w8 236, no stack; BV128/w8 spills 112 B, 4 warps 200-280 B (dq, dk alone are
+# 128 registers a thread there), so those are left out. Not yet timed.
+CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns) for bv, nw, ns in [(32, 8, 2), (64, 8, 2)]]
+CANDIDATES: list = []
+
+
+@triton.jit(do_not_specialize=["T"])
+def wy_dqk_bwd_kernel(
+    q,  # [B, T, H, K] (l2-normalized where the op normalizes)
+    k,  # [B, T, H, K]
+    v_new,  # [B, T, HV, V]
+    g,  # [B, T, HV] fp32, chunk-local cumulative log2 gate
+    h,  # [B, NT, HV, K, V]: the state before each chunk
+    dh,  # [B, NT, HV, K, V]: the gradient of the state after each chunk
+    do,  # [B, T, HV, V]
+    dv,  # [B, T, HV, V]: diag(beta) A^T dv2 (the first half's)
+    dAqk,  # [B, T, HV, BT]
+    dAkk,  # [B, T, HV, BT]
+    dgz,  # [B, T, HV] fp32
+    dq,  # [B, T, H, K]
+    dk,  # [B, T, H, K]
+    dg,  # [B, T, HV] fp32 (reverse-cumsummed within the chunk)
+    cu_seqlens,  # [N + 1] | unused
+    chunk_indices,  # [NT, 2] | unused
+    scale,
+    T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # one program per (chunk, qk head): chunk_program's 'value head' is the qk head here
+    _, i_h, _, i_tg, row0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, H, BT, IS_VARLEN)
+    G: tl.constexpr = HV // H
+    last = n_valid - 1
+
+    o_i = tl.arange(0, BT)
+    m_t = o_i < n_valid
+    o_k = tl.arange(0, KP)
+    m_k = o_k < K
+    m_tk = m_t[:, None] & m_k[None, :]
+
+    # Per-chunk base pointers (int64); offsets inside a chunk fit in int32.
+    q += (row0 * H + i_h) * K
+    k += (row0 * H + i_h) * K
+    dq += (row0 * H + i_h) * K
+    dk += (row0 * H + i_h) * K
+    dt_in = q.dtype.element_ty
+
+    b_dq = tl.zeros([BT, KP], dtype=tl.float32)
+    b_dk = tl.zeros([BT, KP], dtype=tl.float32)
+    r_q0 = tl.zeros([BT], dtype=tl.float32)  # rowsum(dq * q), rowsum(dk * k) of the heads before
+    r_k0 = tl.zeros([BT], dtype=tl.float32)
+    for i_g in range(G):
+        i_hv = i_h * G + i_g
+        p_g = g + row0 * HV + i_hv
+        b_g = tl.load(p_g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
+        b_gl = tl.load(p_g + last * HV).to(tl.float32)
+        b_gam = tl.where(m_t, tl.exp2(b_g), 0.0)
+        b_decay = tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)  # gamma_L / gamma, <= 1
+        b_dos_f = b_gam * scale
+        p_h = h + (i_tg * HV + i_hv) * K * V
+        p_dh = dh + (i_tg * HV + i_hv) * K * V
+        p_vn = v_new + (row0 * HV + i_hv) * V
+        p_do = do + (row0 * HV + i_hv) * V
+        p_dv = dv + (row0 * HV + i_hv) * V
+
+        b_hdh = tl.zeros([1], dtype=tl.float32)  # sum(S * dS)
+        for i_v in range(tl.cdiv(V, BV)):
+            o_v = i_v * BV + tl.arange(0, BV)
+            m_v = o_v < V
+            m_tv = m_t[:, None] & m_v[None, :]
+            m_vk = m_v[:, None] & m_k[None, :]
+            b_do = tl.load(p_do + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
+            b_vn = tl.load(p_vn + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
+            b_dvv = tl.load(p_dv + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
+            # S^T and dS^T [BV, K] tiles of the [K, V] states, loaded transposed
+            b_ht = tl.load(p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0).to(dt_in)
+            b_dht = tl.load(p_dh + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0).to(dt_in)
+            b_hdh += tl.sum(tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), 1), 0)
+
+            b_dog = (b_do.to(tl.float32) * b_dos_f[:, None]).to(dt_in)
+            b_dq = tl.dot(b_dog, b_ht, b_dq, input_precision=DOT_PRECISION)
+            b_vnd = (b_vn.to(tl.float32) * b_decay[:, None]).to(dt_in)
+            b_dk = tl.dot(b_vnd, b_dht, b_dk, input_precision=DOT_PRECISION)
+            # w = A diag(beta gamma) K:  dk += diag(beta gamma) A^T dw = -diag(gamma) dv S^T
+            b_dvg = (b_dvv.to(tl.float32) * (-b_gam)[:, None]).to(dt_in)
+            b_dk = tl.dot(b_dvg, b_ht, b_dk, input_precision=DOT_PRECISION)
+
+        b_q = tl.load(q + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
+        b_k = tl.load(k + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
+        b_q32 = b_q.to(tl.float32)
+        b_k32 = b_k.to(tl.float32)
+        # this head's state + w part of rowsum(dk * K) (for the last row's dG)
+        b_dgl = tl.exp2(b_gl) * tl.sum(b_hdh, 0) + tl.sum((tl.sum(b_dk * b_k32, 1) - r_k0)[None, :], 1)
+
+        m_tt = m_t[:, None] & m_t[None, :]
+        # Output, intra-chunk: dq += dAqk K, dk += dAqk^T Q (dAqk^T loaded transposed)
+        p_s = dAqk + (row0 * HV + i_hv) * BT
+        b_s = tl.load(p_s + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_tt, other=0.0)
+        b_st = tl.load(p_s + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_tt, other=0.0)
+        b_dq = tl.dot(b_s, b_k, b_dq, input_precision=DOT_PRECISION)
+        b_dk = tl.dot(b_st, b_q, b_dk, input_precision=DOT_PRECISION)
+
+        p_gz = dgz + row0 * HV + i_hv + o_i * HV
+        b_dgh = tl.load(p_gz, mask=m_t, other=0.0)
+        b_dgh += (tl.sum(b_dq * b_q32, 1) - r_q0) - (tl.sum(b_dk * b_k32, 1) - r_k0)
+        b_dgh += tl.where(o_i == last, b_dgl, 0.0)
+
+        # A: dk += diag(beta) Z K + Z^T diag(beta) K = (dAkk + dAkk^T) K
+        p_z = dAkk + (row0 * HV + i_hv) * BT
+        b_z = tl.load(p_z + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_tt, other=0.0).to(tl.float32)
+        b_z += tl.load(p_z + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_tt, other=0.0).to(tl.float32)
+        b_dk = tl.dot(b_z.to(dt_in), b_k, b_dk, input_precision=DOT_PRECISION)
+        if G > 1:
+            r_q0 = tl.sum(b_dq * b_q32, 1)
+            r_k0 = tl.sum(b_dk * b_k32, 1)
+
+        # dG reverse-cumsummed within the chunk: dg_t = sum over s >= t of dG_s
+        b_dgh = tl.where(m_t, b_dgh, 0.0)
+        b_rc = tl.sum(b_dgh[None, :], 1) - tl.cumsum(b_dgh, 0) + b_dgh  # [1, N]: see wy_dv_bwd
+        tl.store(dg + row0 * HV + i_hv + o_i * HV, b_rc.to(dg.dtype.element_ty), mask=m_t)
+
+    tl.store(dq + o_i[:, None] * (H * K) + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_tk)
+    tl.store(dk + o_i[:, None] * (H * K) + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_tk)
+
+
+wy_dqk_bwd_kernel_tuned = triton.autotune(
+    configs=autotune_configs(CONFIGS), **autotune_cache(),
+    key=["H", "HV", "K", "V", "BT", "IS_VARLEN"],
+    prune_configs_by={"early_config_prune": prune_bv},
+)(wy_dqk_bwd_kernel)
+
+
+def wy_dqk_bwd(q, k, v_new, g, h, dh, do, dv, dAqk, dAkk, dgz, scale, NT: int, cu_seqlens=None,
+               chunk_indices=None, chunk_size: int = 64, out_dtype=None, *, config: triton.Config | None = None):
+    """The second half of the GDN backward (shapes checked and made contiguous by the caller,
+    ``wy_dqkwg_bwd``): q, k ``[B, T, H, K]``; v_new, do, dv ``[B, T, HV, V]`` (dv: the first
+    half's); g ``[B, T, HV]``; h, dh ``[B, NT, HV, K, V]``; dAqk, dAkk ``[B, T, HV, BT]`` and
+    dGz ``[B, T, HV]`` (the first half's). Returns ``(dq, dk [B, T, H, K]`` in ``out_dtype``
+    (q's by default), ``dg [B, T, HV]`` fp32, reverse-cumsummed)."""
+    B, T, H, K = q.shape
+    HV, V = v_new.shape[2], v_new.shape[3]
+    out_dtype = out_dtype or q.dtype
+    dq = alloc((B, T, H, K), dtype=out_dtype, device=q.device)
+    dk = alloc((B, T, H, K), dtype=out_dtype, device=q.device)
+    dg = alloc((B, T, HV), dtype=torch.float32, device=q.device)
+    is_varlen = cu_seqlens is not None
+    args = dict(
+        q=q, k=k, v_new=v_new, g=g, h=h, dh=dh, do=do, dv=dv, dAqk=dAqk, dAkk=dAkk, dgz=dgz, dq=dq, dk=dk, dg=dg,
+        cu_seqlens=cu_seqlens if is_varlen else dg, chunk_indices=chunk_indices if is_varlen else dg,
+        scale=float(scale), T=T, H=H, HV=HV, K=K, V=V, BT=chunk_size, KP=max(16, next_pow2(K)),
+        IS_VARLEN=is_varlen, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+    )
+    grid = (NT, B * H)
+    launch(wy_dqk_bwd_kernel_tuned, grid, config, **args)
+    record_launch("gdn.wy_dqk_bwd")
+    return dq, dk, dg
