@@ -39,22 +39,27 @@ from .wy_dv_bwd import prune_bv
 
 install_interpreter_shims()
 
-# (BK, BV, num_warps, num_stages). The first is the only one the interpreter runs: BK=64, so that
-# the CPU tests exercise the K split (K = 128); BV=64 < V=128 there exercises the V loop.
-# sm_90a compile (Triton 3.6, H=16, K=V=128, 2026-12-02), registers / stack at HV=16 | HV=32:
-#   BK64  BV64 w8 155/0 | 248/0
-#   BK128 BV32 w8 248/0 | 255/224   BK128 BV64 w8 246/0 | 255/312   (the unsplit kernel)
-#   candidates: BK64 BV32 w4 252/0 | 255/8; BK64 BV64 w4 254/0 | 255/32
-# Left out: BK64 BV32 w8 (154/0 | 237/0) hit an illegal memory access on the H200 (Triton 3.6,
-# B=4 T=4096 H=16 HV=32; 2026-12-02, every other config here ran in the same call; with the dgz load
-# unconditional it ran: a miscompile of that config, as fla #640 and Triton #10486/#11366 describe
-# for multi-dot Hopper kernels). Tried and worse at HV=32 on the compile: q, k loaded once before
-# the group loop (252-255 registers, spills at BV64 and BK128), the group loop unrolled
-# (tl.static_range: 254-255, 216 B at BK128), maxnreg 128 on 8 warps (28 spill ops at HV=16, 257
-# at HV=32).
+# (BK, BV, num_warps, num_stages). The first is the only one the interpreter runs: BK=64 and
+# BV=32, so that the CPU tests exercise the K split (K = 128) and the V loop (V = 64/128).
+# Timed on the H200 (`--stages gdn`, B=4 T=4096 H=16 K=V=128, bf16, 2026-12-02; records
+# bench/records/2026-12-02-h200-stages-gdn-hv{32,16}-cb9017d.json), ms at HV=32 | HV=16, and sm_90a
+# registers / stack (Triton 3.6) at HV=32 | HV=16:
+#   BK64  BV64 w4 0.823 | 0.444   255/32  | 254/0
+#   BK64  BV32 w4 0.994 | 0.517   255/8   | 252/0
+#   BK128 BV64 w8 1.283 | 0.545   255/312 | 246/0   (the unsplit kernel's best, shipped until then)
+#   BK128 BV32 w8 1.414 | 0.681   255/224 | 248/0
+#   BK64  BV64 w8 1.681 | 0.852   248/0   | 155/0
+# Four warps (one warpgroup, M = 64 per wgmma) with half of K a program beat eight warps with all of
+# it, spills included (a few spill ops at HV=32). Left out: BK64 BV32 w8 (237/0 | 154/0) hit an
+# illegal memory access on the H200 (Triton 3.6, B=4 T=4096 H=16 HV=32, 2026-12-02; every other
+# config ran in the same call, and it ran with the dgz load made unconditional: a miscompile of
+# that config, as Triton #10486/#11366 describe for multi-dot Hopper kernels;
+# bench/records/raw/2026-12-02-h200-gdn-wy-dqk-ima-diag.log). Tried and worse on the compile at
+# HV=32: q, k loaded once before the group loop, the group loop unrolled (tl.static_range),
+# maxnreg 128 on 8 warps (257 spill ops).
 CONFIGS = [triton.Config({"BK": bk, "BV": bv}, num_warps=nw, num_stages=ns)
-           for bk, bv, nw, ns in [(64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 2)]]
-CANDIDATES = [triton.Config({"BK": 64, "BV": bv}, num_warps=4, num_stages=2) for bv in (32, 64)]
+           for bk, bv, nw, ns in [(64, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2)]]
+CANDIDATES = [triton.Config({"BK": bk, "BV": bv}, num_warps=8, num_stages=2) for bk, bv in ((64, 64), (128, 32))]
 
 
 @triton.jit(do_not_specialize=["T"])
