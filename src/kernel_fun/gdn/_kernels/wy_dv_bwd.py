@@ -40,14 +40,15 @@ from kernel_fun._delta.chunking import chunk_program
 install_interpreter_shims()
 
 # (BV, num_warps, num_stages). The first is the only one the interpreter runs: BV=32, so that
-# the CPU tests (V = 64/128) exercise the V loop. sm_90a compile, K=V=128 (2026-12): BV32/w8 234
-# registers, BV64/w8 220, BV128/w8 255, no stack; on 4 warps it spills (BV32 264 B, BV64 408 B),
-# so 4-warp configurations are left out. Not yet timed.
+# the CPU tests (V = 64/128) exercise the V loop. Timed on the H200 (`--stages gdn`, B=4 T=4096
+# H=16 K=V=128, bf16, 2026-12-02, bench/records/2026-12-02-h200-stages-gdn-hv{32,16}-137cfbe.json),
+# ms at HV=32 | HV=16, and sm_90a registers / stack (Triton 3.6) at HV=32:
+#   BV32 w4 0.742 | 0.387  255/160      BV64 w8 0.793 | 0.398  236/0      BV128 w8 0.871 | 0.454  255/8
+#   candidates: BV16 w4 0.892 | 0.432  255/104;  BV64 w4 1.041 | 0.511  255/304;  BV32 w8 1.022 | 0.509  247/0
+# Four warps spill a little here and still win at BV32 (as on wy_dqk_bwd).
 CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
-           for bv, nw, ns in [(32, 8, 2), (64, 8, 2), (128, 8, 2)]]
-# Candidates (for `--stages gdn`): four warps spill at HV=32 on sm_90a (255 registers; BV16 104 B,
-# BV32 160 B, BV64 304 B of stack), but on wy_dqk_bwd four warps won over eight, spills included.
-CANDIDATES = [triton.Config({"BV": bv}, num_warps=4, num_stages=2) for bv in (16, 32, 64)]
+           for bv, nw, ns in [(32, 4, 2), (64, 8, 2), (128, 8, 2)]]
+CANDIDATES = [triton.Config({"BV": bv}, num_warps=nw, num_stages=2) for bv, nw in ((16, 4), (64, 4), (32, 8))]
 
 
 def prune_bv(configs, named_args, **kwargs):
