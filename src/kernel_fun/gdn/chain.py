@@ -15,7 +15,8 @@ chain). The gate is kept as its chunk-local cumulative sum in log2 units (fla's 
 
 fla's ``chunk_bwd_dqkwg`` (refused by fla on Hopper with Triton 3.4-3.7.0), ``prepare_wy_repr_bwd``,
 ``chunk_bwd_dv_local``, ``chunk_gated_delta_rule_bwd_dhu``, ``chunk_gated_delta_rule_fwd_h``,
-``chunk_fwd_o`` and the backward's ``chunk_local_cumsum`` never run. Not yet timed on a GPU.
+``chunk_fwd_o`` and the backward's ``chunk_local_cumsum`` never run. Timed against fla's chain:
+docs/gdn.md (the op bench's per-kernel table).
 """
 from __future__ import annotations
 
