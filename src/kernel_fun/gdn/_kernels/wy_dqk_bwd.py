@@ -60,6 +60,7 @@ install_interpreter_shims()
 CONFIGS = [triton.Config({"BK": bk, "BV": bv}, num_warps=nw, num_stages=ns)
            for bk, bv, nw, ns in [(64, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2)]]
 CANDIDATES = [triton.Config({"BK": bk, "BV": bv}, num_warps=8, num_stages=2) for bk, bv in ((64, 64), (128, 32))]
+MIN_BK = min(c.kwargs["BK"] for c in CONFIGS)  # of the autotuner's configs (whether dg needs zeroing)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -215,7 +216,7 @@ def wy_dqk_bwd(q, k, v_new, g, h, dh, do, dv, dAqk, dAkk, dgz, scale, NT: int, c
     dk = alloc((B, T, H, K), dtype=out_dtype, device=q.device)
     KP = max(16, next_pow2(K))
     # zeroed when a K block narrower than K may run: the blocks add their parts of dG into it
-    split = any(c.kwargs["BK"] < KP for c in ([config] if config is not None else autotune_configs(CONFIGS)))
+    split = (config.kwargs["BK"] if config is not None else MIN_BK) < KP
     dg = (torch.zeros if split else alloc)((B, T, HV), dtype=torch.float32, device=q.device)
     is_varlen = cu_seqlens is not None
     args = dict(

@@ -37,8 +37,9 @@ and dg reverse-cumsummed.
 
 Why two kernels: the single fused kernel held dq, dk and the three [BT, BT] accumulators (112 KB
 of fp32 per program at K = 128) and took 255 registers with 824-2112 B of spill stack in every
-configuration (sm_90a compile, K=V=128, 2026-12). Split, neither half spills on eight warps (docs/gdn.md
-has the table); the shipped four-warp configs spill a little and are faster on the H200. The cost is bytes: do, v_new and h are read by both halves and dv, dAqk, dAkk go through
+configuration (sm_90a compile, K=V=128, 2026-12). Split, neither half spills on eight warps
+(docs/gdn.md has the table); the shipped four-warp configs spill a little and are faster on the
+H200. The cost is bytes: do, v_new and h are read by both halves and dv, dAqk, dAkk go through
 memory: about 21X at B=8, T=8192, H=HV=16, K=V=128 (X = one [B, T, H, 128] bf16 tensor) against
 the fused kernel's 12X. On the H200 the pair takes 3.68 ms at that shape against fla's dqkwg +
 wy_repr_bwd + dv_local 3.14 ms, before the four-warp configs (docs/gdn.md).
