@@ -188,6 +188,29 @@ def test_without_optional_outputs():
     _check("o", o, o_ref, TOL[torch.float16])
 
 
+@pytest.mark.parametrize("config", [None, "VK32"], ids=["key_major", "value_major"])
+@pytest.mark.parametrize("varlen", [False, True])
+def test_recompute_without_output(poisoned, config, varlen):
+    """GDN's backward recompute (``store_o=False``): h, v_new and the final state as with the
+    output, no o allocated; the queries are never read (passed as NaN)."""
+    cu = CU if varlen else None
+    x, h0 = _stage_inputs("g", torch.float16, B=1 if varlen else 2, T=180 if varlen else 130, cu_seqlens=cu)
+    _, ht_ref, h_ref, vn_ref = _reference(x, h0, cu)
+    before = launches("delta.state_scan_fwd")
+    o, ht, h, vn = state_scan_fwd(
+        torch.full_like(x["q"], float("nan")), x["k"], x["w"], x["u"], g=x["g"], scale=SCALE, initial_state=h0,
+        output_final_state=True, cu_seqlens=cu, save_h=True, save_v_new=True, store_o=False,
+        config=VK32 if config else None)
+    assert launches("delta.state_scan_fwd") == before + 1
+    assert o is None
+    _check("final_state", ht, ht_ref, TOL[torch.float16])
+    _check("h", h, h_ref, TOL[torch.float16])
+    rows = None if cu is None else slice(0, int(cu[-1]))
+    _check("v_new", vn, vn_ref, TOL[torch.float16], rows=rows)
+    with pytest.raises(ValueError, match="nothing else"):
+        state_scan_fwd(x["q"], x["k"], x["w"], x["u"], g=x["g"], scale=SCALE, store_o=False)
+
+
 def test_argument_errors():
     x, _ = _stage_inputs("gk", torch.float16)
     with pytest.raises(ValueError, match="needs Aqk"):

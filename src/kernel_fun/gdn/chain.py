@@ -75,11 +75,12 @@ def backward(q, k, v, gc, beta, A, scale, initial_state, do, dht, cu_seqlens, ch
     ``(dq, dk, dv, dbeta fp32, dg fp32, dh0 or None)``."""
     w, u = _fla("fla.ops.gated_delta_rule.wy_fast", "recompute_w_u_fwd")(
         k=k, v=v, beta=beta, A=A, g=gc, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
-    # The forward scan again, now writing h (the state before each chunk) and v_new. Its o is
-    # written and dropped (0.27 GB at the main shape; a scan variant without o is a next step).
+    # The forward scan again, now writing h (the state before each chunk) and v_new, and no
+    # output (store_o=False: no q read, half the products, no o written).
     _, _, h, v_new = state_scan_fwd(
         q, k, w, u, g=gc, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-        chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT, save_h=True, save_v_new=True)
+        chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT, save_h=True, save_v_new=True,
+        store_o=False)
     del u
     Aqk = gated_scores(q, k, gc, scale, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
     dh, dh0, dv2 = state_scan_bwd(

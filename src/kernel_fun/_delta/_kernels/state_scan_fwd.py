@@ -178,6 +178,7 @@ def state_scan_fwd_kernel(
     HAS_AQK: tl.constexpr,
     USE_H0: tl.constexpr,
     STORE_HT: tl.constexpr,
+    STORE_O: tl.constexpr,
     SAVE_H: tl.constexpr,
     SAVE_V_NEW: tl.constexpr,
     STATE_V_FIRST: tl.constexpr,
@@ -266,22 +267,24 @@ def state_scan_fwd_kernel(
             if SAVE_H:
                 tl.store(h + s_off, b_sc.to(h.dtype.element_ty), mask=m_vk)
 
-            # Output, inter-chunk part: S^T (before the chunk) against the gated queries^T.
-            if Q_GATED:
-                b_qt = tl.load(q + o_i[None, :] * (HV * K) + o_k[:, None], mask=m_kt, other=0.0)
-            else:
-                b_qt = tl.load(q + o_i[None, :] * (HQ * K) + o_k[:, None], mask=m_kt, other=0.0)
-            if GATE == 2 and not Q_GATED:
-                b_gkt = tl.load(g + o_i[None, :] * (HV * K) + o_k[:, None], mask=m_kt, other=0.0).to(tl.float32)
-                b_ekt = tl.exp2(b_gkt)
-                b_qgt = (b_qt * b_ekt).to(b_qt.dtype)
-            else:
-                b_qgt = b_qt
-            b_o = tl.dot(b_sc, b_qgt, input_precision=DOT_PRECISION)
             if GATE == 1:
                 b_g = tl.load(g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
-                b_o *= tl.exp2(b_g)[None, :]
-            b_o *= scale
+            if STORE_O:
+                # Output, inter-chunk part: S^T (before the chunk) against the gated queries^T.
+                if Q_GATED:
+                    b_qt = tl.load(q + o_i[None, :] * (HV * K) + o_k[:, None], mask=m_kt, other=0.0)
+                else:
+                    b_qt = tl.load(q + o_i[None, :] * (HQ * K) + o_k[:, None], mask=m_kt, other=0.0)
+                if GATE == 2 and not Q_GATED:
+                    b_gkt = tl.load(g + o_i[None, :] * (HV * K) + o_k[:, None], mask=m_kt, other=0.0).to(tl.float32)
+                    b_ekt = tl.exp2(b_gkt)
+                    b_qgt = (b_qt * b_ekt).to(b_qt.dtype)
+                else:
+                    b_qgt = b_qt
+                b_o = tl.dot(b_sc, b_qgt, input_precision=DOT_PRECISION)
+                if GATE == 1:
+                    b_o *= tl.exp2(b_g)[None, :]
+                b_o *= scale
 
             # v_new^T = u^T - S^T w^T  (w^T and u^T loaded transposed from memory)
             b_wt = tl.load(w + o_i[None, :] * (HV * K) + o_k[:, None], mask=m_kt, other=0.0)
@@ -305,21 +308,22 @@ def state_scan_fwd_kernel(
                 b_s *= tl.exp2(b_gl)
             b_s = tl.dot(b_vu, b_k, b_s, input_precision=DOT_PRECISION)
 
-            # Output, intra-chunk part: v_new^T Aqk^T, Aqk^T [j, i] loaded transposed (its
-            # unwritten upper triangle is dropped with where, never multiplied).
-            m_causal = m_upper & m_t[None, :]
-            if HAS_AQK:
-                b_at = tl.load(Aqk + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_t[None, :], other=0.0)
-                b_at = tl.where(m_causal, b_at, 0.0)
-                b_o += tl.dot(b_vnc, b_at.to(b_vnc.dtype), input_precision=DOT_PRECISION)
-            else:
-                # Aqk^T = k q^T from loaded operands (never a transposed product)
-                b_at = tl.dot(b_k, b_qt, input_precision=DOT_PRECISION)
-                if GATE == 1:
-                    b_at *= tl.exp2(tl.where(m_causal, b_g[None, :] - b_g[:, None], 0.0))
-                b_at = tl.where(m_causal, b_at, 0.0)
-                b_o += tl.dot(b_vnc, b_at.to(b_vnc.dtype), input_precision=DOT_PRECISION) * scale
-            tl.store(o + o_i[None, :] * (HV * V) + o_v[:, None], b_o.to(o.dtype.element_ty), mask=m_vt)
+            if STORE_O:
+                # Output, intra-chunk part: v_new^T Aqk^T, Aqk^T [j, i] loaded transposed (its
+                # unwritten upper triangle is dropped with where, never multiplied).
+                m_causal = m_upper & m_t[None, :]
+                if HAS_AQK:
+                    b_at = tl.load(Aqk + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_t[None, :], other=0.0)
+                    b_at = tl.where(m_causal, b_at, 0.0)
+                    b_o += tl.dot(b_vnc, b_at.to(b_vnc.dtype), input_precision=DOT_PRECISION)
+                else:
+                    # Aqk^T = k q^T from loaded operands (never a transposed product)
+                    b_at = tl.dot(b_k, b_qt, input_precision=DOT_PRECISION)
+                    if GATE == 1:
+                        b_at *= tl.exp2(tl.where(m_causal, b_g[None, :] - b_g[:, None], 0.0))
+                    b_at = tl.where(m_causal, b_at, 0.0)
+                    b_o += tl.dot(b_vnc, b_at.to(b_vnc.dtype), input_precision=DOT_PRECISION) * scale
+                tl.store(o + o_i[None, :] * (HV * V) + o_v[:, None], b_o.to(o.dtype.element_ty), mask=m_vt)
 
             q, k, w, u, o, g, Aqk, v_new, h = _next_chunk(
                 q, k, w, u, o, g, Aqk, v_new, h, HQ, HK, HV, K, V, BT, GATE, Q_GATED, HAS_AQK,
@@ -392,34 +396,35 @@ def state_scan_fwd_kernel(
                     b_s2 *= tl.exp2(b_gl)
                 b_s2 = tl.dot(b_k2t, b_vu, b_s2, input_precision=DOT_PRECISION)
 
-            # Output, inter-chunk part: the (gated) queries against the state before the chunk.
-            b_q1 = _gated_q(q, g, o_i, o_k1, m_tk1, HQ, HV, K, GATE, Q_GATED)
-            b_o = tl.dot(b_q1, b_s1c, input_precision=DOT_PRECISION)
-            if TWO_K:
-                b_q2 = _gated_q(q, g, o_i, o_k2, m_tk2, HQ, HV, K, GATE, Q_GATED)
-                b_o = tl.dot(b_q2, b_s2c, b_o, input_precision=DOT_PRECISION)
-            if GATE == 1:
-                b_o *= tl.exp2(b_g)[:, None]
-            b_o *= scale
-
-            # Output, intra-chunk part. Masks are applied with where, never by multiplying:
-            # Aqk's upper triangle is unwritten memory (NaN possible), and exp2(G_i - G_j)
-            # overflows above the diagonal. (Aqk is loaded with a row mask only, which keeps the
-            # load vectorized.)
-            m_causal = m_lower & m_t[:, None]
-            if HAS_AQK:
-                b_a = tl.load(Aqk + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0)
-                b_a = tl.where(m_causal, b_a, 0.0)
-                b_o += tl.dot(b_a.to(b_vnc.dtype), b_vnc, input_precision=DOT_PRECISION)
-            else:
-                b_a = tl.dot(b_q1, b_k1t, input_precision=DOT_PRECISION)
+            if STORE_O:
+                # Output, inter-chunk part: the (gated) queries against the state before the chunk.
+                b_q1 = _gated_q(q, g, o_i, o_k1, m_tk1, HQ, HV, K, GATE, Q_GATED)
+                b_o = tl.dot(b_q1, b_s1c, input_precision=DOT_PRECISION)
                 if TWO_K:
-                    b_a = tl.dot(b_q2, b_k2t, b_a, input_precision=DOT_PRECISION)
+                    b_q2 = _gated_q(q, g, o_i, o_k2, m_tk2, HQ, HV, K, GATE, Q_GATED)
+                    b_o = tl.dot(b_q2, b_s2c, b_o, input_precision=DOT_PRECISION)
                 if GATE == 1:
-                    b_a *= tl.exp2(tl.where(m_causal, b_g[:, None] - b_g[None, :], 0.0))
-                b_a = tl.where(m_causal, b_a, 0.0)
-                b_o += tl.dot(b_a.to(b_vnc.dtype), b_vnc, input_precision=DOT_PRECISION) * scale
-            tl.store(o + o_i[:, None] * (HV * V) + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
+                    b_o *= tl.exp2(b_g)[:, None]
+                b_o *= scale
+
+                # Output, intra-chunk part. Masks are applied with where, never by multiplying:
+                # Aqk's upper triangle is unwritten memory (NaN possible), and exp2(G_i - G_j)
+                # overflows above the diagonal. (Aqk is loaded with a row mask only, which keeps the
+                # load vectorized.)
+                m_causal = m_lower & m_t[:, None]
+                if HAS_AQK:
+                    b_a = tl.load(Aqk + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0)
+                    b_a = tl.where(m_causal, b_a, 0.0)
+                    b_o += tl.dot(b_a.to(b_vnc.dtype), b_vnc, input_precision=DOT_PRECISION)
+                else:
+                    b_a = tl.dot(b_q1, b_k1t, input_precision=DOT_PRECISION)
+                    if TWO_K:
+                        b_a = tl.dot(b_q2, b_k2t, b_a, input_precision=DOT_PRECISION)
+                    if GATE == 1:
+                        b_a *= tl.exp2(tl.where(m_causal, b_g[:, None] - b_g[None, :], 0.0))
+                    b_a = tl.where(m_causal, b_a, 0.0)
+                    b_o += tl.dot(b_a.to(b_vnc.dtype), b_vnc, input_precision=DOT_PRECISION) * scale
+                tl.store(o + o_i[:, None] * (HV * V) + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
 
             q, k, w, u, o, g, Aqk, v_new, h = _next_chunk(
                 q, k, w, u, o, g, Aqk, v_new, h, HQ, HK, HV, K, V, BT, GATE, Q_GATED, HAS_AQK,
@@ -430,7 +435,7 @@ def state_scan_fwd_kernel(
             if TWO_K:
                 tl.store(ht + i_nh * K * V + s_off2, b_s2.to(ht.dtype.element_ty), mask=m_kv2)
 
-    if IS_VARLEN:
+    if IS_VARLEN and STORE_O:
         # fla's KDA chain returns zeros for the padding tokens after the last sequence.
         if i_n == N - 1:
             for i_p in range(tl.cdiv(T_total - eos, BT)):
@@ -440,7 +445,7 @@ def state_scan_fwd_kernel(
                          tl.zeros([BT, BV], dtype=tl.float32).to(o.dtype.element_ty), mask=m_p)
 
 
-_AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "Q_GATED", "HAS_AQK", "USE_H0", "STORE_HT",
+_AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "Q_GATED", "HAS_AQK", "USE_H0", "STORE_HT", "STORE_O",
                  "SAVE_H", "SAVE_V_NEW", "STATE_V_FIRST", "IS_VARLEN"]
 # Production autotune set: the measured winners. H200, KDA T=8192, H=HV=16, K=128, V=256, bf16,
 # every configuration forced, 2026-11-30 (bench/records/raw/2026-11-30-h200-delta-scan-bench-r2.json):
@@ -478,6 +483,7 @@ def state_scan_fwd(
     state_v_first: bool = False,
     *,
     q_gated: bool = False,
+    store_o: bool = True,
     config: triton.Config | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """The forward state scan of the chunked delta rule, with the output made inside it.
@@ -519,9 +525,11 @@ def state_scan_fwd(
     for the number of chunks of ``h`` (saves a host sync when ``save_h``); chunk_offsets
     ``[N + 1]`` (fla's ``prepare_chunk_offsets``) is computed when needed and not given.
     ``config`` forces one configuration (a ``triton.Config`` from ``CONFIGS`` or ``CANDIDATES``).
+    ``store_o=False`` (the backward's recompute, which wants only h and v_new): o is neither
+    computed nor written (q and Aqk are not read) and comes back as None.
 
     Returns ``(o, final_state, h, v_new)``:
-        o           ``[B, T, HV, V]`` in u's dtype: what fla's fwd_o returns, before the
+        o           ``[B, T, HV, V]`` in u's dtype (None with ``store_o=False``): what fla's fwd_o returns, before the
                     chain's ``.type_as(q)``; zero on padding tokens after ``cu_seqlens[-1]``.
         final_state ``[N, HV, K, V]`` fp32 if ``output_final_state`` else None.
         h           ``[B, NT, HV, K, V]`` in k's dtype (the state before each chunk, as fla's
@@ -571,7 +579,9 @@ def state_scan_fwd(
     if initial_state is not None:
         initial_state = initial_state.contiguous()
 
-    o = alloc((B, T, HV, V), dtype=u.dtype, device=u.device)
+    if not (store_o or save_h or save_v_new or output_final_state):
+        raise ValueError("state_scan_fwd: store_o=False with nothing else to write")
+    o = alloc((B, T, HV, V), dtype=u.dtype, device=u.device) if store_o else None
     final_state = alloc(state_shape, dtype=torch.float32, device=u.device) if output_final_state else None
     v_new = alloc(tuple(u.shape), dtype=u.dtype, device=u.device) if save_v_new else None
     h = None
@@ -580,13 +590,13 @@ def state_scan_fwd(
         h_shape = (B, NT, HV, V, K) if state_v_first else (B, NT, HV, K, V)
         h = alloc(h_shape, dtype=k.dtype, device=k.device)
 
-    dummy = o  # pointer for arguments a constexpr switch leaves unused
+    dummy = u  # pointer for arguments a constexpr switch leaves unused (never written through)
     args = dict(
         q=q, k=k, w=w, u=u,
         g=gate if gate is not None else dummy,
         Aqk=Aqk if Aqk is not None else dummy,
         h0=initial_state if initial_state is not None else dummy,
-        o=o,
+        o=o if o is not None else dummy,
         ht=final_state if final_state is not None else dummy,
         h=h if h is not None else dummy,
         v_new=v_new if v_new is not None else dummy,
@@ -595,7 +605,7 @@ def state_scan_fwd(
         scale=float(scale), T=T, T_total=T, N=N,
         HQ=HQ, HK=HK, HV=HV, K=K, V=V, BT=BT, BK=min(64, max(16, next_pow2(K))),
         GATE=gate_kind, Q_GATED=q_gated, HAS_AQK=Aqk is not None, USE_H0=initial_state is not None,
-        STORE_HT=output_final_state, SAVE_H=save_h, SAVE_V_NEW=save_v_new,
+        STORE_HT=output_final_state, STORE_O=store_o, SAVE_H=save_h, SAVE_V_NEW=save_v_new,
         STATE_V_FIRST=state_v_first, IS_VARLEN=is_varlen,
         # fp32 inputs: exact fp32 products (the GPU default would be tf32); 16-bit inputs keep
         # the default, which only concerns fp32 operands.
