@@ -33,6 +33,7 @@ def fla_refusal_bypassed():
 
 
 KERNELS = {
+    "gdn.wy_fwd": "the forward intra stage: kkt, the gated WY inverse A, w and u in one pass",
     "delta.state_scan_fwd": "the forward state scan (scalar gate) making o; h and v_new for the backward",
     "delta.state_scan_bwd": "the backward state scan (scalar gate) making dv",
     "gdn.gated_scores": "the gated scores the backward scan makes dv from",
@@ -57,8 +58,8 @@ def _inputs(B, T, H, HV, K, V, seed=0):
 def chain_setup() -> dict:
     from ..gdn import chain
 
-    return {"module": chain.__name__, "ours": ["delta.state_scan_fwd", "delta.state_scan_bwd", "gdn.gated_scores",
-                                                 "gdn.wy_dv_bwd", "gdn.wy_dqk_bwd"]}
+    return {"module": chain.__name__, "ours": ["gdn.wy_fwd", "delta.state_scan_fwd", "delta.state_scan_bwd",
+                                                 "gdn.gated_scores", "gdn.wy_dv_bwd", "gdn.wy_dqk_bwd"]}
 
 
 def _case(name, B, T, H, HV, K, V, cu_seqlens=None, profile=False):
@@ -157,7 +158,7 @@ def probes(device: str, shape: dict | None = None) -> list:
     from .._delta._kernels.state_scan_fwd import state_scan_fwd
     from .._delta.reference import intra_ref, state_scan_bwd_ref, state_scan_fwd_ref
     from ..gdn import reference_stages as R
-    from ..gdn._kernels import scores, wy_dqk_bwd, wy_dv_bwd
+    from ..gdn._kernels import scores, wy_dqk_bwd, wy_dv_bwd, wy_fwd
     from ..kda.reference_stages import dAv_reference
     from .harness import Probe
 
@@ -187,6 +188,9 @@ def probes(device: str, shape: dict | None = None) -> list:
     dqk_in = dict(q=t["q"], k=t["k"], v_new=t["v_new"], g=g, h=t["h"], dh=t["dh"], do=t["do"], dv=dv, dAqk=dAqk,
                   dAkk=dAkk, dgz=dgz)
     out = [
+        P("gdn.wy_fwd", lambda c: wy_fwd.wy_fwd(t["k"], t["v"], g, beta, config=c),
+          lambda: R.wy_fwd_ref(cpu["k"], cpu["v"], cpu["g"], cpu["beta"]), ("w", "u", "A"), module=wy_fwd,
+          label="gdn wy_fwd"),
         P("gdn.wy_dv_bwd", lambda c: wy_dv_bwd.wy_dv_bwd(**dv_in, scale=scale, NT=NT, config=c)[:4],
           lambda: R.wy_dv_bwd_ref(**ref_in, scale=scale), ("dv", "dbeta", "dAqk", "dAkk"), module=wy_dv_bwd,
           label="gdn wy_dv_bwd"),
@@ -210,9 +214,9 @@ def probes(device: str, shape: dict | None = None) -> list:
                                                            config=c)[:2],
           lambda: fwd_ref()[:2], ("o", "final_state"), module=scan_fwd_mod, label="gdn state_scan_fwd"),
         P("delta.state_scan_fwd", lambda c: state_scan_fwd(t["q"], t["k"], w, u, **fwd, save_h=True, save_v_new=True,
-                                                           config=c)[2:],
+                                                           store_o=False, config=c)[2:],
           lambda: fwd_ref()[2:], ("h", "v_new"), module=scan_fwd_mod, label="gdn state_scan_fwd",
-          note="saving h and v_new (the backward's recompute)"),
+          note="saving h and v_new, no output (the backward's recompute)"),
     ]
     # The backward scan making dv from the gated scores (the reference's, so only the scan is
     # under test), against the reference scan fed dv = tril(Aqk)^T do.
