@@ -338,7 +338,7 @@ def gdn_wy_fwd(full):
     from kernel_fun.gdn._kernels import wy_fwd as m
 
     for spec in _gdn_specs("gdn_wy_fwd", m, m.wy_fwd_kernel, full):
-        spec[3]["BC"] = m.BC
+        spec[3]["LOG2_BT"] = 6
         yield spec
 
 

@@ -14,16 +14,20 @@ zero fill), and w, u come from A while it is in registers. Same rounding points 
 rounded to k's dtype before the two products, the products' operands are in k's dtype and their
 accumulation fp32.
 
-The inverse, in registers. The diagonal [16, 16] blocks of L are inverted by forward
-substitution, the four blocks together: step i solves row i of every block at once (the rows
-i, 16 + i, 32 + i, 48 + i have disjoint column supports, so one masked row-sum extracts all four),
-15 serial steps of [BT, BT] element work instead of fla's 4 x 14. With Ad = (I + D)^-1 (D the
-block-diagonal part of L, Lo the rest),
+The inverse, in registers, by doubling the block size: with X the inverse of every diagonal
+s-block of I + L, each 2s-block [[P, 0], [C, Q]] has the inverse [[Pi, 0], [-Qi C Pi, Qi]], so
 
-    I + L = (I + D)(I + M),   M = Ad Lo   (strictly block-lower: M^4 = 0)
-    A = (I + M)^-1 Ad = Ad - M (Ad - M (Ad - M Ad))
+    X <- X - X Lc X      (Lc: L on the lower-left s-block of every 2s-block)
 
-four [BT, BT] products (tf32 for 16-bit inputs, as fla's merge; exact fp32 for fp32 inputs).
+from X = I - L on the odd rows' first subdiagonal (s = 1, no product) through s = 32: ten
+[BT, BT] products, tf32 for 16-bit inputs (as fla's block merge), exact fp32 for fp32 inputs.
+The first version inverted the [16, 16] diagonal blocks by forward substitution (rows one at a
+time, the four blocks together) and merged them with four products: 0.72-1.5 ms at B=4 T=4096
+H=16 HV=32 on the H200 against fla's kkt_solve + recompute_w_u 0.35 ms; the serial steps'
+cross-warp row sums and broadcasts cost it (docs/gdn.md). On the CPU (torch, tf32 rounding
+emulated, 30 draws, 2026-12-02) A's error against fp64 is 1.3e-4 for random keys and 1.7e-3 for
+keys with k_i . k_j about 0.9, against 1.0e-4 and 1.3e-3 for exact diagonal blocks with a tf32
+merge (fla's scheme); A's own bf16 rounding is 6e-4 and 1.2e-3.
 
 Grid: one program per (chunk, value head) (``_delta.chunking.chunk_program``); the group's value
 heads re-read their qk head's k (from L2 when they run together).
@@ -43,18 +47,16 @@ from kernel_fun._delta.chunking import chunk_grid, chunk_program
 install_interpreter_shims()
 
 # (BV, num_warps, num_stages, maxnreg). The first is the only one the interpreter runs (BV = 32:
-# the CPU tests' V = 64 exercises the V loop). Not yet timed on a GPU: CONFIGS are the ones that
-# compile without spilling for sm_90a (Triton 3.6 ptxas, K = V = 128, tools/sass_stats.py,
-# 2026-12-02; registers): BV32 w4 214, BV32 w4 capped at 168 (no spill, 3 CTAs a SM), BV64 w4 248,
-# BV64 w8 223, BV128 w8 195, BV128 w4 226. CANDIDATES spill a little (caps of 128 at BV32 w4:
-# 72 B, BV64 w8: 56 B; 168 at BV64 w4: 8 B) or drop the pipeline (BV64 w8 s1, 206).
-_CONFIG_TUPLES = [(32, 4, 2, None), (32, 4, 2, 168), (64, 4, 2, None), (64, 8, 2, None), (128, 8, 2, None),
-                  (128, 4, 2, None)]
-_CANDIDATE_TUPLES = [(32, 4, 2, 128), (64, 4, 2, 168), (64, 8, 1, None), (64, 8, 2, 128)]
+# the CPU tests' V = 64 exercises the V loop). sm_90a registers (Triton 3.6 ptxas, K = V = 128,
+# tools/sass_stats.py, 2026-12-02): BV32 w4 241, BV64 w4 255, BV128 w4 242, no spill; capped at
+# 168, 104 B (BV32) and 80 B (BV64) of stack. Eight warps are candidates only: a [64, 64] product
+# on two warpgroups is computed by both (the first version ran 1.5 ms on eight warps against
+# 0.87 on four, H200, B=4 T=4096 H=16 HV=32, 2026-12-02).
+_CONFIG_TUPLES = [(32, 4, 2, None), (64, 4, 2, None), (128, 4, 2, None), (32, 4, 2, 168)]
+_CANDIDATE_TUPLES = [(64, 4, 2, 168), (64, 8, 2, None), (128, 8, 2, None)]
 CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns, maxnreg=mr) for bv, nw, ns, mr in _CONFIG_TUPLES]
 CANDIDATES = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns, maxnreg=mr)
               for bv, nw, ns, mr in _CANDIDATE_TUPLES]
-BC = 16  # the diagonal blocks inverted by forward substitution
 
 
 def _prune(configs, named_args, **kwargs):
@@ -77,7 +79,7 @@ def wy_fwd_kernel(
     chunk_indices,  # [NT, 2] | unused
     T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,
+    BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr, LOG2_BT: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     _, i_hv, i_h, _, row0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
@@ -100,23 +102,21 @@ def wy_fwd_kernel(
     b_L = tl.where(m_strict, b_kk * tl.exp2(tl.where(m_strict, b_g[:, None] - b_g[None, :], 0.0)), 0.0)
     b_L = b_L * b_beta[:, None]
 
-    # (I + D)^-1 of the four diagonal [BC, BC] blocks at once: Ai holds the strictly lower part;
-    # step i makes row i of every block: a = -L[r, :] (cols < i of the block), a + a Ai.
-    same_block = (o_i[:, None] // BC) == (o_i[None, :] // BC)
-    b_ai = tl.where(same_block, -b_L, 0.0)
-    b_lo = tl.where(same_block, 0.0, b_L)
-    for i in range(2, BC):
-        m_row = (o_i % BC) == i
-        b_a = tl.sum(tl.where(m_row[:, None], b_ai, 0.0), 0)  # rows i of each block, side by side
-        b_a = b_a + tl.sum(b_a[:, None] * b_ai, 0)
-        b_ai = tl.where(m_row[:, None] & same_block, b_a[None, :], b_ai)
-    b_ad = b_ai + tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
-
-    # The off-diagonal blocks: A = (I + M)^-1 Ad with M = Ad Lo, M^4 = 0 (Horner).
-    b_m = tl.dot(b_ad, b_lo, input_precision=DOT_PRECISION)
-    b_x = b_ad - tl.dot(b_m, b_ad, input_precision=DOT_PRECISION)
-    b_x = b_ad - tl.dot(b_m, b_x, input_precision=DOT_PRECISION)
-    b_x = b_ad - tl.dot(b_m, b_x, input_precision=DOT_PRECISION)
+    # (I + L)^-1 by doubling the block size: with X the inverse of every diagonal s-block of
+    # I + L, the inverse of each 2s-block [[P, 0], [C, Q]] is [[Pi, 0], [-Qi C Pi, Qi]], i.e.
+    # X <- X - X Lc X with Lc = L on the lower-left s-block of every 2s-block. s = 1 needs no
+    # product (X = I - L on the first subdiagonal's odd rows); s = 2 ... 32, two products each.
+    m_diag = o_i[:, None] == o_i[None, :]
+    m_sub = ((o_i[:, None] % 2) == 1) & (o_i[None, :] == o_i[:, None] - 1)
+    b_x = tl.where(m_diag, 1.0, 0.0) - tl.where(m_sub, b_L, 0.0)
+    for lvl in tl.static_range(1, LOG2_BT):
+        # the lower-left s-block of every 2s-block (s = 2**lvl): rows of an odd s-block, columns
+        # of the even s-block before it
+        r_blk = o_i // (1 << lvl)
+        m_c = (((r_blk[:, None] // 2) == (r_blk[None, :] // 2)) & ((r_blk[:, None] % 2) == 1)
+               & ((r_blk[None, :] % 2) == 0))
+        b_xl = tl.dot(b_x, tl.where(m_c, b_L, 0.0), input_precision=DOT_PRECISION)
+        b_x = b_x - tl.dot(b_xl, b_x, input_precision=DOT_PRECISION)
     # Rows and columns of tokens past the end of a sequence are zero in L, so their A entries
     # are those of I: the rows are not stored, the columns sit above the diagonal of the stored ones.
     b_x = tl.where((o_i[:, None] >= o_i[None, :]) & m_tt, b_x, 0.0)
@@ -179,7 +179,7 @@ def wy_fwd(k, v, g, beta, cu_seqlens=None, chunk_indices=None, chunk_size: int =
     is_varlen = cu_seqlens is not None
     args = dict(k=k, v=v, g=g, beta=beta, A=A, w=w, u=u, cu_seqlens=cu_seqlens if is_varlen else g,
                 chunk_indices=chunk_indices if is_varlen else g, T=T, H=H, HV=HV, K=K, V=V, BT=BT,
-                KP=max(16, next_pow2(K)), BC=BC, IS_VARLEN=is_varlen,
+                KP=max(16, next_pow2(K)), LOG2_BT=BT.bit_length() - 1, IS_VARLEN=is_varlen,
                 DOT_PRECISION="ieee" if k.dtype == torch.float32 else "tf32")
     launch(wy_fwd_kernel_tuned, (NT, B * HV), config, **args)
     record_launch("gdn.wy_fwd")
