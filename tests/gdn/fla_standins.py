@@ -16,12 +16,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kernel_fun.gdn.reference_stages import BT, chunks
+from kernel_fun.gdn.reference_stages import BT, _inverse, chunks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "delta"))
 from input_standins import INPUTS, install_into  # noqa: E402  (shared with the other family)
 
 F64 = torch.float64
+LN2 = 0.6931471805599453
 
 
 def _cumsum(x, cu_seqlens, reverse=False):
@@ -75,11 +76,26 @@ def recompute_w_u_fwd(k, v, beta, A, g=None, cu_seqlens=None, chunk_indices=None
     return w, u
 
 
+def chunk_gated_delta_rule_fwd_intra(k, v, g=None, beta=None, cu_seqlens=None, chunk_size=BT, chunk_indices=None):
+    """(w, u, A): A = (I + StrictLower(diag(beta) K K^T * Gamma))^-1 in k's dtype, zero-filled."""
+    assert chunk_size == BT
+    B, T, H, K = k.shape
+    HV = beta.shape[2]
+    A = torch.zeros(B, T, HV, BT, dtype=k.dtype)
+    for b, s, e, _ in chunks(B, T, cu_seqlens):
+        n = e - s
+        kc = k[b, s:e].double().repeat_interleave(HV // H, 1).transpose(0, 1)
+        A[b, s:e, :, :n] = _inverse(kc, g[b, s:e].double().T * LN2, beta[b, s:e].double().T).transpose(0, 1).to(k.dtype)
+    w, u = recompute_w_u_fwd(k, v, beta, A, g, cu_seqlens)
+    return w, u, A
+
+
 STANDINS = {
     **INPUTS,  # _delta/inputs' l2norm and beta sigmoid (tests/delta/input_standins.py)
     ("fla.ops.gated_delta_rule.gate", "gdn_gate_chunk_cumsum"): gdn_gate_chunk_cumsum,
     ("fla.ops.gated_delta_rule.gate", "gdn_gate_bwd"): gdn_gate_bwd,
     ("fla.ops.utils.cumsum", "chunk_local_cumsum"): chunk_local_cumsum,
+    ("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_intra"): chunk_gated_delta_rule_fwd_intra,
     ("fla.ops.gated_delta_rule.wy_fast", "recompute_w_u_fwd"): recompute_w_u_fwd,
 }
 

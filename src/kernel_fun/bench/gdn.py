@@ -33,7 +33,6 @@ def fla_refusal_bypassed():
 
 
 KERNELS = {
-    "gdn.wy_fwd": "the forward intra stage: kkt, the gated WY inverse A, w and u in one pass",
     "delta.state_scan_fwd": "the forward state scan (scalar gate) making o; h and v_new for the backward",
     "delta.state_scan_bwd": "the backward state scan (scalar gate) making dv",
     "gdn.gated_scores": "the gated scores the backward scan makes dv from",
@@ -58,8 +57,8 @@ def _inputs(B, T, H, HV, K, V, seed=0):
 def chain_setup() -> dict:
     from ..gdn import chain
 
-    return {"module": chain.__name__, "ours": ["gdn.wy_fwd", "delta.state_scan_fwd", "delta.state_scan_bwd",
-                                                 "gdn.gated_scores", "gdn.wy_dv_bwd", "gdn.wy_dqk_bwd"]}
+    return {"module": chain.__name__, "ours": ["delta.state_scan_fwd", "delta.state_scan_bwd", "gdn.gated_scores",
+                                                 "gdn.wy_dv_bwd", "gdn.wy_dqk_bwd"]}
 
 
 def _case(name, B, T, H, HV, K, V, cu_seqlens=None, profile=False):
@@ -158,7 +157,7 @@ def probes(device: str, shape: dict | None = None) -> list:
     from .._delta._kernels.state_scan_fwd import state_scan_fwd
     from .._delta.reference import intra_ref, state_scan_bwd_ref, state_scan_fwd_ref
     from ..gdn import reference_stages as R
-    from ..gdn._kernels import scores, wy_dqk_bwd, wy_dv_bwd, wy_fwd
+    from ..gdn._kernels import scores, wy_dqk_bwd, wy_dv_bwd
     from ..kda.reference_stages import dAv_reference
     from .harness import Probe
 
@@ -188,9 +187,6 @@ def probes(device: str, shape: dict | None = None) -> list:
     dqk_in = dict(q=t["q"], k=t["k"], v_new=t["v_new"], g=g, h=t["h"], dh=t["dh"], do=t["do"], dv=dv, dAqk=dAqk,
                   dAkk=dAkk, dgz=dgz)
     out = [
-        P("gdn.wy_fwd", lambda c: wy_fwd.wy_fwd(t["k"], t["v"], g, beta, config=c),
-          lambda: R.wy_fwd_ref(cpu["k"], cpu["v"], cpu["g"], cpu["beta"]), ("w", "u", "A"), module=wy_fwd,
-          label="gdn wy_fwd"),
         P("gdn.wy_dv_bwd", lambda c: wy_dv_bwd.wy_dv_bwd(**dv_in, scale=scale, NT=NT, config=c)[:4],
           lambda: R.wy_dv_bwd_ref(**ref_in, scale=scale), ("dv", "dbeta", "dAqk", "dAkk"), module=wy_dv_bwd,
           label="gdn wy_dv_bwd"),

@@ -334,14 +334,6 @@ def gdn_scores(full):
     yield from _gdn_specs("gdn_scores", m, m.gated_scores_kernel, full)
 
 
-def gdn_wy_fwd(full):
-    from kernel_fun.gdn._kernels import wy_fwd as m
-
-    for spec in _gdn_specs("gdn_wy_fwd", m, m.wy_fwd_kernel, full):
-        spec[3]["LOG2_BT"] = 6
-        yield spec
-
-
 def gdn_wy_dv(full):
     from kernel_fun.gdn._kernels import wy_dv_bwd as m
 
@@ -401,7 +393,7 @@ def gnorm(full):
 
 SPECS = {"intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,
            "state_scan_bwd": state_scan_bwd, "score_grad": score_grad, "gate_bwd": gate_bwd, "cconv": cconv,
-           "gdn_scores": gdn_scores, "gdn_wy_fwd": gdn_wy_fwd, "gdn_wy_dv": gdn_wy_dv, "gdn_wy_dqk": gdn_wy_dqk, "gnorm": gnorm}
+           "gdn_scores": gdn_scores, "gdn_wy_dv": gdn_wy_dv, "gdn_wy_dqk": gdn_wy_dqk, "gnorm": gnorm}
 
 
 def discover() -> dict:

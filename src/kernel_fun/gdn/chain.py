@@ -9,12 +9,11 @@ chain). The gate is kept as its chunk-local cumulative sum in log2 units (fla's 
 |---|---|---|
 | l2norm of q, k; beta sigmoid | fla | fla |
 | gate (+ in-op activation) cumsum | fla ``gdn_gate_chunk_cumsum`` / ``chunk_local_cumsum`` | fla ``gdn_gate_bwd`` |
-| kkt + solve + w, u | ours (``gdn/_kernels/wy_fwd.py``: A, w, u in one pass) | fla ``recompute_w_u_fwd`` (w, u from the saved A) |
+| kkt + solve + w, u | fla ``chunk_gated_delta_rule_fwd_intra`` | fla ``recompute_w_u_fwd`` |
 | state scan | ours (``_delta`` state_scan_fwd, o made inside, h never written) | ours: the forward scan again writing h and v_new; the gated scores (``gdn/_kernels/scores.py``); ``_delta`` state_scan_bwd making dv from them |
 | dq, dk, dw, dg + WY backward + reverse cumsum + group sum | | ours, two kernels (``gdn/_kernels/wy_dqkwg_bwd.py``: ``wy_dv_bwd`` then ``wy_dqk_bwd``) |
 
-fla's ``chunk_gated_delta_rule_fwd_intra`` (kkt + solve, then w, u), ``chunk_bwd_dqkwg`` (refused by
-fla on Hopper with Triton 3.4-3.7.0), ``prepare_wy_repr_bwd``,
+fla's ``chunk_bwd_dqkwg`` (refused by fla on Hopper with Triton 3.4-3.7.0), ``prepare_wy_repr_bwd``,
 ``chunk_bwd_dv_local``, ``chunk_gated_delta_rule_bwd_dhu``, ``chunk_gated_delta_rule_fwd_h``,
 ``chunk_fwd_o`` and the backward's ``chunk_local_cumsum`` never run. Timed against fla's chain:
 docs/gdn.md (the op bench's per-kernel table).
@@ -28,7 +27,6 @@ from .._delta._kernels.state_scan_bwd import state_scan_bwd
 from .._delta._kernels.state_scan_fwd import state_scan_fwd
 from ._kernels.scores import gated_scores
 from ._kernels.wy_dqkwg_bwd import wy_dqkwg_bwd
-from ._kernels.wy_fwd import wy_fwd
 
 RCP_LN2 = 1.4426950408889634  # log2(e): fla's gates are cumsummed in log2 space
 BT = 64  # chunk size
@@ -63,7 +61,8 @@ def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final
     the WY inverse, both kept for the backward."""
     chunk_indices, chunk_offsets = chunk_meta(cu_seqlens, cu_seqlens_cpu, chunk_indices)
     gc = gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices)
-    w, u, A = wy_fwd(k, v, gc, beta, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
+    w, u, A = _fla("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_intra")(
+        k=k, v=v, g=gc, beta=beta, cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices)
     o, final_state, _, _ = state_scan_fwd(
         q, k, w, u, g=gc, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT)

@@ -77,25 +77,6 @@ def wy_inverse_ref(k, g, beta, cu_seqlens=None):
     return A
 
 
-def wy_fwd_ref(k, v, g, beta, cu_seqlens=None):
-    """``(w, u, A)`` fp64 of the forward intra stage (``gdn/_kernels/wy_fwd.py``): A as
-    ``wy_inverse_ref``, w = A diag(beta exp2(g)) K ``[B, T, HV, K]``, u = A diag(beta) V
-    ``[B, T, HV, V]``, from the exact A (no rounding between the inverse and the products)."""
-    B, T, H, K = k.shape
-    HV = g.shape[2]
-    A = wy_inverse_ref(k, g, beta, cu_seqlens)
-    w = torch.zeros(B, T, HV, K, dtype=F64)
-    u = torch.zeros(B, T, HV, v.shape[3], dtype=F64)
-    for b, s, e, _ in chunks(B, T, cu_seqlens):
-        n = e - s
-        Ac = A[b, s:e, :, :n].transpose(0, 1)  # [HV, n, n]
-        kc = k[b, s:e].double().repeat_interleave(HV // H, 1).transpose(0, 1)
-        bc = beta[b, s:e].double().T
-        w[b, s:e] = (Ac @ (kc * (bc * torch.exp2(g[b, s:e].double().T))[..., None])).transpose(0, 1)
-        u[b, s:e] = (Ac @ (v[b, s:e].double().transpose(0, 1) * bc[..., None])).transpose(0, 1)
-    return w, u, A
-
-
 def _wy_bwd_chunks(q, k, v, v_new, g, beta, h, dh, do, dv2, scale, cu_seqlens):
     """Per chunk, (b, s, e, leaves' gradients): autograd of the chunk's forward in fp64 w.r.t.
     q, k [H, n, K], v [HV, n, V], beta, the per-token gate [HV, n], and the two gate-free score
