@@ -10,7 +10,8 @@
 #        the delta scans are kda's and gdn's),
 #        cconv_diag (tools/cconv_diag.py timed, then under Nsight Compute),
 #        cconv_host (host cost against device time of the two forwards, tools/cconv_host.py),
-#        ncu_kda (Nsight Compute on our kda stage kernels, tools/kda_ncu.py), kda_variants (the
+#        ncu_kda, ncu_gdn (Nsight Compute on the backward stage kernels, tools/stage_ncu.py;
+#        NCU_ARGS replaces its arguments), kda_variants (the
 #        shipped chain against fla's own chunk_kda and fp64; the one-anchor, score-gradient
 #        and dv-from-A stage tests)
 # candidates: the stage-level GPU tests that force every configuration, candidates included.
@@ -136,8 +137,12 @@ for step in "$@"; do
     kda_bench) timeout "$T" python3 -m kernel_fun bench --family kda ${KDA_CASES:-} --json "$OUT/kda_bench.json" 2>&1 | tee "$OUT/kda_bench.log" ;;
     candidates) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_stage_kernels_gpu.py -k "one_anchor or gate_bwd or every_config" 2>&1 | tee "$OUT/candidates.log" | grep --line-buffered -E "^\[|passed|failed|Error" | tail -60 ;;
     kda_variants) timeout "$T" python3 -m pytest -m gpu -q -rs -s tests/kda/test_chain_gpu.py tests/kda/test_stage_kernels_gpu.py tests/delta/test_state_scan_bwd_gpu.py -k "against_fla_chunk_kda or one_anchor or dv_from_A or score_grad" 2>&1 | tee "$OUT/kda_variants.log" | grep --line-buffered -E "vs fp64|ref dA_log|anchor|passed|failed|Error" | tail -60 ;;
-    ncu_kda) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-      timeout "$T" "$NCU" --clock-control none --target-processes all -k regex:'_intra_bwd_kernel|_wy_bwd_kernel' --launch-count 4 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis python3 tools/kda_ncu.py 2>&1 | tee "$OUT/ncu_kda.txt" | grep --line-buffered -E "launched|==PROF==|==ERR|Duration|Throughput|Stall|Warp Cycles|Registers|Achieved Occupancy|Theoretical Occupancy|Issued|Eligible" | tail -120 ;;
+    ncu_kda|ncu_gdn) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      # tools/stage_ncu.py: each kernel launched once with a forced configuration inside one NVTX
+      # range; NCU_ARGS replaces the kernels / shape
+      if [ "$step" = ncu_kda ]; then args=${NCU_ARGS:-kda --shape B=2 --kernel kda.wy_bwd --kernel kda.intra_bwd=BK128-HOIST_S0-w4-s1}
+      else args=${NCU_ARGS:-gdn --shape B=4,T=4096,H=16,HV=32 --kernel gdn.wy_dv_bwd --kernel gdn.wy_dqk_bwd=BK64-BV64-w4-s2}; fi
+      timeout "$T" "$NCU" --clock-control none --target-processes all --nvtx --nvtx-include "stage_ncu/" --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis python3 tools/stage_ncu.py $args 2>&1 | tee "$OUT/$step.txt" | grep --line-buffered -E "launched|==PROF==|==ERR|Duration|Throughput|Stall|Warp Cycles|Registers|Achieved Occupancy|Theoretical Occupancy|Issued|Eligible" | tail -120 ;;
     cconv_diag) timeout 200 python3 tools/cconv_diag.py "$OUT/cconv_diag.json" 2>&1 | tee "$OUT/cconv_diag.log"
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       timeout "$T" "$NCU" --clock-control none --kernel-name-base demangled -k regex:'copy|conv_fwd|conv_bwd|dw_reduce' --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_read.sum,smsp__inst_executed.sum,lts__t_sector_hit_rate.pct python3 tools/cconv_diag.py --once > "$OUT/ncu_cconv.txt" 2>&1

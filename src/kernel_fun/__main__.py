@@ -152,7 +152,7 @@ def bench(families: list[str], overrides: dict, json_path: str | None, only: lis
     return 0 if all(r["engaged"] for r in rows) else 3
 
 
-def stages(family: str, device: str | None, overrides: dict, json_path: str | None, kernels) -> int:
+def stages(family: str, device: str | None, overrides: dict, json_path: str | None, kernels, configs=None) -> int:
     """``bench --stages FAMILY``: every config of every shipped kernel of the family forced, checked
     against its stage reference and timed (``kernel_fun.bench.stages``); interpreted and untimed
     on a machine without CUDA or with ``--device cpu``."""
@@ -166,7 +166,7 @@ def stages(family: str, device: str | None, overrides: dict, json_path: str | No
         os.environ["TRITON_INTERPRET"] = "1"
     from .bench import stages as stages_mod
 
-    return stages_mod.run(family, device, overrides, json_path, kernels)
+    return stages_mod.run(family, device, overrides, json_path, kernels, configs)
 
 
 def lower(target: str, jobs: int) -> int:
@@ -275,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
                            help="with --stages: cpu runs the interpreted tiny shapes even on a GPU machine")
             p.add_argument("--kernel", action="append",
                            help="with --stages: only this kernel (its launch-witness name, e.g. cconv.fwd; repeatable)")
+            p.add_argument("--config", action="append",
+                           help="with --stages: only configurations of this name (as the rows print them) or "
+                                "kind (shipped, candidate, autotuned); repeatable")
             p.add_argument("--shape", help="override the production shapes, e.g. B=8,T=4096,D=2048")
             p.add_argument("--json", help="record path (default bench/records/<date>-<gpu>-<sha>.json)")
             p.add_argument("--case", action="append", help="run only this case (repeatable)")
@@ -297,9 +300,10 @@ def main(argv: list[str] | None = None) -> int:
                          if v]
                 if extra:
                     raise UsageError(f"--stages takes one family and no {', '.join(extra)}")
-                return stages(args.stages, args.device, _parse_shape(args.shape), args.json, args.kernel)
-            if args.device or args.kernel:
-                raise UsageError("--device and --kernel go with --stages")
+                return stages(args.stages, args.device, _parse_shape(args.shape), args.json, args.kernel,
+                              args.config)
+            if args.device or args.kernel or args.config:
+                raise UsageError("--device, --kernel and --config go with --stages")
             if args.model:
                 from .bench import model
 

@@ -36,6 +36,20 @@ def test_stages_forces_every_config_and_checks_each(tmp_path, device):
     assert rec["stages"] == "cconv" and rec["shape"]["D"] == 192 and rec["git_sha"] and rec["versions"]["triton"]
 
 
+def test_stages_config_picks_rows_by_name_or_kind(tmp_path, device):
+    """``--config``: a kind (here the candidates) and a name (the first shipped one) pick exactly
+    those rows; a name no probe has gives no rows, which fails the run."""
+    from kernel_fun.cconv._kernels import fwd
+
+    first = fwd.config_name(fwd.CONFIGS[0])
+    status, rec = _stages(tmp_path, device, "--config", "candidate", "--config", first)
+    assert status == 0
+    want = [first] + [fwd.config_name(c) for c in fwd.CANDIDATES]
+    assert [r["config"] for r in rec["rows"]] == want and rec["configs"] == sorted(["candidate", first])
+    status, rec = _stages(tmp_path, device, "--config", "no-such-config")
+    assert status == 1 and rec["rows"] == []
+
+
 def test_stages_flags_outputs_that_miss_the_reference(tmp_path, device, monkeypatch):
     """The reference off by 1%: every row is checked, so every row fails, and the run exits 1."""
     from kernel_fun.cconv import reference

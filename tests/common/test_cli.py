@@ -22,7 +22,7 @@ from kernel_fun.bench import harness
     (["bench", "--stages", "cconv", "--shape", "N=4"], "--shape: N does not fit the cconv stages (their keys: B, T"),
     (["bench", "--stages", "kda", "--shape", "T=long"], "T='long' for the kda stages must be a non-negative integer"),
     (["bench", "--stages", "kda", "--case", "prod_b8"], "--stages takes one family and no --case"),
-    (["bench", "--kernel", "cconv.fwd"], "--device and --kernel go with --stages"),
+    (["bench", "--kernel", "cconv.fwd"], "--device, --kernel and --config go with --stages"),
 ])
 def test_bench_refuses_what_does_not_fit_in_one_line(capsys, argv, needle):
     assert cli.main(argv) == 2

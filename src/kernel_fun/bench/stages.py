@@ -48,18 +48,23 @@ def stage_shape(family: str, device: str, overrides: dict | None) -> dict:
     return base
 
 
-def stage_rows(family: str, probes, timed: bool, out=print) -> list[dict]:
+def stage_rows(family: str, probes, timed: bool, out=print, configs=None) -> list[dict]:
     """One row per (probe, configuration): family, kernel, probe (its label), config, kind
     (shipped / candidate / fixed / autotuned: the autotuner's pick, config=None), ms (None
     untimed), errors {output: rel err}, max_rel_err, ok, and ``error`` where the launch raised
-    (a configuration that does not fit this GPU)."""
+    (a configuration that does not fit this GPU). ``configs``: only the configurations of these
+    names or kinds (``--config``)."""
     from .harness import median_ms, run_probe
 
     rows = []
     for p in probes:
-        expected = p.reference()
         # each config forced, then (a tuned kernel) the autotuner's own pick: does it find the best?
         runs = p.configs() + ([("autotuned", "autotuned")] if p.lists is not None else [])
+        runs = [(c, kind) for c, kind in runs
+                if configs is None or kind in configs or (kind != "autotuned" and p.config_name(c) in configs)]
+        if not runs:
+            continue
+        expected = p.reference()
         for config, kind in runs:
             name = "autotuned" if kind == "autotuned" else p.config_name(config)
             config = None if kind == "autotuned" else config
@@ -103,7 +108,7 @@ def selected(family: str, kernels) -> set | None:
     return {inside.get(k, k) for k in kernels}
 
 
-def run(family: str, device: str, overrides: dict | None, json_path: str | None, kernels=None) -> int:
+def run(family: str, device: str, overrides: dict | None, json_path: str | None, kernels=None, configs=None) -> int:
     """``bench --stages``: print and record the rows; 0 when every row is ok, 1 otherwise."""
     from . import harness
 
@@ -115,11 +120,12 @@ def run(family: str, device: str, overrides: dict | None, json_path: str | None,
     ceilings = harness.measure_ceilings() if timed else {}
     probes = [p for p in _module(family).probes(device, shape) if want is None or p.kernel in want]
     print(f"{'kernel':22s} {'config':28s} {'kind':9s} {'ms':>9s} {'max err':>9s}  status", flush=True)
-    rows = stage_rows(family, probes, timed)
+    rows = stage_rows(family, probes, timed, configs=set(configs) if configs else None)
     timing = ({"method": "triton.testing.do_bench median of each forced configuration's launcher call",
                "warmup_ms": harness.WARMUP_MS, "rep_ms": harness.REP_MS} if timed else
               {"method": "untimed: Triton's interpreter on CPU tensors"})
-    rec = harness.record(rows, ceilings, extra={"stages": family, "device": device, "shape": shape, "timing": timing})
+    rec = harness.record(rows, ceilings, extra={"stages": family, "device": device, "shape": shape, "timing": timing,
+                                                "configs": sorted(configs) if configs else "all"})
     harness.write_record(rec, json_path or harness.default_record_path(rec, f"stages-{family}"))
     bad = [r for r in rows if not r["ok"]]
     print(f"stages {family}: {len(rows)} rows, {len(bad)} not ok", flush=True)
