@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Driver for Nsight Compute: launch chosen stage kernels of a family once each, with a forced
-configuration (no autotuning, so ncu's first matching launch is the kernel as it ships).
+configuration (no autotuner trials), inside one NVTX range for ncu to profile.
 
     ncu --clock-control none --nvtx --nvtx-include "stage_ncu/" --section SpeedOfLight ... \\
         python3 tools/stage_ncu.py gdn --shape B=4,T=4096,H=16,HV=32 \\
@@ -40,9 +40,10 @@ def main() -> None:
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
     import importlib
 
+    from kernel_fun.__main__ import _parse_shape  # the CLI's --shape parser: one grammar
     from kernel_fun.bench.stages import stage_shape
 
-    overrides = dict(kv.split("=", 1) for kv in a.shape.split(",") if kv)
+    overrides = _parse_shape(a.shape)
     probes = {p.kernel: p for p in importlib.import_module(f"kernel_fun.bench.{a.family}").probes(
         a.device, stage_shape(a.family, a.device, overrides))}
     chosen = []
