@@ -5,6 +5,7 @@ import itertools
 
 import pytest
 import torch
+import triton
 
 from kernel_fun import gnorm
 from kernel_fun._common.witness import launches
@@ -89,23 +90,18 @@ def test_many_rows_span_several_tiles_and_programs():
     check_errs(errs, 1e-5)
 
 
-@pytest.mark.parametrize("config", [c for c in bwd_mod.CANDIDATES
-                                    if c.kwargs.get("PPS", 0) > bwd_mod.MAX_PPS or c.kwargs.get("TPP")],
+@pytest.mark.parametrize("config", [triton.Config({"TILE": 512, "PPS": 2 * bwd_mod.MAX_PPS, "NS": 1}, num_warps=1)]
+                         + [c for c in bwd_mod.CANDIDATES if c.kwargs["PPS"] > bwd_mod.MAX_PPS],
                          ids=bwd_mod.config_name)
-def test_forced_backward_with_a_grid_the_autotuner_does_not_have(config):
-    """A forced candidate with more programs than any autotuned config (more per SM, or the plain
-    grid's one per TPP tiles; the partials are sized for the config that runs) fills its grid here
-    (4 "SMs" x PPS programs, or 3 plain programs and a partial one, several tiles each) and still
-    gives dx, dg, dw, db of the reference."""
+def test_forced_backward_with_more_programs_than_the_autotuner_has(config):
+    """A forced config with more programs per SM than any autotuned config (the partials are
+    sized for the config that runs) fills its whole grid here (4 "SMs" x PPS programs, several
+    tiles each) and still gives dx, dg, dw, db of the reference."""
     from kernel_fun._common.numerics import rel_rms
     from kernel_fun.gnorm.reference import rms_norm_gated_ref_grads
 
     V = 16
-    per_tile = config.kwargs["TILE"] // V
-    if config.kwargs.get("TPP"):
-        rows = 3 * config.kwargs["TPP"] * per_tile + per_tile + 3
-    else:
-        rows = 4 * config.kwargs["PPS"] * per_tile * 2 + 3
+    rows = 4 * config.kwargs["PPS"] * (config.kwargs["TILE"] // V) * 2 + 3
     inp = make_inputs((rows, V), torch.float32, bias=True)
     x, g, w, b = (inp[k].detach() for k in ("x", "g", "weight", "bias"))
     y, rstd, h = fwd_mod.gnorm_fwd(x, g, w, b, None, None, 1e-6, "swish")
@@ -115,25 +111,6 @@ def test_forced_backward_with_a_grid_the_autotuner_does_not_have(config):
     ref = rms_norm_gated_ref_grads(x, g, w, b, dy, "swish", eps=1e-6)
     for name, got in (("x", dx), ("g", dg), ("weight", dw), ("bias", db)):
         assert rel_rms(got, ref[name]) < 1e-5, name
-
-
-def test_dw_reduce_in_two_passes_sums_every_partial_in_a_fixed_order():
-    """More partial rows than one pass takes (a plain-grid backward's): the two-pass sum equals
-    the fp64 sum to fp32 rounding, writes dw and db in their dtypes, and repeats bit for bit."""
-    from kernel_fun.gnorm._kernels import dw_reduce as red
-
-    gen = torch.Generator().manual_seed(3)
-    n_part, V = 2 * red.GROUP + 77, 40
-    part = torch.randn(n_part + 5, 2, V, generator=gen)  # rows past n_part must not count
-    part[n_part:] = 1e6
-    dw, db = torch.empty(V, dtype=torch.float16), torch.empty(V)
-    red.dw_reduce(part, n_part, dw, db)
-    ref = part[:n_part].double().sum(0)
-    assert (dw.double() - ref[0]).abs().max() <= 2e-3 * ref[0].abs().max()
-    assert (db.double() - ref[1]).abs().max() <= 1e-5 * ref[1].abs().max() + 1e-4
-    again = torch.empty(V)
-    red.dw_reduce(part, n_part, None, again)
-    assert torch.equal(again, db)
 
 
 def test_mixed_dtypes():

@@ -130,7 +130,7 @@ def cases(overrides: dict | None = None):
         ("prod_b8", lambda: _case("prod_b8", B=8, **PROD, profile=True)),
         ("grouped_h16_hv32_b4", lambda: _case("grouped_h16_hv32_b4", 4, 8192, 16, 32, 128, 128, profile=True)),
         ("varlen_16docs", lambda: _case("varlen_16docs", 1, 65536, 16, 16, 128, 128,
-                                        cu_seqlens=_random_cu_seqlens(65536, 16))),
+                                        cu_seqlens=_random_cu_seqlens(65536, 16), profile=True)),
         ("latency_b1_t4096", lambda: _case("latency_b1_t4096", 1, 4096, 16, 16, 128, 128)),
     ]
 

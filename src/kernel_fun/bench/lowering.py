@@ -387,8 +387,7 @@ def gnorm(full):
     # int (a multiple of 16 at either width: one compile serves both)
     for hw, hb in ((True, False), (False, True), (True, True)) if full else ((True, False),):
         yield (f"gnorm dw_reduce HAS_W={hw} HAS_B={hb}", dw_reduce.dw_reduce_kernel,
-               dict(part="*fp32", out_w="*fp32", out_b="*fp32", n_part="i32", group="i32", s_out="i32",
-                    V="i32:16"),
+               dict(part="*fp32", dw="*fp32", db="*fp32", n_part="i32", V="i32:16"),
                dict(HAS_W=hw, HAS_B=hb, BP=32, BM=128), triton.Config({}, num_warps=4))
 
 

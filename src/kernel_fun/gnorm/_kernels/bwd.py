@@ -60,29 +60,13 @@ CONFIGS = [
     triton.Config({"TILE": 4096, "PPS": 2, "NS": 2}, num_warps=8, maxnreg=128),
     triton.Config({"TILE": 8192, "PPS": 1, "NS": 1}, num_warps=16, maxnreg=128),  # V up to MAX_V
 ]
-# For `kernel-fun bench --stages gnorm` to force (issue 16's backward bar wants ~97% of copy where
-# the configs above reach 94%): the plain grid (TPP neighbouring tiles a program, the hardware's
-# block scheduler balancing the programs, as the forward does at 102% of copy) against the
-# persistent grid, and more bytes in flight an SM through a lower register cap (96: 5 programs of
-# 4 warps, 61 KB of h, g, dy; 72: 7 programs of 4 warps on 1024-element tiles, 43 KB; 128: 4
-# programs, 48 KB). None spills at V = 128, 256 (sm_90a, Triton 3.6).
-CANDIDATES = [
-    triton.Config({"TILE": 2048, "TPP": 8, "NS": 1}, num_warps=4, maxnreg=128),
-    triton.Config({"TILE": 2048, "TPP": 16, "NS": 1}, num_warps=4, maxnreg=128),
-    triton.Config({"TILE": 2048, "TPP": 32, "NS": 1}, num_warps=4, maxnreg=128),
-    triton.Config({"TILE": 2048, "TPP": 16, "NS": 2}, num_warps=4, maxnreg=128),
-    triton.Config({"TILE": 2048, "TPP": 16, "NS": 1}, num_warps=4, maxnreg=96),
-    triton.Config({"TILE": 1024, "TPP": 32, "NS": 1}, num_warps=4, maxnreg=72),
-    triton.Config({"TILE": 2048, "PPS": 5, "NS": 1}, num_warps=4, maxnreg=96),
-]
-MAX_PPS = max(c.kwargs.get("PPS", 0) for c in CONFIGS)  # of the autotuner's persistent configs
-
-
-def n_programs(kw: dict, N: int, BV: int, n_sm: int) -> int:
-    """The backward's grid (and partial rows) under config kwargs `kw`: persistent (PPS programs
-    per SM, no more than tiles) or, with TPP, one program per TPP tiles."""
-    n_tiles = cdiv(N, rows_per_tile(kw["TILE"], BV))
-    return cdiv(n_tiles, kw["TPP"]) if kw.get("TPP") else min(n_tiles, n_sm * kw["PPS"])
+# Extra configs `kernel-fun bench --stages gnorm` may force: none now. Twelve were timed on the H200
+# on 2026-12-02 at the bar's shape (deeper cp.async pipelines, 16 one-warp programs an SM, a plain
+# grid of 8-32 tiles a program, register caps of 72-96 for 5-7 programs an SM) and none beat the
+# autotuner's pick (1.332-1.342 ms at V = 256, 0.668-0.677 at V = 128; the candidates 1.343-1.575
+# and 0.686-0.794): docs/gnorm.md.
+CANDIDATES: list = []
+MAX_PPS = max(c.kwargs["PPS"] for c in CONFIGS)  # of the autotuner's configs (the partials' size)
 
 
 @triton.autotune(
@@ -98,20 +82,11 @@ def gnorm_bwd_kernel(
     V: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DRES: tl.constexpr, STORE_DRES: tl.constexpr,
     N_BUCKET: tl.constexpr,  # autotune key only (common.n_bucket)
-    TILE: tl.constexpr, NS: tl.constexpr, BR: tl.constexpr,
-    PPS: tl.constexpr = 0, TPP: tl.constexpr = 0,
+    TILE: tl.constexpr, PPS: tl.constexpr, NS: tl.constexpr, BR: tl.constexpr,
     FAST: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
-    n_tiles = tl.cdiv(N, BR)
-    if TPP == 0:  # persistent: tiles pid, pid + grid, ...
-        t0 = pid
-        t1 = n_tiles
-        dt = tl.num_programs(0)
-    else:  # plain grid: TPP neighbouring tiles
-        t0 = pid * TPP
-        t1 = tl.minimum(t0 + TPP, n_tiles)
-        dt = 1
+    n_prog = tl.num_programs(0)
     cols = tl.arange(0, BV)
     cmask = cols < V
     if HAS_W:
@@ -121,7 +96,7 @@ def gnorm_bwd_kernel(
     acc_w = tl.zeros((BR, BV), dtype=tl.float32)
     acc_b = tl.zeros((BR, BV), dtype=tl.float32)
 
-    for t in tl.range(t0, t1, dt, num_stages=NS):
+    for t in tl.range(pid, tl.cdiv(N, BR), n_prog, num_stages=NS):
         rows = t * BR + tl.arange(0, BR)
         rmask = rows < N
         m = rmask[:, None] & cmask[None, :]
@@ -194,13 +169,13 @@ def gnorm_bwd(h, g, weight, bias, rstd, dy, dres, activation: str, x_dtype, res_
         return dx, dg, dw if need_dw else None, db if need_db else None, dres_in
     BV = block_v(V)
     n_sm = sm_count(dev)
-    # one partial row pair per program: as many as the config with the most programs makes (a
-    # forced config: its own)
-    part = alloc((max(n_programs(c.kwargs, N, BV, n_sm) for c in ((config,) if config is not None else CONFIGS)), 2, V),
+    # one partial row pair per program: the autotuner's configs have at most MAX_PPS programs per
+    # SM; a forced config (a candidate may have more) its own
+    part = alloc((n_sm * (config.kwargs["PPS"] if config is not None else MAX_PPS), 2, V),
                  dtype=torch.float32, device=dev)
 
     def grid(meta):
-        return (n_programs(meta, N, BV, n_sm),)
+        return (min(cdiv(N, meta["BR"]), n_sm * meta["PPS"]),)
 
     launch(gnorm_bwd_kernel, grid, config,
         h, g, weight if weight is not None else h, bias if bias is not None else h, rstd, dy,
@@ -212,5 +187,7 @@ def gnorm_bwd(h, g, weight, bias, rstd, dy, dres, activation: str, x_dtype, res_
     )
     record_launch("gnorm.bwd")
     if dw is not None or db is not None:
-        dw_reduce(part, n_programs((config or gnorm_bwd_kernel.best_config).kwargs, N, BV, n_sm), dw, db)
+        cfg = (config or gnorm_bwd_kernel.best_config).kwargs
+        n_part = min(cdiv(N, rows_per_tile(cfg["TILE"], BV)), n_sm * cfg["PPS"])
+        dw_reduce(part, n_part, dw, db)
     return dx, dg, dw if need_dw else None, db if need_db else None, dres_in
