@@ -107,11 +107,17 @@ def test_wy_dqk_bwd_every_config_k128_grouped(config):
         assert err < 1e-5, (n, err)
 
 
+_MERGE_D = [c for c in dv_mod.CANDIDATES if c.kwargs.get("MERGE_D") and c.kwargs["BV"] <= 64]
+
+
+@pytest.mark.parametrize("config", [None] + _MERGE_D, ids=lambda c: "autotuned" if c is None else config_name(c))
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
 @pytest.mark.parametrize("name", ["grouped", "varlen_1tok"])
-def test_wy_dv_bwd_alone(name, dtype, tol):
+def test_wy_dv_bwd_alone(name, dtype, tol, config):
     """The first backward half's own outputs, the score gradients included, against autograd
-    (the pair's dq, dk, dg are held to the reference by test_wy_dqkwg_bwd)."""
+    (the pair's dq, dk, dg are held to the reference by test_wy_dqkwg_bwd); the autotuner's pick
+    and each candidate of the merged-accumulator form (MERGE_D: BV 32 loops over V = 64, BV 64
+    takes it whole)."""
     B, T, H, HV, K, V, cu = CASES[name]
     t, cu_t = _inputs(B, T, H, HV, K, V, cu, dtype)
     idx = None
@@ -121,7 +127,7 @@ def test_wy_dv_bwd_alone(name, dtype, tol):
     NT = len(R.chunks(B, T, cu_t)) // (B if cu is None else 1)
     x = {n: t[n] for n in ("k", "v", "v_new", "g", "beta", "A", "h", "do", "dv2")}
     before = launch_counts("gdn.").get("gdn.wy_dv_bwd", 0)
-    out = dv_mod.wy_dv_bwd(**x, scale=K ** -0.5, NT=NT, cu_seqlens=cu_t, chunk_indices=idx)
+    out = dv_mod.wy_dv_bwd(**x, scale=K ** -0.5, NT=NT, cu_seqlens=cu_t, chunk_indices=idx, config=config)
     assert launch_counts("gdn.")["gdn.wy_dv_bwd"] == before + 1
     ref = R.wy_dv_bwd_ref(**{n: x.double() for n, x in t.items() if n != "A"}, scale=K ** -0.5, cu_seqlens=cu_t)
     for n, o, r in zip(("dv", "dbeta", "dAqk", "dAkk"), out[:4], ref):

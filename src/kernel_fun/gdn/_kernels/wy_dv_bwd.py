@@ -49,6 +49,14 @@ install_interpreter_shims()
 CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
            for bv, nw, ns in [(32, 4, 2), (64, 8, 2), (128, 8, 2)]]
 CANDIDATES = [triton.Config({"BV": bv}, num_warps=nw, num_stages=2) for bv, nw in ((16, 4), (64, 4), (32, 8))]
+# MERGE_D (not timed yet): two [BT, BT] fp32 accumulators across the V loop instead of three (the
+# kernel's docstring); Nsight Compute on 2026-12-02 had the shipped BV32-w4 at 255 registers with
+# 2.4 M spill requests and 12.5% occupancy (docs/gdn.md). One more [BV, BT] x [BT, BT] product per
+# V block, one fewer [BT, BV] load. sm_90a (Triton 3.6) at HV=32: BV32-w4-s2 255 registers and no
+# stack (the shipped form: 160 B, 74 spill instructions), -s1 253 / 0 (60 KB of shared memory, not
+# 80), BV32-w8 222 / 0, BV64-w8 255 / 0; BV64-w4 spills 360 B and BV128-w8 40 B, so not offered.
+CANDIDATES += [triton.Config({"BV": bv, "MERGE_D": True}, num_warps=nw, num_stages=ns)
+               for bv, nw, ns in ((32, 4, 2), (32, 4, 1), (32, 8, 2), (64, 8, 2))]
 
 
 def prune_bv(configs, named_args, **kwargs):
@@ -81,6 +89,7 @@ def wy_dv_bwd_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MERGE_D: tl.constexpr = False,
 ):
     _, i_hv, i_h, i_tg, row0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     last = n_valid - 1
@@ -103,8 +112,12 @@ def wy_dv_bwd_kernel(
     b_gam = tl.where(m_t, tl.exp2(b_g), 0.0)
     b_bg = b_beta * b_gam
     p_A = A + (row0 * HV + i_hv) * BT
-    b_at = tl.load(p_A + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_tt, other=0.0)  # A^T [j, i]
-    b_at = tl.where(m_upper, b_at, 0.0).to(dt_in)
+    if MERGE_D:  # A as stored [i, j], lower triangle: the V loop makes (A^T dv2)^T = dv2^T A
+        b_al = tl.load(p_A + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_tt, other=0.0)
+        b_al = tl.where((o_i[:, None] >= o_i[None, :]) & m_tt, b_al, 0.0).to(dt_in)
+    else:
+        b_at = tl.load(p_A + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_tt, other=0.0)  # A^T [j, i]
+        b_at = tl.where(m_upper, b_at, 0.0).to(dt_in)
     b_kt = tl.load(k + o_i[None, :] * (H * K) + o_k[:, None], mask=m_kt, other=0.0)  # k^T from memory
     p_h = h + (i_tg * HV + i_hv) * K * V
     p_v = v + (row0 * HV + i_hv) * V
@@ -113,11 +126,16 @@ def wy_dv_bwd_kernel(
     p_dv2 = dv2 + (row0 * HV + i_hv) * V
     p_dv = dv + (row0 * HV + i_hv) * V
 
-    # fp32 accumulators over V: ds = do vn^T, dA_u = dv2 (beta V)^T, D = dv2 (K S)^T
+    # fp32 accumulators over V: ds = do vn^T, dA_u = dv2 (beta V)^T, D = dv2 (K S)^T. MERGE_D
+    # holds two [BT, BT] ones, not three: M = dA_u - D diag(beta gamma) = dv2 ((beta V)^T - (K S)^T
+    # diag(beta gamma)) in one product, and D's only other use, rowsum(A^T dw * K)_j =
+    # -sum_v (K S)^T_vj (dv2^T A)_vj, as a [BT] vector; dv and dbeta from dv2^T A too.
     b_ds = tl.zeros([BT, BT], dtype=tl.float32)
     b_dau = tl.zeros([BT, BT], dtype=tl.float32)
-    b_D = tl.zeros([BT, BT], dtype=tl.float32)
+    if not MERGE_D:
+        b_D = tl.zeros([BT, BT], dtype=tl.float32)
     b_db = tl.zeros([BT], dtype=tl.float32)
+    b_dkk = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
@@ -131,24 +149,40 @@ def wy_dv_bwd_kernel(
         b_ht = tl.load(p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0).to(dt_in)  # S^T [BV, K]
 
         b_ds = tl.dot(b_do, b_vnt, b_ds, input_precision=DOT_PRECISION)
-        b_vbt = (b_vt.to(tl.float32) * b_beta[None, :]).to(dt_in)
-        b_dau = tl.dot(b_dvn, b_vbt, b_dau, input_precision=DOT_PRECISION)
-        b_kht = tl.dot(b_ht, b_kt, input_precision=DOT_PRECISION).to(dt_in)  # (K S)^T of this V block
-        b_D = tl.dot(b_dvn, b_kht, b_D, input_precision=DOT_PRECISION)
-        # u = A diag(beta) V:  dv = diag(beta) A^T dv2, dbeta += rowsum(A^T dv2 * V)
-        b_dvb = tl.dot(b_at, b_dvn, input_precision=DOT_PRECISION)
-        b_v = tl.load(p_v + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
-        b_db += tl.sum(b_dvb * b_v.to(tl.float32), 1)
-        tl.store(p_dv + o_i[:, None] * (HV * V) + o_v[None, :],
-                 (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_tv)
+        if MERGE_D:
+            b_kht = tl.dot(b_ht, b_kt, input_precision=DOT_PRECISION)  # (K S)^T of this V block, fp32
+            b_x = (b_vt.to(tl.float32) * b_beta[None, :] - b_kht * b_bg[None, :]).to(dt_in)
+            b_dau = tl.dot(b_dvn, b_x, b_dau, input_precision=DOT_PRECISION)  # M
+            # (A^T dv2)^T = dv2^T A: dv = diag(beta) A^T dv2, dbeta += rowsum(A^T dv2 * V)
+            b_dvnt = tl.load(p_dv2 + o_i[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0).to(dt_in)
+            b_dvbt = tl.dot(b_dvnt, b_al, input_precision=DOT_PRECISION)
+            b_dkk -= tl.sum(b_dvbt * b_kht, 0)
+            b_db += tl.sum(b_dvbt * b_vt.to(tl.float32), 0)
+            tl.store(p_dv + o_i[None, :] * (HV * V) + o_v[:, None],
+                     (b_dvbt * b_beta[None, :]).to(dv.dtype.element_ty), mask=m_vt)
+        else:
+            b_vbt = (b_vt.to(tl.float32) * b_beta[None, :]).to(dt_in)
+            b_dau = tl.dot(b_dvn, b_vbt, b_dau, input_precision=DOT_PRECISION)
+            b_kht = tl.dot(b_ht, b_kt, input_precision=DOT_PRECISION).to(dt_in)  # (K S)^T of this V block
+            b_D = tl.dot(b_dvn, b_kht, b_D, input_precision=DOT_PRECISION)
+            # u = A diag(beta) V:  dv = diag(beta) A^T dv2, dbeta += rowsum(A^T dv2 * V)
+            b_dvb = tl.dot(b_at, b_dvn, input_precision=DOT_PRECISION)
+            b_v = tl.load(p_v + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
+            b_db += tl.sum(b_dvb * b_v.to(tl.float32), 1)
+            tl.store(p_dv + o_i[:, None] * (HV * V) + o_v[None, :],
+                     (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_tv)
 
     # [BT, BT] masks formed after the V loop, so that they are not live across it
     m_lower = (o_i[:, None] >= o_i[None, :]) & m_tt  # [i, j], i >= j, both tokens valid
     m_strict = (o_i[:, None] > o_i[None, :]) & m_tt
-    # rowsum(A^T dw * K)_i = -sum_j A_ji D_ji, A loaded as stored
-    b_a = tl.load(p_A + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_tt, other=0.0)
-    b_a = tl.where(m_lower, b_a, 0.0).to(tl.float32)
-    b_dkk = -tl.sum(b_a * b_D, 0)
+    if MERGE_D:  # A^T for the dA products below, loaded after the loop (not live across it)
+        b_at = tl.load(p_A + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_tt, other=0.0)
+        b_at = tl.where(m_upper, b_at, 0.0).to(dt_in)
+    else:
+        # rowsum(A^T dw * K)_i = -sum_j A_ji D_ji, A loaded as stored
+        b_a = tl.load(p_A + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_tt, other=0.0)
+        b_a = tl.where(m_lower, b_a, 0.0).to(tl.float32)
+        b_dkk = -tl.sum(b_a * b_D, 0)
 
     # Gamma, formed with where before any product (exp2 overflows above the diagonal; 0 * inf
     # would be NaN)
@@ -158,7 +192,10 @@ def wy_dv_bwd_kernel(
 
     # A = (I + L)^-1:  dL = -A^T dA A^T on the strict lower triangle,
     # dA = dw (beta gamma K)^T + dv2 (beta V)^T = dA_u - D diag(beta gamma)
-    b_da = tl.where(m_strict, b_dau - b_D * b_bg[None, :], 0.0).to(dt_in)
+    if MERGE_D:
+        b_da = tl.where(m_strict, b_dau, 0.0).to(dt_in)
+    else:
+        b_da = tl.where(m_strict, b_dau - b_D * b_bg[None, :], 0.0).to(dt_in)
     b_da = tl.dot(b_at, b_da, input_precision=DOT_PRECISION).to(dt_in)
     b_da = tl.dot(b_da, b_at, input_precision=DOT_PRECISION)
     b_z = tl.where(m_strict, -b_da * b_Gam, 0.0)  # dL * Gamma
