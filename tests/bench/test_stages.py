@@ -91,3 +91,23 @@ def test_cconv_stages_read_a_column_slice(tmp_path, device):
 
     with pytest.raises(UsageError, match="layout='diagonal'"):
         cconv.probes(device, dict(layout="diagonal"))
+
+
+def test_gdn_stages_with_packed_documents(tmp_path, device):
+    """docs=N: every gdn stage kernel forced with `cu_seqlens` (N documents of random lengths in
+    B=1's T tokens) and checked against its varlen fp64 reference; the state rows per document.
+    A reference without the documents would fail most rows (checked by hand, 2026-12-02: 47 of 63)."""
+    path = tmp_path / "stages.json"
+    status = cli.main(["bench", "--stages", "gdn", "--device", device, "--shape", "T=150,docs=3",
+                       "--config", "shipped", "--json", str(path)])
+    rec = json.loads(path.read_text())
+    assert status == 0 and rec["shape"]["docs"] == 3
+    kernels = {r["kernel"] for r in rec["rows"]}
+    assert kernels == {"delta.state_scan_fwd", "delta.state_scan_bwd", "gdn.gated_scores", "gdn.wy_dv_bwd",
+                       "gdn.wy_dqk_bwd"}, kernels
+    assert all(r["ok"] for r in rec["rows"]), [r for r in rec["rows"] if not r["ok"]]
+    from kernel_fun.bench import gdn
+    from kernel_fun.bench.harness import UsageError
+
+    with pytest.raises(UsageError, match="docs=2 packs one sequence"):
+        gdn.probes(device, dict(B=2, docs=2))

@@ -136,9 +136,10 @@ def cases(overrides: dict | None = None):
 
 
 # The stage probes' shapes: the check's (T not a multiple of 64, grouped values, fp32) and, for
-# `bench --stages gdn` on a GPU, the production heads at B=8 in bf16 (`--shape` replaces any).
-CHECK_SHAPE = dict(B=1, T=100, H=1, HV=2, K=32, V=32, dtype="float32")
-STAGE_SHAPES = {"cpu": CHECK_SHAPE, "cuda": dict(B=8, T=8192, H=16, HV=16, K=128, V=128, dtype="bfloat16")}
+# `bench --stages gdn` on a GPU, the production heads at B=8 in bf16 (`--shape` replaces any;
+# docs=N packs B=1's T tokens into N documents of random lengths, as `cu_seqlens`).
+CHECK_SHAPE = dict(B=1, T=100, H=1, HV=2, K=32, V=32, dtype="float32", docs=0)
+STAGE_SHAPES = {"cpu": CHECK_SHAPE, "cuda": dict(B=8, T=8192, H=16, HV=16, K=128, V=128, dtype="bfloat16", docs=0)}
 
 
 def probes(device: str, shape: dict | None = None) -> list:
@@ -151,81 +152,99 @@ def probes(device: str, shape: dict | None = None) -> list:
 
     import torch
 
+    from .._delta import chunking
     from .._delta._kernels import state_scan_bwd as scan_bwd_mod
     from .._delta._kernels import state_scan_fwd as scan_fwd_mod
     from .._delta._kernels.state_scan_bwd import state_scan_bwd
     from .._delta._kernels.state_scan_fwd import state_scan_fwd
-    from .._delta.reference import intra_ref, state_scan_bwd_ref, state_scan_fwd_ref
+    from .._delta.reference import chunk_local_cumsum_ref, intra_ref, state_scan_bwd_ref, state_scan_fwd_ref
     from ..gdn import reference_stages as R
     from ..gdn._kernels import scores, wy_dqk_bwd, wy_dv_bwd
     from ..kda.reference_stages import dAv_reference
-    from .harness import Probe
+    from .harness import Probe, UsageError
 
     shape = dict(CHECK_SHAPE, **(shape or {}))
     B, T, H, HV, K, V = (shape[k] for k in ("B", "T", "H", "HV", "K", "V"))
+    docs = int(shape.get("docs", 0))
+    cu_cpu = cu = idx = offs = None  # packed documents: cu_seqlens (CPU for the fp64 references)
+    if docs:
+        if B != 1 or not 1 <= docs <= T:
+            raise UsageError(f"--shape: docs={docs} packs one sequence (B=1) of T >= docs tokens; got B={B}, T={T}")
+        cuts = torch.randperm(T - 1, generator=torch.Generator().manual_seed(1))[: docs - 1].add(1).sort().values
+        cu_cpu = torch.cat([torch.tensor([0]), cuts, torch.tensor([T])])
+        cu = cu_cpu.to(device)
+        idx, offs = chunking.chunk_meta(cu, 64, cu_cpu)
+    N = docs or B  # sequences: the states' leading dimension
+    var = dict(cu_seqlens=cu, chunk_indices=idx)  # what each chunk-parallel kernel takes
+    scan_var = dict(var, chunk_offsets=offs)  # and the scans
     low = getattr(torch, shape["dtype"])
     P = functools.partial(Probe, tol=1e-3 if low == torch.float32 else 2e-2)
     gen = torch.Generator(device=device).manual_seed(0)
     r = lambda *s: torch.randn(*s, generator=gen, device=device)  # noqa: E731
     a = -torch.rand(B, T, HV, generator=gen, device=device).double() * 0.5
-    g = torch.cat([c.cumsum(1) for c in a.split(64, dim=1)], 1).float() / math.log(2.0)
+    if docs:  # chunks restart at each document
+        g = chunk_local_cumsum_ref(a.cpu(), 64, cu_seqlens=cu_cpu).float().to(device)
+    else:
+        g = torch.cat([c.cumsum(1) for c in a.split(64, dim=1)], 1).float() / math.log(2.0)
     q = torch.nn.functional.normalize(r(B, T, H, K), dim=-1)
     k = torch.nn.functional.normalize(r(B, T, H, K), dim=-1)
     beta = torch.rand(B, T, HV, generator=gen, device=device)
-    NT = -(-T // 64)
+    NT = len(R.chunks(B, T, cu_cpu)) // (1 if docs else B)  # chunks a sequence (all of them with docs)
     t = dict(q=q, k=k, v=r(B, T, HV, V), v_new=r(B, T, HV, V), g=g, beta=beta,
              h=r(B, NT, HV, K, V) * 0.5, dh=r(B, NT, HV, K, V) * 0.5, do=r(B, T, HV, V), dv2=r(B, T, HV, V))
     t = {n: x if n in ("g", "beta") else x.to(low) for n, x in t.items()}  # gate and beta fp32, as the chain's
     # gdn/reference_stages.py computes on the CPU (fp64, per chunk): it gets CPU copies
     cpu = {n: x.cpu() for n, x in t.items()}
-    A = R.wy_inverse_ref(cpu["k"], cpu["g"], cpu["beta"]).to(device, low)
+    A = R.wy_inverse_ref(cpu["k"], cpu["g"], cpu["beta"], cu_seqlens=cu_cpu).to(device, low)
     scale = K ** -0.5
     ref_in = {n: x.double() for n, x in cpu.items()}
-    wy_ref = functools.cache(lambda: R.wy_dqkwg_bwd_ref(**ref_in, scale=scale))
+    wy_ref = functools.cache(lambda: R.wy_dqkwg_bwd_ref(**ref_in, scale=scale, cu_seqlens=cu_cpu))
     dv_in = dict(k=t["k"], v=t["v"], v_new=t["v_new"], g=g, beta=beta, A=A, h=t["h"], do=t["do"], dv2=t["dv2"])
-    dv, db, dAqk, dAkk, dgz = wy_dv_bwd.wy_dv_bwd(**dv_in, scale=scale, NT=NT)  # the second half's inputs
+    dv, db, dAqk, dAkk, dgz = wy_dv_bwd.wy_dv_bwd(**dv_in, scale=scale, NT=NT, **var)  # the second half's inputs
     dqk_in = dict(q=t["q"], k=t["k"], v_new=t["v_new"], g=g, h=t["h"], dh=t["dh"], do=t["do"], dv=dv, dAqk=dAqk,
                   dAkk=dAkk, dgz=dgz)
     out = [
-        P("gdn.wy_dv_bwd", lambda c: wy_dv_bwd.wy_dv_bwd(**dv_in, scale=scale, NT=NT, config=c)[:4],
-          lambda: R.wy_dv_bwd_ref(**ref_in, scale=scale), ("dv", "dbeta", "dAqk", "dAkk"), module=wy_dv_bwd,
+        P("gdn.wy_dv_bwd", lambda c: wy_dv_bwd.wy_dv_bwd(**dv_in, scale=scale, NT=NT, **var, config=c)[:4],
+          lambda: R.wy_dv_bwd_ref(**ref_in, scale=scale, cu_seqlens=cu_cpu), ("dv", "dbeta", "dAqk", "dAkk"),
+          module=wy_dv_bwd,
           label="gdn wy_dv_bwd"),
-        P("gdn.wy_dqk_bwd", lambda c: wy_dqk_bwd.wy_dqk_bwd(**dqk_in, scale=scale, NT=NT, config=c),
+        P("gdn.wy_dqk_bwd", lambda c: wy_dqk_bwd.wy_dqk_bwd(**dqk_in, scale=scale, NT=NT, **var, config=c),
           lambda: [wy_ref()[i] for i in (0, 1, 4)], ("dq", "dk", "dg"), module=wy_dqk_bwd, label="gdn wy_dqk_bwd"),
-        P("gdn.gated_scores", lambda c: (scores.gated_scores(t["q"], t["k"], g, 0.3, config=c),),
-          lambda: (R.gated_scores_ref(cpu["q"], cpu["k"], cpu["g"], 0.3),), ("A",), module=scores,
+        P("gdn.gated_scores", lambda c: (scores.gated_scores(t["q"], t["k"], g, 0.3, **var, config=c),),
+          lambda: (R.gated_scores_ref(cpu["q"], cpu["k"], cpu["g"], 0.3, cu_seqlens=cu_cpu),), ("A",), module=scores,
           label="gdn gated_scores"),
     ]
     # The state scans with the scalar gate, as gdn/chain.py calls them (the forward twice: for o,
     # then again writing h and v_new for the backward); w, u from the fp64 reference intra stage,
     # so the scans meet the structure they meet in the chain.
-    it = intra_ref(t["q"], t["k"], t["v"], beta, g=g, scale=scale, chunk_size=64)
+    it = intra_ref(t["q"], t["k"], t["v"], beta, g=g, scale=scale, chunk_size=64, cu_seqlens=cu)
     w, u = it["w"].to(low), it["u"].to(low)
-    h0 = r(B, HV, K, V) * 0.5
-    dht = r(B, HV, K, V) * 0.5
+    h0 = r(N, HV, K, V) * 0.5
+    dht = r(N, HV, K, V) * 0.5
     fwd = dict(g=g, scale=scale, initial_state=h0, chunk_size=64)
-    fwd_ref = functools.cache(lambda: state_scan_fwd_ref(t["q"], t["k"], w, u, **fwd, output_final_state=True))
+    fwd_ref = functools.cache(lambda: state_scan_fwd_ref(t["q"], t["k"], w, u, **fwd, output_final_state=True,
+                                                         cu_seqlens=cu))
     out += [
         P("delta.state_scan_fwd", lambda c: state_scan_fwd(t["q"], t["k"], w, u, **fwd, output_final_state=True,
-                                                           config=c)[:2],
+                                                           **scan_var, config=c)[:2],
           lambda: fwd_ref()[:2], ("o", "final_state"), module=scan_fwd_mod, label="gdn state_scan_fwd"),
         P("delta.state_scan_fwd", lambda c: state_scan_fwd(t["q"], t["k"], w, u, **fwd, save_h=True, save_v_new=True,
-                                                           store_o=False, config=c)[2:],
+                                                           store_o=False, **scan_var, config=c)[2:],
           lambda: fwd_ref()[2:], ("h", "v_new"), module=scan_fwd_mod, label="gdn state_scan_fwd",
           note="saving h and v_new, no output (the backward's recompute)"),
     ]
     # The backward scan making dv from the gated scores (the reference's, so only the scan is
     # under test), against the reference scan fed dv = tril(Aqk)^T do.
-    Aqk = R.gated_scores_ref(cpu["q"], cpu["k"], cpu["g"], scale)
+    Aqk = R.gated_scores_ref(cpu["q"], cpu["k"], cpu["g"], scale, cu_seqlens=cu_cpu)
 
     def bwd_ref():  # on the CPU, beside Aqk
-        _, dv_local = dAv_reference(cpu["do"], cpu["do"], Aqk, scale, chunk_size=64)
+        _, dv_local = dAv_reference(cpu["do"], cpu["do"], Aqk, scale, cu_seqlens=cu_cpu, chunk_size=64)
         return state_scan_bwd_ref(cpu["q"], cpu["k"], w.cpu(), cpu["do"], dv_local, g=cpu["g"], dht=dht.cpu(),
-                                  scale=scale, chunk_size=64)
+                                  scale=scale, cu_seqlens=cu_cpu, chunk_size=64)
 
     out.append(P("delta.state_scan_bwd", lambda c: state_scan_bwd(
         t["q"], t["k"], w, t["do"], None, g=g, h0=h0, dht=dht, scale=scale, chunk_size=64, A=Aqk.to(device, low),
-        config=c),
+        **scan_var, config=c),
         bwd_ref, ("dh", "dh0", "dv"), module=scan_bwd_mod, label="gdn state_scan_bwd"))
     return out
 
