@@ -13,7 +13,8 @@ landed at 93.5-94.5%. Rows (do_bench medians, one process; TB/s counts the bytes
 * copy_5        torch `copy_` of the backward's 5 tensors' bytes (2.5 pairs of 1 read, 1 write)
 * r2w1_*        x, g in, y = x + g out: the forward's pattern (plain grid)
 * r3w2_*        h, g, dy in, dx = h + dy, dg = g * dy out: the backward's pattern, no row
-                reduction (plain grid; `_pers` a persistent grid of 4 programs an SM)
+                reduction (plain grid; `_pers` a persistent grid of 4 or 8 programs an SM; `_hint`
+                with evict-first loads and streaming stores)
 * bwd           the shipped backward, autotuned (dx, dg, the dw partials and their reduce)
 
 If r3w2 tops out where bwd is, the bar is a property of the card's read/write mix, not of the
@@ -45,7 +46,8 @@ def r2w1_kernel(x, g, y, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def r3w2_kernel(h, g, dy, dx, dg, n, n_blk, BLOCK: tl.constexpr, PERSIST: tl.constexpr):
+def r3w2_kernel(h, g, dy, dx, dg, n, n_blk, BLOCK: tl.constexpr, PERSIST: tl.constexpr,
+                HINT: tl.constexpr = False):
     if PERSIST:
         b0 = tl.program_id(0)
         step = tl.num_programs(0)
@@ -55,11 +57,18 @@ def r3w2_kernel(h, g, dy, dx, dg, n, n_blk, BLOCK: tl.constexpr, PERSIST: tl.con
     for blk in tl.range(b0, n_blk, step):
         offs = blk * BLOCK + tl.arange(0, BLOCK)  # n < 2**31 here
         m = offs < n
-        a = tl.load(h + offs, mask=m).to(tl.float32)
-        b = tl.load(g + offs, mask=m).to(tl.float32)
-        d = tl.load(dy + offs, mask=m).to(tl.float32)
-        tl.store(dx + offs, (a + d).to(dx.dtype.element_ty), mask=m)
-        tl.store(dg + offs, (b * d).to(dg.dtype.element_ty), mask=m)
+        if HINT:  # streaming: loads evict first from L2, stores bypass with .cs
+            a = tl.load(h + offs, mask=m, eviction_policy="evict_first").to(tl.float32)
+            b = tl.load(g + offs, mask=m, eviction_policy="evict_first").to(tl.float32)
+            d = tl.load(dy + offs, mask=m, eviction_policy="evict_first").to(tl.float32)
+            tl.store(dx + offs, (a + d).to(dx.dtype.element_ty), mask=m, cache_modifier=".cs")
+            tl.store(dg + offs, (b * d).to(dg.dtype.element_ty), mask=m, cache_modifier=".cs")
+        else:
+            a = tl.load(h + offs, mask=m).to(tl.float32)
+            b = tl.load(g + offs, mask=m).to(tl.float32)
+            d = tl.load(dy + offs, mask=m).to(tl.float32)
+            tl.store(dx + offs, (a + d).to(dx.dtype.element_ty), mask=m)
+            tl.store(dg + offs, (b * d).to(dg.dtype.element_ty), mask=m)
 
 
 def main(path: str) -> None:
@@ -94,6 +103,9 @@ def main(path: str) -> None:
         for block, warps in ((2048, 4), (4096, 8), (1024, 4)):
             row(f"r3w2_{block}_w{warps}", V, median_ms(lambda: r3w2_kernel[(triton.cdiv(n, block),)](
                 t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, block), BLOCK=block, PERSIST=False, num_warps=warps)), 10 * n)
+        row("r3w2_2048_w4_hint", V, median_ms(lambda: r3w2_kernel[(triton.cdiv(n, 2048),)](
+            t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), BLOCK=2048, PERSIST=False, HINT=True,
+            num_warps=4)), 10 * n)
         for pps in (4, 8):
             row(f"r3w2_2048_pers{pps}", V, median_ms(lambda: r3w2_kernel[(n_sm * pps,)](
                 t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), BLOCK=2048, PERSIST=True, num_warps=4)), 10 * n)
