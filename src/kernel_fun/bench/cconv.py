@@ -86,12 +86,12 @@ def _case(name, B, T, D, W=4, layout="contiguous", cu_seqlens=None, backend="tri
     return Case("cconv", name, shape, dirs, witness=("cconv.",), note=note)
 
 
-def _random_cu_seqlens(T, n_docs, seed=0):
+def _random_cu_seqlens(T, n_docs, seed=0, device="cuda"):
     import torch
 
     g = torch.Generator().manual_seed(seed)
     cuts = torch.randperm(T - 1, generator=g)[: n_docs - 1].add(1).sort().values
-    return torch.cat([torch.tensor([0]), cuts, torch.tensor([T])]).to("cuda")
+    return torch.cat([torch.tensor([0]), cuts, torch.tensor([T])]).to(device)
 
 
 def cases(overrides: dict | None = None):

@@ -170,8 +170,9 @@ def probes(device: str, shape: dict | None = None) -> list:
     if docs:
         if B != 1 or not 1 <= docs <= T:
             raise UsageError(f"--shape: docs={docs} packs one sequence (B=1) of T >= docs tokens; got B={B}, T={T}")
-        cuts = torch.randperm(T - 1, generator=torch.Generator().manual_seed(1))[: docs - 1].add(1).sort().values
-        cu_cpu = torch.cat([torch.tensor([0]), cuts, torch.tensor([T])])
+        from .cconv import _random_cu_seqlens
+
+        cu_cpu = _random_cu_seqlens(T, docs, seed=1, device="cpu")
         cu = cu_cpu.to(device)
         idx, offs = chunking.chunk_meta(cu, 64, cu_cpu)
     N = docs or B  # sequences: the states' leading dimension

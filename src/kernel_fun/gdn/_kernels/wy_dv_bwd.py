@@ -132,10 +132,11 @@ def wy_dv_bwd_kernel(
     # -sum_v (K S)^T_vj (dv2^T A)_vj, as a [BT] vector; dv and dbeta from dv2^T A too.
     b_ds = tl.zeros([BT, BT], dtype=tl.float32)
     b_dau = tl.zeros([BT, BT], dtype=tl.float32)
-    if not MERGE_D:
+    if MERGE_D:
+        b_dkk = tl.zeros([BT], dtype=tl.float32)
+    else:
         b_D = tl.zeros([BT, BT], dtype=tl.float32)
     b_db = tl.zeros([BT], dtype=tl.float32)
-    b_dkk = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
