@@ -194,7 +194,7 @@ def state_scan_fwd(full):
     from kernel_fun._delta._kernels import state_scan_fwd as m
 
     ptr = {n: "*bf16" for n in ("q", "k", "w", "u", "o", "Aqk", "h", "v_new")}
-    ptr.update(cu_seqlens="*i64", chunk_offsets="*i64", scale="fp32", T_total="i32", N="i32")
+    ptr.update(cu_seqlens="*i64", chunk_offsets="*i64", seq_order="*i32", scale="fp32", T_total="i32", N="i32")
     base = dict(HQ=16, HK=16, HV=16, K=128, V=256, BT=64, BK=64, GATE=2, Q_GATED=True, HAS_AQK=True,
                 USE_H0=False, STORE_HT=False, STORE_O=True, SAVE_H=False, SAVE_V_NEW=False, STATE_V_FIRST=False,
                 IS_VARLEN=False, DOT_PRECISION="tf32")
@@ -222,7 +222,7 @@ def state_scan_bwd(full):
     from kernel_fun._delta._kernels import state_scan_bwd as m
 
     ptr = {n: "*bf16" for n in ("q", "k", "w", "do", "dv", "A", "dh", "dv2")}
-    ptr.update(cu_seqlens="*i64", chunk_offsets="*i64", scale="fp32")
+    ptr.update(cu_seqlens="*i64", chunk_offsets="*i64", seq_order="*i32", scale="fp32")
     gates = (0, 1, 2) if full else (2,)
     for cfg, gate, varlen, dva in itertools.product(m.CONFIGS + m.CANDIDATES if full else m.CONFIGS, gates, (False, True) if full else (False,),
                                                     (False, True)):

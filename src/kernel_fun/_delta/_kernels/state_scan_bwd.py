@@ -41,7 +41,7 @@ from kernel_fun._common.tuning import (
     alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch, next_pow2)
 from kernel_fun._common.witness import record_launch
 
-from kernel_fun._delta.chunking import check_varlen_batch, scan_grid, scan_program, total_chunks
+from kernel_fun._delta.chunking import check_varlen_batch, scan_grid, scan_order, scan_program, total_chunks
 
 from .state_scan_fwd import GATE_CHANNEL, GATE_NONE, GATE_SCALAR, _prune
 
@@ -80,6 +80,7 @@ def state_scan_bwd_kernel(
     dv2,  # [B, T, HV, V]
     cu_seqlens,  # [N + 1] | unused
     chunk_offsets,  # [N + 1] | unused
+    seq_order,  # [N] int32, the order the sequences are launched in (scan_order) | unused
     scale,
     T,
     HQ: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -88,7 +89,7 @@ def state_scan_bwd_kernel(
     DOT_PRECISION: tl.constexpr, DV_FROM_A: tl.constexpr = False,
 ):
     i_v, i_nh, i_n, i_hv, i_hq, i_hk, bos, _, T, boh = scan_program(
-        cu_seqlens, chunk_offsets, T, V, HQ, HK, HV, BT, BV, IS_VARLEN, True)
+        cu_seqlens, chunk_offsets, seq_order, T, V, HQ, HK, HV, BT, BV, IS_VARLEN, True)
     NT = tl.cdiv(T, BT)
 
     o_k = tl.arange(0, KP)
@@ -247,6 +248,7 @@ def state_scan_bwd(
         A=A.contiguous() if A is not None else dummy, dh=dh,
         dh0=dh0 if dh0 is not None else dummy, dv2=dv2,
         cu_seqlens=cu_seqlens if is_varlen else dummy, chunk_offsets=chunk_offsets if is_varlen else dummy,
+        seq_order=scan_order(cu_seqlens) if is_varlen else dummy,
         scale=float(scale), T=T, HQ=HQ, HK=HK, HV=HV, K=K, V=V, BT=BT,
         KP=max(16, next_pow2(K)), GATE=gate_kind, USE_DHT=dht is not None,
         STORE_DH0=dh0 is not None, IS_VARLEN=is_varlen,

@@ -47,7 +47,7 @@ import triton.language as tl
 from kernel_fun._common.tuning import (
     alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch, next_pow2)
 from kernel_fun._common.witness import record_launch
-from kernel_fun._delta.chunking import check_varlen_batch, scan_grid, scan_program, total_chunks
+from kernel_fun._delta.chunking import check_varlen_batch, scan_grid, scan_order, scan_program, total_chunks
 
 
 install_interpreter_shims()
@@ -161,6 +161,7 @@ def state_scan_fwd_kernel(
     v_new,  # [B, T, HV, V] | unused
     cu_seqlens,  # [N + 1] | unused
     chunk_offsets,  # [N + 1] | unused
+    seq_order,  # [N] int32, the order the sequences are launched in (scan_order) | unused
     scale,
     T,
     T_total,
@@ -193,7 +194,7 @@ def state_scan_fwd_kernel(
     # registers of the query gating.
     TWO_K: tl.constexpr = K > BK
     i_v, i_nh, i_n, i_hv, i_hq, i_hk, bos, eos, T, boh = scan_program(
-        cu_seqlens, chunk_offsets, T, V, HQ, HK, HV, BT, BV, IS_VARLEN, SAVE_H)
+        cu_seqlens, chunk_offsets, seq_order, T, V, HQ, HK, HV, BT, BV, IS_VARLEN, SAVE_H)
     NT = tl.cdiv(T, BT)
 
     o_k1 = tl.arange(0, BK)
@@ -602,6 +603,7 @@ def state_scan_fwd(
         v_new=v_new if v_new is not None else dummy,
         cu_seqlens=cu_seqlens if is_varlen else dummy,
         chunk_offsets=chunk_offsets if (is_varlen and save_h) else dummy,
+        seq_order=scan_order(cu_seqlens) if is_varlen else dummy,
         scale=float(scale), T=T, T_total=T, N=N,
         HQ=HQ, HK=HK, HV=HV, K=K, V=V, BT=BT, BK=min(64, max(16, next_pow2(K))),
         GATE=gate_kind, Q_GATED=q_gated, HAS_AQK=Aqk is not None, USE_H0=initial_state is not None,

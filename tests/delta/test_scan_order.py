@@ -1,0 +1,30 @@
+"""The state scans launch the sequences of a varlen batch longest first (``scan_order``)."""
+import torch
+
+from kernel_fun._delta.chunking import scan_order
+
+
+def test_longest_first_ties_in_order():
+    cu = torch.tensor([0, 37, 100, 164, 170, 233, 233], dtype=torch.int32)  # 37, 63, 64, 6, 63, 0
+    assert scan_order(cu).tolist() == [2, 1, 4, 0, 3, 5]
+    assert scan_order(cu).dtype == torch.int32
+
+
+def test_cached_per_tensor_and_remade_after_an_in_place_refill():
+    cu = torch.tensor([0, 10, 100], dtype=torch.int32)
+    first = scan_order(cu)
+    assert first.tolist() == [1, 0]
+    assert scan_order(cu) is first  # the forward and backward scans of a step share it
+    cu[1] = 95  # a loader refilling its buffer in place: lengths 95, 5
+    assert scan_order(cu).tolist() == [0, 1]
+    other = torch.tensor([0, 10, 100], dtype=torch.int32)
+    assert scan_order(other).tolist() == [1, 0]
+
+
+def test_a_permutation_of_many_documents():
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(0, 300, (200,), generator=g)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    order = scan_order(cu).long()
+    assert sorted(order.tolist()) == list(range(200))
+    assert (lengths[order][:-1] >= lengths[order][1:]).all()
