@@ -237,6 +237,7 @@ def probes(device: str, shape: dict | None = None) -> list:
     # The backward scan making dv from the gated scores (the reference's, so only the scan is
     # under test), against the reference scan fed dv = tril(Aqk)^T do.
     Aqk = R.gated_scores_ref(cpu["q"], cpu["k"], cpu["g"], scale, cu_seqlens=cu_cpu)
+    Aqk_dev = Aqk.to(device, low)  # once: a copy inside the timed call would time the host link
 
     def bwd_ref():  # on the CPU, beside Aqk
         _, dv_local = dAv_reference(cpu["do"], cpu["do"], Aqk, scale, cu_seqlens=cu_cpu, chunk_size=64)
@@ -244,7 +245,7 @@ def probes(device: str, shape: dict | None = None) -> list:
                                   scale=scale, cu_seqlens=cu_cpu, chunk_size=64)
 
     out.append(P("delta.state_scan_bwd", lambda c: state_scan_bwd(
-        t["q"], t["k"], w, t["do"], None, g=g, h0=h0, dht=dht, scale=scale, chunk_size=64, A=Aqk.to(device, low),
+        t["q"], t["k"], w, t["do"], None, g=g, h0=h0, dht=dht, scale=scale, chunk_size=64, A=Aqk_dev,
         **scan_var, config=c),
         bwd_ref, ("dh", "dh0", "dv"), module=scan_bwd_mod, label="gdn state_scan_bwd"))
     return out

@@ -39,24 +39,29 @@ from kernel_fun._delta.chunking import chunk_program
 
 install_interpreter_shims()
 
-# (BV, num_warps, num_stages). The first is the only one the interpreter runs: BV=32, so that
-# the CPU tests (V = 64/128) exercise the V loop. Timed on the H200 (`--stages gdn`, B=4 T=4096
-# H=16 K=V=128, bf16, 2026-12-02, bench/records/2026-12-02-h200-stages-gdn-hv{32,16}-137cfbe.json),
-# ms at HV=32 | HV=16, and sm_90a registers / stack (Triton 3.6) at HV=32:
-#   BV32 w4 0.742 | 0.387  255/160      BV64 w8 0.793 | 0.398  236/0      BV128 w8 0.871 | 0.454  255/8
-#   candidates: BV16 w4 0.892 | 0.432  255/104;  BV64 w4 1.041 | 0.511  255/304;  BV32 w8 1.022 | 0.509  247/0
-# Four warps spill a little here and still win at BV32 (as on wy_dqk_bwd).
-CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
-           for bv, nw, ns in [(32, 4, 2), (64, 8, 2), (128, 8, 2)]]
-CANDIDATES = [triton.Config({"BV": bv}, num_warps=nw, num_stages=2) for bv, nw in ((16, 4), (64, 4), (32, 8))]
-# MERGE_D (not timed yet): two [BT, BT] fp32 accumulators across the V loop instead of three (the
-# kernel's docstring); Nsight Compute on 2026-12-02 had the shipped BV32-w4 at 255 registers with
-# 2.4 M spill requests and 12.5% occupancy (docs/gdn.md). One more [BV, BT] x [BT, BT] product per
-# V block, one fewer [BT, BV] load. sm_90a (Triton 3.6) at HV=32: BV32-w4-s2 255 registers and no
-# stack (the shipped form: 160 B, 74 spill instructions), -s1 253 / 0 (60 KB of shared memory, not
-# 80), BV32-w8 222 / 0, BV64-w8 255 / 0; BV64-w4 spills 360 B and BV128-w8 40 B, so not offered.
-CANDIDATES += [triton.Config({"BV": bv, "MERGE_D": True}, num_warps=nw, num_stages=ns)
-               for bv, nw, ns in ((32, 4, 2), (32, 4, 1), (32, 8, 2), (64, 8, 2))]
+# (BV, num_warps, num_stages, MERGE_D). The first is the only one the interpreter runs: BV=32, so
+# that the CPU tests (V = 64/128) exercise the V loop. Timed on the H200 (`--stages gdn`, B=4
+# T=4096 H=16 K=V=128, bf16), ms at HV=32 | HV=16, and sm_90a registers / stack (Triton 3.6) at HV=32:
+#   MERGE_D BV32 w4 0.599 | -      255/0    (2026-12-02, bench/records/2026-12-02-h200-stages-gdn-wy-dv-merge-d-d638293.json)
+#   BV64 w8 0.793 | 0.398  236/0            (the rest: bench/records/2026-12-02-h200-stages-gdn-hv{32,16}-137cfbe.json)
+#   candidates: BV32 w4 0.742 | 0.387  255/160;  BV128 w8 0.871 | 0.454  255/8;  BV16 w4 0.892 | 0.432  255/104;
+#   BV64 w4 1.041 | 0.511  255/304;  BV32 w8 1.022 | 0.509  247/0;
+#   MERGE_D BV32 w4 s1 0.805 (253/0);  MERGE_D BV32 w8 0.897 (222/0);  MERGE_D BV64 w8 0.818 (255/0)
+# MERGE_D keeps two [BT, BT] fp32 accumulators across the V loop instead of three (the kernel's
+# docstring): one more [BV, BT] x [BT, BT] product per V block, one fewer [BT, BV] load, and the
+# four-warp BV32 form no longer spills (Nsight Compute on 2026-12-02 had the three-accumulator
+# BV32-w4 at 255 registers, 2.4 M spill requests, 12.5% occupancy: docs/gdn.md). 19% faster at HV=32.
+_CONFIG_TUPLES = [(32, 4, 2, True), (64, 8, 2, False)]
+_CANDIDATE_TUPLES = [(32, 4, 2, False), (128, 8, 2, False), (16, 4, 2, False), (64, 4, 2, False), (32, 8, 2, False),
+                     (32, 4, 1, True), (32, 8, 2, True), (64, 8, 2, True)]
+
+
+def _config(bv, nw, ns, merge_d):
+    return triton.Config(dict({"BV": bv}, **({"MERGE_D": True} if merge_d else {})), num_warps=nw, num_stages=ns)
+
+
+CONFIGS = [_config(*c) for c in _CONFIG_TUPLES]
+CANDIDATES = [_config(*c) for c in _CANDIDATE_TUPLES]
 
 
 def prune_bv(configs, named_args, **kwargs):
