@@ -57,7 +57,12 @@ def _case(name, dtype=torch.bfloat16):
 # ceiling for those two is the larger of fla's tolerance and that noise floor, measured in the
 # test as the largest move over three draws (one draw on the H200 stayed under 2e-2 while ours
 # was 2.92e-2: a single draw is not the floor).
-ILL_CONDITIONED = {"strong_decay_negeig": ("dA_log", "ddt_bias")}
+# k64_v256_kfirst (K=64, V=256, T=300) is another: on the CPU (2026-12-02, tools/gdn_noise_floor.py,
+# the same one-ulp draws, fp64 reference) dA_log moved by 1.68e-2, 1.71e-2 and 3.05e-2
+# (ddt_bias 1.56e-2 to 3.18e-2) on one input draw, 0.73e-2 to 2.00e-2 on another; on the H200 ours
+# was 1.2e-2 with the three-accumulator wy_dv_bwd and 2.27e-2 with MERGE_D (git e867389), every
+# other output <= 4.4e-3.
+ILL_CONDITIONED = {"strong_decay_negeig": ("dA_log", "ddt_bias"), "k64_v256_kfirst": ("dA_log", "ddt_bias")}
 NOISE_DRAWS = 3
 
 
