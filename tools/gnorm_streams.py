@@ -13,8 +13,9 @@ landed at 93.5-94.5%. Rows (do_bench medians, one process; TB/s counts the bytes
 * copy_5        torch `copy_` of the backward's 5 tensors' bytes (2.5 pairs of 1 read, 1 write)
 * r2w1_*        x, g in, y = x + g out: the forward's pattern (plain grid)
 * r3w2_*        h, g, dy in, dx = h + dy, dg = g * dy out: the backward's pattern, no row
-                reduction (plain grid; `_pers` a persistent grid of 4 or 8 programs an SM; `_hint`
-                with evict-first loads and streaming stores)
+                reduction (plain grid; `_tpp` a plain grid of 2-8 adjacent blocks a program;
+                `_pers` a persistent grid of 4 or 8 programs an SM; `_hint` with evict-first loads
+                and streaming stores)
 * bwd           the shipped backward, autotuned (dx, dg, the dw partials and their reduce)
 
 If r3w2 tops out where bwd is, the bar is a property of the card's read/write mix, not of the
@@ -47,14 +48,16 @@ def r2w1_kernel(x, g, y, n, BLOCK: tl.constexpr):
 
 @triton.jit
 def r3w2_kernel(h, g, dy, dx, dg, n, n_blk, BLOCK: tl.constexpr, PERSIST: tl.constexpr,
-                HINT: tl.constexpr = False):
+                HINT: tl.constexpr = False, TPP: tl.constexpr = 1):
     if PERSIST:
         b0 = tl.program_id(0)
         step = tl.num_programs(0)
-    else:
-        b0 = tl.program_id(0)
-        step = n_blk
-    for blk in tl.range(b0, n_blk, step):
+        stop = n_blk
+    else:  # TPP adjacent blocks a program (1: one block, then exit)
+        b0 = tl.program_id(0) * TPP
+        step = 1
+        stop = tl.minimum(b0 + TPP, n_blk)
+    for blk in tl.range(b0, stop, step):
         offs = blk * BLOCK + tl.arange(0, BLOCK)  # n < 2**31 here
         m = offs < n
         if HINT:  # streaming: loads evict first from L2, stores bypass with .cs
@@ -106,6 +109,10 @@ def main(path: str) -> None:
         row("r3w2_2048_w4_hint", V, median_ms(lambda: r3w2_kernel[(triton.cdiv(n, 2048),)](
             t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), BLOCK=2048, PERSIST=False, HINT=True,
             num_warps=4)), 10 * n)
+        for tpp in (2, 4, 8):  # does a loop's loss grow with its trip count, or is any loop 5%?
+            row(f"r3w2_2048_tpp{tpp}", V, median_ms(lambda: r3w2_kernel[(triton.cdiv(triton.cdiv(n, 2048), tpp),)](
+                t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), BLOCK=2048, PERSIST=False, TPP=tpp,
+                num_warps=4)), 10 * n)
         for pps in (4, 8):
             row(f"r3w2_2048_pers{pps}", V, median_ms(lambda: r3w2_kernel[(n_sm * pps,)](
                 t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), BLOCK=2048, PERSIST=True, num_warps=4)), 10 * n)
