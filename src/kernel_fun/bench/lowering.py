@@ -184,7 +184,7 @@ def wy_bwd(full):
     from kernel_fun.kda._kernels import wy_bwd as m
 
     ptr = {n: "*bf16" for n in ("q", "k", "v", "v_new", "beta", "A", "h", "do", "dh", "dv", "dv2")}
-    ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
+    ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32", dg_slice="i32:16")
     for cfg, varlen in itertools.product(m.CONFIGS + m.CANDIDATES if full else m.CONFIGS, (False, True) if full else (False,)):
         c = dict(H=16, HV=16, K=128, V=256, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", **cfg.kwargs)
         yield f"wy_bwd varlen={varlen} {cfg_label(cfg)}", m._wy_bwd_kernel.fn, ptr, c, cfg
@@ -317,7 +317,7 @@ _GDN_FP32 = ("g", "beta", "db", "dgz", "dg")
 def _gdn_specs(name, m, kernel, full, grouped=False):
     fn = _jit_fn(kernel)
     ptr = {n: "*fp32" if n in _GDN_FP32 else "*bf16" for n in fn.arg_names}
-    ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
+    ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32", dg_slice="i32:16")
     # HV = 32 changes code only where G = HV / H is a loop bound (``grouped``: wy_dqk_bwd's
     # group loop); elsewhere it is one more stride constant, compiled only in the full list
     hvs = (16, 32) if full or grouped else (16,)
