@@ -14,9 +14,10 @@ Per chunk (BT = 64 tokens) and value head, in the notation of ``wy_dqkwg_bwd.py`
 Every product's output is a [BT, BK] slice of dq or dk, so a K block (BK columns of K) needs only
 its own columns of q, k, h, dh: split in NK = K / BK programs, none recomputes anything; they
 read the same do, v_new, dv, dAqk, dAkk (adjacent program ids, so those reads meet in L2). dG is a
-sum over K: each block writes its part, reverse-cumsummed, to its own slice of a partial buffer
-``[NK, B, T, HV]`` that the launcher sums over the blocks (``sum(0)``, a fixed order: deterministic,
-no atomics, any NK); the dGz part is added by block 0.
+sum over K: with two blocks each adds its part, reverse-cumsummed, into a zeroed dg (two adds onto
+zero: the result does not depend on their order, so it is deterministic); with more (the quarter-K
+candidates) each writes its part to its own slice of ``[NK, B, T, HV]`` and the launcher sums the
+slices in a fixed order (``sum(0)``); the dGz part is added by block 0.
 Registers: dq, dk [BT, BK] fp32 (32 KB at BK = 64: 64 a thread on 4 warps), every product M = 64
 rows (wgmma). At BK = K = 128, dq and dk alone are 128 registers a thread on 4 warps, and on 8
 warps the grouped case (HV = 2H) spilled (sm_90a, 255 registers, 224-312 B of stack). Transpose-
@@ -68,6 +69,10 @@ CANDIDATES = [triton.Config({"BK": bk, "BV": bv}, num_warps=8, num_stages=2) for
 # | 255/0. Four programs read each chunk's do, v_new, dv (from L2 after the first).
 CANDIDATES += [triton.Config({"BK": 32, "BV": bv}, num_warps=4, num_stages=ns, maxnreg=r)
                for bv, ns, r in ((32, 2, 168), (32, 2, None), (32, 1, 168), (64, 2, None))]
+# The autotuner's configs share one dg buffer, zeroed for two K blocks' atomic adds: a config of more
+# K blocks (dG in slices) cannot join them without the launcher switching every config to slices.
+MIN_BK = min(c.kwargs["BK"] for c in CONFIGS)
+assert MIN_BK >= 64, "wy_dqk_bwd: the shipped configs must split K = 128 in at most two blocks"
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -85,12 +90,12 @@ def wy_dqk_bwd_kernel(
     dgz,  # [B, T, HV] fp32
     dq,  # [B, T, H, K]
     dk,  # [B, T, H, K]
-    dg,  # [NK, B, T, HV] fp32: each K block's part (reverse-cumsummed within the chunk)
+    dg,  # [B, T, HV] fp32 (reverse-cumsummed within the chunk) | [NK, B, T, HV] its K blocks' parts (NK > 2)
     cu_seqlens,  # [N + 1] | unused
     chunk_indices,  # [NT, 2] | unused
     scale,
     T,
-    dg_slice,  # B * T * HV: the stride of dg's K-block axis
+    dg_slice,  # B * T * HV: the stride of dg's K-block axis (NK > 2)
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -187,9 +192,13 @@ def wy_dqk_bwd_kernel(
         # dG reverse-cumsummed within the chunk: dg_t = sum over s >= t of dG_s
         b_dgh = tl.where(m_t, b_dgh, 0.0)
         b_rc = tl.sum(b_dgh[None, :], 1) - tl.cumsum(b_dgh, 0) + b_dgh  # [1, N]: see wy_dv_bwd
-        # this block's part of a sum over K, in its own slice (the launcher sums the slices)
-        tl.store(dg + i_kb.to(tl.int64) * dg_slice + row0 * HV + i_hv + o_i * HV, b_rc.to(dg.dtype.element_ty),
-                 mask=m_t)
+        if NK == 1:
+            tl.store(dg + row0 * HV + i_hv + o_i * HV, b_rc.to(dg.dtype.element_ty), mask=m_t)
+        elif NK == 2:  # this block's part of a sum over K, into the zeroed dg
+            tl.atomic_add(dg + row0 * HV + i_hv + o_i * HV, b_rc.to(dg.dtype.element_ty), mask=m_t)
+        else:  # in its own slice (the launcher sums the slices)
+            tl.store(dg + i_kb.to(tl.int64) * dg_slice + row0 * HV + i_hv + o_i * HV,
+                     b_rc.to(dg.dtype.element_ty), mask=m_t)
 
     tl.store(dq + o_i[:, None] * (H * K) + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + o_i[:, None] * (H * K) + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_tk)
@@ -204,7 +213,7 @@ def _prune(configs, named_args, **kwargs):
 
 wy_dqk_bwd_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(),
-    key=["H", "HV", "K", "V", "BT", "IS_VARLEN"],
+    key=["H", "HV", "K", "V", "BT", "IS_VARLEN"], reset_to_zero=["dg"],
     prune_configs_by={"early_config_prune": _prune},
 )(wy_dqk_bwd_kernel)
 
@@ -222,10 +231,11 @@ def wy_dqk_bwd(q, k, v_new, g, h, dh, do, dv, dAqk, dAkk, dgz, scale, NT: int, c
     dq = alloc((B, T, H, K), dtype=out_dtype, device=q.device)
     dk = alloc((B, T, H, K), dtype=out_dtype, device=q.device)
     KP = max(16, next_pow2(K))
-    # one [B, T, HV] slice of dG's parts per K block of the widest split the autotuner (or the
-    # forced config) may run
-    max_nk = cdiv(KP, min(c.kwargs["BK"] for c in (CONFIGS if config is None else [config])))
-    dg_parts = alloc((max_nk, B, T, HV), dtype=torch.float32, device=q.device)
+    nk = cdiv(KP, config.kwargs["BK"] if config is not None else MIN_BK)  # the most K blocks that may run
+    if nk <= 2:  # zeroed when two K blocks may run: they add their parts of dG into it
+        dg_parts = (torch.zeros if nk == 2 else alloc)((B, T, HV), dtype=torch.float32, device=q.device)
+    else:  # a forced quarter-K config: one slice per K block
+        dg_parts = alloc((nk, B, T, HV), dtype=torch.float32, device=q.device)
     is_varlen = cu_seqlens is not None
     args = dict(
         q=q, k=k, v_new=v_new, g=g, h=h, dh=dh, do=do, dv=dv, dAqk=dAqk, dAkk=dAkk, dgz=dgz, dq=dq, dk=dk,
@@ -238,7 +248,6 @@ def wy_dqk_bwd(q, k, v_new, g, h, dh, do, dv, dAqk, dAkk, dgz, scale, NT: int, c
     grid = lambda meta: (NT * cdiv(KP, meta["BK"]), B * H)  # noqa: E731
     launch(wy_dqk_bwd_kernel_tuned, grid, config, **args)
     record_launch("gdn.wy_dqk_bwd")
-    nk = cdiv(KP, (config or wy_dqk_bwd_kernel_tuned.best_config).kwargs["BK"])
     # the blocks' parts summed in a fixed order (torch's reduction of a fixed shape): deterministic
-    dg = dg_parts[0] if max_nk == 1 else dg_parts[:nk].sum(0)
+    dg = dg_parts if nk <= 2 else dg_parts.sum(0)
     return dq, dk, dg
