@@ -28,3 +28,18 @@ def test_a_permutation_of_many_documents():
     order = scan_order(cu).long()
     assert sorted(order.tolist()) == list(range(200))
     assert (lengths[order][:-1] >= lengths[order][1:]).all()
+
+
+def test_made_fresh_and_not_cached_under_capture(monkeypatch):
+    """A tensor made during CUDA graph capture holds nothing until the graph replays: an eager
+    call must never be handed one, and the captured sort must follow each replay's documents."""
+    from kernel_fun._common import capture
+
+    cu = torch.tensor([0, 5, 100], dtype=torch.int32)
+    monkeypatch.setattr(capture, "is_capturing", lambda: True)
+    first = scan_order(cu)
+    assert first.tolist() == [1, 0]
+    assert scan_order(cu) is not first  # not cached
+    monkeypatch.setattr(capture, "is_capturing", lambda: False)
+    eager = scan_order(cu)
+    assert eager is not first and scan_order(cu) is eager

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._common import capture
 from .._common.compat import fla_symbol
 from .._common.tuning import cdiv
 
@@ -89,15 +90,24 @@ def scan_order(cu_seqlens):
     Made on the device (no host sync) and cached for the last few cu_seqlens tensors (the
     forward and backward scans of one step share it), keyed by identity and the tensor's
     version counter, so an in-place refill of the same tensor makes a new order. Any order is
-    a permutation of the sequences, so a stale one could only cost time, never a wrong result."""
+    a permutation of the sequences, so a stale one could only cost time, never a wrong result.
+    Under CUDA graph capture it is made fresh and not cached: the sort is then part of the graph
+    (each replay orders the documents it is given), and a tensor made in a capture holds nothing
+    until the graph first replays, so an eager call must never be handed one."""
+    if capture.is_capturing():
+        return _longest_first(cu_seqlens)
     for t, ver, order in _SCAN_ORDER_CACHE:
         if t is cu_seqlens and ver == cu_seqlens._version:
             return order
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    order = torch.sort(lengths, descending=True, stable=True).indices.to(torch.int32)
+    order = _longest_first(cu_seqlens)
     _SCAN_ORDER_CACHE.append((cu_seqlens, cu_seqlens._version, order))
     del _SCAN_ORDER_CACHE[:-4]
     return order
+
+
+def _longest_first(cu_seqlens):
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    return torch.sort(lengths, descending=True, stable=True).indices.to(torch.int32)
 
 
 def scan_grid(V: int, n_heads: int):
