@@ -14,8 +14,9 @@ landed at 93.5-94.5%. Rows (do_bench medians, one process; TB/s counts the bytes
 * r2w1_*        x, g in, y = x + g out: the forward's pattern (plain grid)
 * r3w2_*        h, g, dy in, dx = h + dy, dg = g * dy out: the backward's pattern, no row
                 reduction (plain grid; `_tpp` a plain grid of 2-8 adjacent blocks a program;
-                `_pers` a persistent grid of 4 or 8 programs an SM; `_hint` with evict-first loads
-                and streaming stores)
+                `_pers` a persistent grid of 4 or 8 programs an SM; `_ticket` the same taking its
+                blocks in order from an atomic counter; `_hint` with evict-first loads and
+                streaming stores)
 * bwd           the shipped backward, autotuned (dx, dg, the dw partials and their reduce)
 
 If r3w2 tops out where bwd is, the bar is a property of the card's read/write mix, not of the
@@ -44,6 +45,23 @@ def r2w1_kernel(x, g, y, n, BLOCK: tl.constexpr):
     a = tl.load(x + offs, mask=m).to(tl.float32)
     b = tl.load(g + offs, mask=m).to(tl.float32)
     tl.store(y + offs, (a + b).to(y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def r3w2_ticket_kernel(h, g, dy, dx, dg, n, n_blk, ticket, BLOCK: tl.constexpr):
+    """A persistent grid that takes its blocks in order from a global counter (one atomic a
+    block), so that the blocks in flight stay a tight window, as in a plain grid, however the
+    programs drift. Is the persistent grid's 5% drift (the programs spreading over memory)?"""
+    blk = tl.atomic_add(ticket, 1)
+    while blk < n_blk:
+        offs = blk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        a = tl.load(h + offs, mask=m).to(tl.float32)
+        b = tl.load(g + offs, mask=m).to(tl.float32)
+        d = tl.load(dy + offs, mask=m).to(tl.float32)
+        tl.store(dx + offs, (a + d).to(dx.dtype.element_ty), mask=m)
+        tl.store(dg + offs, (b * d).to(dg.dtype.element_ty), mask=m)
+        blk = tl.atomic_add(ticket, 1)
 
 
 @triton.jit
@@ -116,6 +134,14 @@ def main(path: str) -> None:
         for pps in (4, 8):
             row(f"r3w2_2048_pers{pps}", V, median_ms(lambda: r3w2_kernel[(n_sm * pps,)](
                 t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), BLOCK=2048, PERSIST=True, num_warps=4)), 10 * n)
+        ticket = torch.zeros(1, dtype=torch.int32, device="cuda")
+        for pps in (4, 8):  # the counter's reset (a 4-byte memset) is inside the timed call
+
+            def run_ticket(pps=pps):
+                ticket.zero_()
+                r3w2_ticket_kernel[(n_sm * pps,)](t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), ticket,
+                                                  BLOCK=2048, num_warps=4)
+            row(f"r3w2_2048_ticket{pps}", V, median_ms(run_ticket), 10 * n)
         w = torch.randn(V, device="cuda")
         _, rstd, _ = fwd.gnorm_fwd(t[0], t[1], w, None, None, None, 1e-5, act)
         row("bwd", V, median_ms(lambda: bwd.gnorm_bwd(t[0], t[1], w, None, rstd, t[2], None, act, t[0].dtype,
