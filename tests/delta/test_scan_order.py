@@ -43,3 +43,31 @@ def test_made_fresh_and_not_cached_under_capture(monkeypatch):
     monkeypatch.setattr(capture, "is_capturing", lambda: False)
     eager = scan_order(cu)
     assert eager is not first and scan_order(cu) is eager
+
+
+def test_inference_tensors_have_no_version_counter():
+    """Under torch.inference_mode cu_seqlens has no version counter (reading it raises): the order
+    is made fresh, not cached."""
+    with torch.inference_mode():
+        cu = torch.tensor([0, 5, 100, 130], dtype=torch.int32)
+        first = scan_order(cu)
+        assert first.tolist() == [1, 2, 0]
+        assert scan_order(cu) is not first
+
+
+def test_varlen_scans_under_inference_mode():
+    """The scans with packed documents under torch.inference_mode (evaluation, generation): the
+    launch order is made without a version counter, and the result is the one made outside it."""
+    from kernel_fun._delta._kernels.state_scan_fwd import state_scan_fwd
+
+    g = torch.Generator().manual_seed(0)
+    T, H, K, V = 100, 2, 32, 32
+    cu = torch.tensor([0, 10, 70, 100], dtype=torch.int32)
+    q, k, w = (torch.randn(1, T, H, K, generator=g) * s for s in (1.0, 0.1, 0.1))
+    u = torch.randn(1, T, H, V, generator=g)
+    gate = -torch.rand(1, T, H, generator=g)
+    kw = dict(g=gate, scale=0.2, output_final_state=True, chunk_size=64)
+    o, ht, _, _ = state_scan_fwd(q, k, w, u, cu_seqlens=cu.clone(), **kw)
+    with torch.inference_mode():
+        o_inf, ht_inf, _, _ = state_scan_fwd(q, k, w, u, cu_seqlens=cu.clone(), **kw)
+    assert torch.equal(o, o_inf) and torch.equal(ht, ht_inf)

@@ -93,8 +93,10 @@ def scan_order(cu_seqlens):
     a permutation of the sequences, so a stale one could only cost time, never a wrong result.
     Under CUDA graph capture it is made fresh and not cached: the sort is then part of the graph
     (each replay orders the documents it is given), and a tensor made in a capture holds nothing
-    until the graph first replays, so an eager call must never be handed one."""
-    if capture.is_capturing():
+    until the graph first replays, so an eager call must never be handed one. An inference
+    tensor (made under ``torch.inference_mode``) has no version counter: its order is made fresh
+    every call."""
+    if capture.is_capturing() or cu_seqlens.is_inference():
         return _longest_first(cu_seqlens)
     for t, ver, order in _SCAN_ORDER_CACHE:
         if t is cu_seqlens and ver == cu_seqlens._version:
