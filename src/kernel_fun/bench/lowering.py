@@ -184,7 +184,7 @@ def wy_bwd(full):
     from kernel_fun.kda._kernels import wy_bwd as m
 
     ptr = {n: "*bf16" for n in ("q", "k", "v", "v_new", "beta", "A", "h", "do", "dh", "dv", "dv2")}
-    ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32", dg_slice="i32:16")
+    ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
     for cfg, varlen in itertools.product(m.CONFIGS + m.CANDIDATES if full else m.CONFIGS, (False, True) if full else (False,)):
         c = dict(H=16, HV=16, K=128, V=256, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", **cfg.kwargs)
         yield f"wy_bwd varlen={varlen} {cfg_label(cfg)}", m._wy_bwd_kernel.fn, ptr, c, cfg
