@@ -317,7 +317,7 @@ _GDN_FP32 = ("g", "beta", "db", "dgz", "dg")
 def _gdn_specs(name, m, kernel, full, grouped=False):
     fn = _jit_fn(kernel)
     ptr = {n: "*fp32" if n in _GDN_FP32 else "*bf16" for n in fn.arg_names}
-    ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32", dg_slice="i32:16")
+    ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
     # HV = 32 changes code only where G = HV / H is a loop bound (``grouped``: wy_dqk_bwd's
     # group loop); elsewhere it is one more stride constant, compiled only in the full list
     hvs = (16, 32) if full or grouped else (16,)

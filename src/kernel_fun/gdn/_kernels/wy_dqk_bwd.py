@@ -14,10 +14,8 @@ Per chunk (BT = 64 tokens) and value head, in the notation of ``wy_dqkwg_bwd.py`
 Every product's output is a [BT, BK] slice of dq or dk, so a K block (BK columns of K) needs only
 its own columns of q, k, h, dh: split in NK = K / BK programs, none recomputes anything; they
 read the same do, v_new, dv, dAqk, dAkk (adjacent program ids, so those reads meet in L2). dG is a
-sum over K: with two blocks each adds its part, reverse-cumsummed, into a zeroed dg (two adds onto
-zero: the result does not depend on their order, so it is deterministic); with more (the quarter-K
-candidates) each writes its part to its own slice of ``[NK, B, T, HV]`` and the launcher sums the
-slices in a fixed order (``sum(0)``); the dGz part is added by block 0.
+sum over K: each block adds its part, reverse-cumsummed, into a zeroed dg (two adds onto zero: the
+result does not depend on their order, so it is deterministic); the dGz part is added by block 0.
 Registers: dq, dk [BT, BK] fp32 (32 KB at BK = 64: 64 a thread on 4 warps), every product M = 64
 rows (wgmma). At BK = K = 128, dq and dk alone are 128 registers a thread on 4 warps, and on 8
 warps the grouped case (HV = 2H) spilled (sm_90a, 255 registers, 224-312 B of stack). Transpose-
@@ -62,17 +60,11 @@ install_interpreter_shims()
 CONFIGS = [triton.Config({"BK": bk, "BV": bv}, num_warps=nw, num_stages=ns)
            for bk, bv, nw, ns in [(64, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2)]]
 CANDIDATES = [triton.Config({"BK": bk, "BV": bv}, num_warps=8, num_stages=2) for bk, bv in ((64, 64), (128, 32))]
-# Quarter-K programs (not yet timed): Nsight Compute had BK64-BV64-w4 latency-bound at 2 programs an
-# SM (255 registers, 12.5% occupancy, issue 26%: docs/gdn.md). At BK = 32 dq, dk are 16 registers a
-# thread each on 4 warps; sm_90a (Triton 3.6) registers / stack at HV=16 | HV=32: BK32 BV32 w4 163/0 |
-# 255/0, capped at 168 (3 programs an SM) 168/0 | 168/16, s1 capped 168/0 | 168/16; BK32 BV64 w4 217/0
-# | 255/0. Four programs read each chunk's do, v_new, dv (from L2 after the first).
-CANDIDATES += [triton.Config({"BK": 32, "BV": bv}, num_warps=4, num_stages=ns, maxnreg=r)
-               for bv, ns, r in ((32, 2, 168), (32, 2, None), (32, 1, 168), (64, 2, None))]
-# The autotuner's configs share one dg buffer, zeroed for two K blocks' atomic adds: a config of more
-# K blocks (dG in slices) cannot join them without the launcher switching every config to slices.
-MIN_BK = min(c.kwargs["BK"] for c in CONFIGS)
-assert MIN_BK >= 64, "wy_dqk_bwd: the shipped configs must split K = 128 in at most two blocks"
+# Quarter-K programs (BK32 on 4 warps, dG in per-K-block slices summed by the launcher; 163-218
+# registers, no stack at HV=16) lost on the H200 (2026-12-02, B=4 T=4096 H=16, records
+# bench/records/2026-12-02-h200-stages-gdn-wy-dqk-quarter-k-hv{32,16}-c5b3a36.json): 1.346-1.659 ms
+# at HV=32 and 0.681-0.707 at HV=16 against BK64-BV64-w4 0.815 / 0.439; deleted (git 6ffaf44 has them).
+MIN_BK = min(c.kwargs["BK"] for c in CONFIGS)  # of the autotuner's configs (whether dg needs zeroing)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -90,12 +82,11 @@ def wy_dqk_bwd_kernel(
     dgz,  # [B, T, HV] fp32
     dq,  # [B, T, H, K]
     dk,  # [B, T, H, K]
-    dg,  # [B, T, HV] fp32 (reverse-cumsummed within the chunk) | [NK, B, T, HV] its K blocks' parts (NK > 2)
+    dg,  # [B, T, HV] fp32 (reverse-cumsummed within the chunk)
     cu_seqlens,  # [N + 1] | unused
     chunk_indices,  # [NT, 2] | unused
     scale,
     T,
-    dg_slice,  # B * T * HV: the stride of dg's K-block axis (NK > 2)
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -194,11 +185,8 @@ def wy_dqk_bwd_kernel(
         b_rc = tl.sum(b_dgh[None, :], 1) - tl.cumsum(b_dgh, 0) + b_dgh  # [1, N]: see wy_dv_bwd
         if NK == 1:
             tl.store(dg + row0 * HV + i_hv + o_i * HV, b_rc.to(dg.dtype.element_ty), mask=m_t)
-        elif NK == 2:  # this block's part of a sum over K, into the zeroed dg
+        else:  # this block's part of a sum over K, into the zeroed dg
             tl.atomic_add(dg + row0 * HV + i_hv + o_i * HV, b_rc.to(dg.dtype.element_ty), mask=m_t)
-        else:  # in its own slice (the launcher sums the slices)
-            tl.store(dg + i_kb.to(tl.int64) * dg_slice + row0 * HV + i_hv + o_i * HV,
-                     b_rc.to(dg.dtype.element_ty), mask=m_t)
 
     tl.store(dq + o_i[:, None] * (H * K) + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + o_i[:, None] * (H * K) + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_tk)
@@ -231,23 +219,18 @@ def wy_dqk_bwd(q, k, v_new, g, h, dh, do, dv, dAqk, dAkk, dgz, scale, NT: int, c
     dq = alloc((B, T, H, K), dtype=out_dtype, device=q.device)
     dk = alloc((B, T, H, K), dtype=out_dtype, device=q.device)
     KP = max(16, next_pow2(K))
-    nk = cdiv(KP, config.kwargs["BK"] if config is not None else MIN_BK)  # the most K blocks that may run
-    if nk <= 2:  # zeroed when two K blocks may run: they add their parts of dG into it
-        dg_parts = (torch.zeros if nk == 2 else alloc)((B, T, HV), dtype=torch.float32, device=q.device)
-    else:  # a forced quarter-K config: one slice per K block
-        dg_parts = alloc((nk, B, T, HV), dtype=torch.float32, device=q.device)
+    # zeroed when a K block narrower than K may run: the blocks add their parts of dG into it
+    split = (config.kwargs["BK"] if config is not None else MIN_BK) < KP
+    dg = (torch.zeros if split else alloc)((B, T, HV), dtype=torch.float32, device=q.device)
     is_varlen = cu_seqlens is not None
     args = dict(
-        q=q, k=k, v_new=v_new, g=g, h=h, dh=dh, do=do, dv=dv, dAqk=dAqk, dAkk=dAkk, dgz=dgz, dq=dq, dk=dk,
-        dg=dg_parts, cu_seqlens=cu_seqlens if is_varlen else dg_parts,
-        chunk_indices=chunk_indices if is_varlen else dg_parts, scale=float(scale), T=T, dg_slice=B * T * HV,
-        H=H, HV=HV, K=K, V=V, BT=chunk_size, KP=KP,
+        q=q, k=k, v_new=v_new, g=g, h=h, dh=dh, do=do, dv=dv, dAqk=dAqk, dAkk=dAkk, dgz=dgz, dq=dq, dk=dk, dg=dg,
+        cu_seqlens=cu_seqlens if is_varlen else dg, chunk_indices=chunk_indices if is_varlen else dg,
+        scale=float(scale), T=T, H=H, HV=HV, K=K, V=V, BT=chunk_size, KP=KP,
         IS_VARLEN=is_varlen, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
     # the K blocks of one (chunk, head) adjacent on axis 0 (chunk_program's SPLIT)
     grid = lambda meta: (NT * cdiv(KP, meta["BK"]), B * H)  # noqa: E731
     launch(wy_dqk_bwd_kernel_tuned, grid, config, **args)
     record_launch("gdn.wy_dqk_bwd")
-    # the blocks' parts summed in a fixed order (torch's reduction of a fixed shape): deterministic
-    dg = dg_parts if nk <= 2 else dg_parts.sum(0)
     return dq, dk, dg
