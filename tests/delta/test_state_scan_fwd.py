@@ -51,12 +51,14 @@ def _stage_inputs(gate, dtype, B=2, T=130, HQ=1, HV=2, K=32, V=64, cu_seqlens=No
     pos = torch.cat([torch.arange(e - s) % BT for s, e in zip(bounds[:-1], bounds[1:])])
     upper = torch.arange(BT)[None, :] > pos[:, None]  # [T, BT]
     it["Aqk"][:, : bounds[-1]].masked_fill_(upper[None, :, None, :], float("nan"))
+    it["Akk"][:, : bounds[-1]].masked_fill_(upper[None, :, None, :], float("nan"))  # (the wy= form's A)
     x = {
         "q": q.to(dtype),
         "k": (it["kg"] if gate == "gk" else k).to(dtype),
         "w": it["w"].to(dtype),
         "u": it["u"].to(dtype),
         "Aqk": it["Aqk"].to(dtype) if gate in ("gk", "g_aqk") else None,
+        "A": it["Akk"].to(dtype), "v": v.to(dtype), "beta": beta.to(dtype),
         **gate_kw,
     }
     return x, h0
@@ -281,3 +283,46 @@ def test_chunked_reference_matches_recurrence(gate, varlen):
     o2, ht2 = ref.naive_recurrence_ref(q, k, v, beta, scale=SCALE, initial_state=h0,
                                       output_final_state=True, cu_seqlens=cu, **rkw)
     assert rel_rms(o, o2) < 1e-10 and rel_rms(ht, ht2) < 1e-10
+
+
+@pytest.mark.parametrize("layout", ["key_major", "value_major"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("gate", ["g", "none"])
+def test_wy_from_A(poisoned, layout, dtype, gate):
+    """``wy=(A, v, beta)`` (GDN's forward: fla's recompute_w_u never runs) gives what w, u give:
+    o, h, v_new and the final state against the reference, with A's upper triangle NaN (never
+    multiplied), T = 130 (a partial chunk), grouped values; then packed documents, and the
+    backward's recompute (no output, queries NaN)."""
+    config = VK32 if layout == "value_major" else None
+    for cu, T, store_o in ((None, 130, True), (CU, 180, True), (CU, 180, False)):
+        B = 1 if cu is not None else 2
+        x, h0 = _stage_inputs(gate, dtype, B=B, T=T, cu_seqlens=cu)
+        o_ref, ht_ref, h_ref, vn_ref = _reference(x, h0, cu)
+        q = x["q"] if store_o else torch.full_like(x["q"], float("nan"))
+        o, ht, h, vn = state_scan_fwd(
+            q, x["k"], None, None, g=x.get("g"), scale=SCALE, initial_state=h0, output_final_state=True,
+            cu_seqlens=cu, save_h=True, save_v_new=True, store_o=store_o, wy=(x["A"], x["v"], x["beta"]),
+            config=config)
+        tol = TOL[dtype]
+        if store_o:
+            _check("o", o, o_ref, tol)
+        else:
+            assert o is None
+        _check("final_state", ht, ht_ref, tol)
+        _check("h", h, h_ref, tol)
+        _check("v_new", vn, vn_ref, tol, rows=None if cu is None else slice(0, int(cu[-1])))
+
+
+def test_wy_from_A_argument_errors():
+    x, _ = _stage_inputs("g", torch.float16)
+    wy = (x["A"], x["v"], x["beta"])
+    with pytest.raises(ValueError, match="not both"):
+        state_scan_fwd(x["q"], x["k"], x["w"], x["u"], g=x["g"], scale=SCALE, wy=wy)
+    with pytest.raises(ValueError, match="required"):
+        state_scan_fwd(x["q"], x["k"], None, None, g=x["g"], scale=SCALE)
+    with pytest.raises(ValueError, match="must be"):
+        state_scan_fwd(x["q"], x["k"], None, None, g=x["g"], scale=SCALE, wy=(x["A"][..., :32], x["v"], x["beta"]))
+    gx, _ = _stage_inputs("gk", torch.float16)
+    with pytest.raises(ValueError, match="not gk"):
+        state_scan_fwd(gx["q"], gx["k"], None, None, gk=gx["gk"], Aqk=gx["Aqk"], scale=SCALE,
+                       wy=(gx["A"], gx["v"], gx["beta"]))

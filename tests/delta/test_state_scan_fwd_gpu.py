@@ -83,12 +83,13 @@ def _gdn_case(B=2, T=1000, H=2, HV=4, K=128, V=128, cu_seqlens=None, decay=1.0, 
     g_raw = decay * F.logsigmoid(torch.randn(B, T, HV, device=dev))
     scale = K ** -0.5
     g = chunk_local_cumsum(g_raw, chunk_size=BT, scale=RCP_LN2, cu_seqlens=cu, chunk_indices=ci)
-    w, u, _ = chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, cu_seqlens=cu,
+    w, u, A = chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, cu_seqlens=cu,
                                                chunk_size=BT, chunk_indices=ci)
     N = B if cu is None else len(cu_seqlens) - 1
     h0 = torch.randn(N, HV, K, V, device=dev, dtype=torch.float32)
+    # A, v, beta: the gdn chain's forward form (wy=), compared with fla's pair on w, u
     return dict(q=q, k=k, w=w, u=u, g=g, Aqk=None, scale=scale, initial_state=h0,
-                cu_seqlens=cu, chunk_indices=ci)
+                cu_seqlens=cu, chunk_indices=ci, wy=(A, v, beta))
 
 
 def _fla_pair(c):
@@ -110,6 +111,11 @@ def _fla_pair(c):
 
 
 def _ours(c, **kw):
+    if c.get("use_wy"):
+        return state_scan_fwd(
+            c["q"], c["k"], None, None, g=c["g"], wy=c["wy"], scale=c["scale"],
+            initial_state=c["initial_state"], output_final_state=True, cu_seqlens=c["cu_seqlens"],
+            chunk_indices=c["chunk_indices"], chunk_size=BT, **kw)
     return state_scan_fwd(
         c["q"], c["k"], c["w"], c["u"], g=c.get("g"), gk=c.get("gk"), Aqk=c["Aqk"], scale=c["scale"],
         initial_state=c["initial_state"], output_final_state=True, cu_seqlens=c["cu_seqlens"],
@@ -148,10 +154,10 @@ def _compare(c, ours, check_saved=True):
         assert (o[:, int(c["cu_seqlens"][-1]):] == 0).all(), "padding tail must be zero"
 
 
-CASES = {"kda": _kda_case, "gdn": _gdn_case}
+CASES = {"kda": _kda_case, "gdn": _gdn_case, "gdn_wy": lambda **kw: dict(_gdn_case(**kw), use_wy=True)}
 
 
-@pytest.mark.parametrize("kind", ["kda", "gdn"])
+@pytest.mark.parametrize("kind", ["kda", "gdn", "gdn_wy"])
 @pytest.mark.parametrize("config", ALL_CONFIGS, ids=config_name)
 def test_every_config(kind, config):
     """Each configuration once, varlen with grouped values, against fla and the reference."""
@@ -159,7 +165,7 @@ def test_every_config(kind, config):
     _compare(c, _ours(c, save_h=True, save_v_new=True, config=config))
 
 
-@pytest.mark.parametrize("kind", ["kda", "gdn"])
+@pytest.mark.parametrize("kind", ["kda", "gdn", "gdn_wy"])
 def test_autotuned(kind):
     """The autotuned path at a production head shape, fixed length T = 1000 (partial chunk)."""
     c = CASES[kind](K=128, V=256 if kind == "kda" else 128)
@@ -168,7 +174,8 @@ def test_autotuned(kind):
     assert launches("delta.state_scan_fwd") == before + 1
 
 
-SHAPES = [("kda", 64, 64), ("kda", 64, 128), ("kda", 128, 128), ("gdn", 64, 64), ("gdn", 64, 256), ("gdn", 128, 256)]
+SHAPES = [("kda", 64, 64), ("kda", 64, 128), ("kda", 128, 128), ("gdn", 64, 64), ("gdn", 64, 256), ("gdn", 128, 256),
+          ("gdn_wy", 64, 64), ("gdn_wy", 128, 256)]
 
 
 @pytest.mark.parametrize("i", range(len(SHAPES)), ids=[f"{k}-K{K}-V{V}" for k, K, V in SHAPES])
@@ -181,7 +188,7 @@ def test_head_shapes(i):
     _compare(c, _ours(c, save_h=True, save_v_new=True, config=fitting[(3 * i + 1) % len(fitting)]))
 
 
-@pytest.mark.parametrize("kind", ["kda", "gdn"])
+@pytest.mark.parametrize("kind", ["kda", "gdn", "gdn_wy"])
 def test_strong_decay_no_saves(kind):
     """Strong decay; the production variant (nothing saved) against fla's o and state."""
     c = CASES[kind](decay=8.0, H=4, HV=4, seed=1)

@@ -34,7 +34,7 @@ OURS = ("delta.state_scan_fwd", "delta.state_scan_bwd", "gdn.gated_scores", "gdn
 FLA_STAGES = {("fla.ops.gated_delta_rule.gate", "gdn_gate_chunk_cumsum"),
               ("fla.ops.gated_delta_rule.gate", "gdn_gate_bwd"),
               ("fla.ops.utils.cumsum", "chunk_local_cumsum"),
-              ("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_intra"),
+              ("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_kkt_solve_kernel"),
               ("fla.ops.gated_delta_rule.wy_fast", "recompute_w_u_fwd"),
               ("fla.modules.norm.l2norm", "l2norm_fwd"), ("fla.modules.norm.l2norm", "l2norm_bwd"),
               ("fla.ops.common.gate", "fused_beta_sigmoid_fwd"), ("fla.ops.common.gate", "fused_beta_sigmoid_bwd"),

@@ -70,8 +70,9 @@ FLA_CALLS: tuple = (
     FlaCall("fla.ops.gated_delta_rule.gate", "gdn_gate_chunk_cumsum", (
         "g", "A_log", "chunk_size", "scale", "dt_bias", "cu_seqlens", "chunk_indices")),
     FlaCall("fla.ops.gated_delta_rule.gate", "gdn_gate_bwd", ("g", "A_log", "dt_bias", "dyg")),
-    FlaCall("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_intra", (
-        "k", "v", "g", "beta", "cu_seqlens", "chunk_size", "chunk_indices")),
+    FlaCall("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_kkt_solve_kernel", kernel_args=(
+        "k", "g", "beta", "A", "cu_seqlens", "chunk_indices", "T", "H", "HV", "K", "BT", "BC", "BK", "USE_G",
+        "IS_VARLEN")),
     FlaCall("fla.ops.gated_delta_rule.wy_fast", "recompute_w_u_fwd", (
         "k", "v", "beta", "A", "g", "cu_seqlens", "chunk_indices")),
     # gnorm: the public op we route to.

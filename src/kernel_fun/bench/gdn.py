@@ -220,14 +220,15 @@ def probes(device: str, shape: dict | None = None) -> list:
     # so the scans meet the structure they meet in the chain.
     it = intra_ref(t["q"], t["k"], t["v"], beta, g=g, scale=scale, chunk_size=64, cu_seqlens=cu)
     w, u = it["w"].to(low), it["u"].to(low)
+    wy = (it["Akk"].to(low), t["v"], beta)  # the forward's form: v_new from A, v, beta (w, u never formed)
     h0 = r(N, HV, K, V) * 0.5
     dht = r(N, HV, K, V) * 0.5
     fwd = dict(g=g, scale=scale, initial_state=h0, chunk_size=64)
     fwd_ref = functools.cache(lambda: state_scan_fwd_ref(t["q"], t["k"], w, u, **fwd, output_final_state=True,
                                                          cu_seqlens=cu))
     out += [
-        P("delta.state_scan_fwd", lambda c: state_scan_fwd(t["q"], t["k"], w, u, **fwd, output_final_state=True,
-                                                           **scan_var, config=c)[:2],
+        P("delta.state_scan_fwd", lambda c: state_scan_fwd(t["q"], t["k"], None, None, **fwd, output_final_state=True,
+                                                           wy=wy, **scan_var, config=c)[:2],
           lambda: fwd_ref()[:2], ("o", "final_state"), module=scan_fwd_mod, label="gdn state_scan_fwd"),
         P("delta.state_scan_fwd", lambda c: state_scan_fwd(t["q"], t["k"], w, u, **fwd, save_h=True, save_v_new=True,
                                                            store_o=False, **scan_var, config=c)[2:],

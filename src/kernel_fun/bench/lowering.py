@@ -193,14 +193,14 @@ def wy_bwd(full):
 def state_scan_fwd(full):
     from kernel_fun._delta._kernels import state_scan_fwd as m
 
-    ptr = {n: "*bf16" for n in ("q", "k", "w", "u", "o", "Aqk", "h", "v_new")}
+    ptr = {n: "*bf16" for n in ("q", "k", "w", "u", "o", "Aqk", "h", "v_new", "beta")}
     ptr.update(cu_seqlens="*i64", chunk_offsets="*i64", seq_order="*i32", scale="fp32", T_total="i32", N="i32")
     base = dict(HQ=16, HK=16, HV=16, K=128, V=256, BT=64, BK=64, GATE=2, Q_GATED=True, HAS_AQK=True,
                 USE_H0=False, STORE_HT=False, STORE_O=True, SAVE_H=False, SAVE_V_NEW=False, STATE_V_FIRST=False,
                 IS_VARLEN=False, DOT_PRECISION="tf32")
-    # GDN's shipped calls: the forward (scalar gate, scores made inside) and the backward's
-    # recompute (h and v_new written, no output), at the layer's K = V = 128
-    gdn = dict(GATE=1, Q_GATED=False, HAS_AQK=False, V=128)
+    # GDN's shipped calls: the forward (scalar gate, scores made inside, v_new from A, v, beta)
+    # and the backward's recompute (h and v_new written, no output), at the layer's K = V = 128
+    gdn = dict(GATE=1, Q_GATED=False, HAS_AQK=False, V=128, WU_FROM_A=True)
     gdn_recompute = dict(gdn, STORE_O=False, SAVE_H=True, SAVE_V_NEW=True, USE_H0=True)
     if not full:
         for cfg in m.CONFIGS:
@@ -211,7 +211,8 @@ def state_scan_fwd(full):
         return
     variants = [dict(), dict(GATE=1, Q_GATED=False), dict(GATE=0, Q_GATED=False), dict(Q_GATED=False),
                 dict(USE_H0=True, STORE_HT=True, IS_VARLEN=True), dict(SAVE_H=True, SAVE_V_NEW=True, HAS_AQK=False),
-                gdn_recompute, dict(gdn_recompute, IS_VARLEN=True)]
+                gdn_recompute, dict(gdn_recompute, IS_VARLEN=True), gdn, dict(gdn, IS_VARLEN=True, USE_H0=True),
+                dict(gdn, WU_FROM_A=False), dict(gdn_recompute, WU_FROM_A=False)]
     for cfg, v in itertools.product(m.CONFIGS + m.CANDIDATES, variants):
         c = dict(base, **v, **cfg.kwargs)
         name = ",".join(f"{k}={x}" for k, x in v.items()) or "kda"

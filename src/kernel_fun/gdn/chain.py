@@ -9,16 +9,21 @@ chain). The gate is kept as its chunk-local cumulative sum in log2 units (fla's 
 |---|---|---|
 | l2norm of q, k; beta sigmoid | fla | fla |
 | gate (+ in-op activation) cumsum | fla ``gdn_gate_chunk_cumsum`` / ``chunk_local_cumsum`` | fla ``gdn_gate_bwd`` |
-| kkt + solve + w, u | fla ``chunk_gated_delta_rule_fwd_intra`` | fla ``recompute_w_u_fwd`` |
+| kkt + solve | fla's ``chunk_gated_delta_rule_fwd_kkt_solve_kernel`` (A only) | (A kept from the forward) |
+| w, u | never formed: the scan makes v_new from A, v, beta | fla ``recompute_w_u_fwd`` (the backward scan reads w) |
 | state scan | ours (``_delta`` state_scan_fwd, o made inside, h never written) | ours: the forward scan again writing h and v_new; the gated scores (``gdn/_kernels/scores.py``); ``_delta`` state_scan_bwd making dv from them |
 | dq, dk, dw, dg + WY backward + reverse cumsum + group sum | | ours, two kernels (``gdn/_kernels/wy_dqkwg_bwd.py``: ``wy_dv_bwd`` then ``wy_dqk_bwd``) |
 
 fla's ``chunk_bwd_dqkwg`` (refused by fla on Hopper with Triton 3.4-3.7.0), ``prepare_wy_repr_bwd``,
+the forward's ``recompute_w_u_fwd``,
 ``chunk_bwd_dv_local``, ``chunk_gated_delta_rule_bwd_dhu``, ``chunk_gated_delta_rule_fwd_h``,
 ``chunk_fwd_o`` and the backward's ``chunk_local_cumsum`` never run. Timed against fla's chain:
 docs/gdn.md (the op bench's per-kernel table).
 """
 from __future__ import annotations
+
+import torch
+import triton
 
 from .._common.compat import fla_symbol
 # The one place gdn reaches into the shared engine (kept small for the engine's refactors).
@@ -54,6 +59,21 @@ def gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices
         g=g, chunk_size=BT, scale=RCP_LN2, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
 
 
+def wy_inverse(k, gc, beta, cu_seqlens, chunk_indices):
+    """A = (I + StrictLower(diag(beta) K K^T Gamma))^-1 ``[B, T, HV, BT]`` in k's dtype, zero
+    above the diagonal: fla's fused kkt + solve kernel, launched as fla's
+    ``chunk_gated_delta_rule_fwd_intra`` launches it (which then also forms w and u: here the
+    scan forms v_new from A instead)."""
+    B, T, H, K = k.shape
+    HV = beta.shape[2]
+    NT = triton.cdiv(T, BT) if cu_seqlens is None else len(chunk_indices)
+    A = torch.zeros(B, T, HV, BT, device=k.device, dtype=k.dtype)
+    _fla("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_kkt_solve_kernel")[(NT, B * HV)](
+        k=k, g=gc, beta=beta, A=A, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, T=T, H=H, HV=HV, K=K,
+        BT=BT, BC=16)
+    return A
+
+
 def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_gate_in_kernel,
             cu_seqlens, cu_seqlens_cpu, chunk_indices=None):
     """q, k already l2-normalized and beta already activated where the call asks.
@@ -61,10 +81,9 @@ def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final
     the WY inverse, both kept for the backward."""
     chunk_indices, chunk_offsets = chunk_meta(cu_seqlens, cu_seqlens_cpu, chunk_indices)
     gc = gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices)
-    w, u, A = _fla("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_intra")(
-        k=k, v=v, g=gc, beta=beta, cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices)
+    A = wy_inverse(k, gc, beta, cu_seqlens, chunk_indices)
     o, final_state, _, _ = state_scan_fwd(
-        q, k, w, u, g=gc, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        q, k, None, None, g=gc, wy=(A, v, beta), scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT)
     return o, final_state, gc, A, chunk_indices, chunk_offsets
 

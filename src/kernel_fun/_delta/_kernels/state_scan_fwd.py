@@ -121,16 +121,20 @@ def _gated_q(q, g, o_i, o_k, m_tk, HQ: tl.constexpr, HV: tl.constexpr, K: tl.con
 
 
 @triton.jit
-def _next_chunk(q, k, w, u, o, g, Aqk, v_new, h, HQ: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr,
+def _next_chunk(q, k, w, u, o, g, Aqk, v_new, h, beta, HQ: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr,
                 K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr, Q_GATED: tl.constexpr,
-                HAS_AQK: tl.constexpr, SAVE_V_NEW: tl.constexpr, SAVE_H: tl.constexpr):
+                HAS_AQK: tl.constexpr, SAVE_V_NEW: tl.constexpr, SAVE_H: tl.constexpr, WU_FROM_A: tl.constexpr):
     """Every per-chunk pointer of the scan advanced by one chunk (both layouts)."""
     if Q_GATED:
         q += BT * HV * K
     else:
         q += BT * HQ * K
     k += BT * HK * K
-    w += BT * HV * K
+    if WU_FROM_A:  # w is A [B, T, HV, BT], u is v
+        w += BT * HV * BT
+        beta += BT * HV
+    else:
+        w += BT * HV * K
     u += BT * HV * V
     o += BT * HV * V
     if GATE == 1:
@@ -143,15 +147,16 @@ def _next_chunk(q, k, w, u, o, g, Aqk, v_new, h, HQ: tl.constexpr, HK: tl.conste
         v_new += BT * HV * V
     if SAVE_H:
         h += HV * K * V
-    return q, k, w, u, o, g, Aqk, v_new, h
+    return q, k, w, u, o, g, Aqk, v_new, h, beta
 
 
 @triton.jit(do_not_specialize=["T", "T_total", "N"])
 def state_scan_fwd_kernel(
     q,  # [B, T, HQ, K] (or qg [B, T, HV, K] with Q_GATED)
     k,  # [B, T, HK, K]  (kg for the per-channel gate)
-    w,  # [B, T, HV, K]
-    u,  # [B, T, HV, V]
+    w,  # [B, T, HV, K] | A [B, T, HV, BT] with WU_FROM_A
+    u,  # [B, T, HV, V] | v with WU_FROM_A
+    beta,  # [B, T, HV] with WU_FROM_A | unused
     g,  # [B, T, HV] (GATE == 1) | gk [B, T, HV, K] (GATE == 2) | unused
     Aqk,  # [B, T, HV, BT] | unused
     h0,  # [N, HV, K, V] (or [N, HV, V, K] with STATE_V_FIRST) | unused
@@ -186,6 +191,7 @@ def state_scan_fwd_kernel(
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     VK: tl.constexpr = False,
+    WU_FROM_A: tl.constexpr = False,
 ):
     # One program per (V-block, value head, sequence); the V-blocks of one head are adjacent
     # program ids, so they run together and share q, k, w and the gate through L2.
@@ -221,7 +227,11 @@ def state_scan_fwd_kernel(
     else:
         q += (bos * HQ + i_hq) * K
     k += (bos * HK + i_hk) * K
-    w += (bos * HV + i_hv) * K
+    if WU_FROM_A:
+        w += (bos * HV + i_hv) * BT
+        beta += bos * HV + i_hv
+    else:
+        w += (bos * HV + i_hv) * K
     u += (bos * HV + i_hv) * V
     o += (bos * HV + i_hv) * V
     o_seq = o
@@ -270,6 +280,20 @@ def state_scan_fwd_kernel(
 
             if GATE == 1:
                 b_g = tl.load(g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
+            if WU_FROM_A:
+                # v_new^T = (v^T - S^T k^T diag(gamma)) diag(beta) A^T: w and u never formed
+                # (k^T and A^T loaded transposed; A's upper triangle dropped with where). Made
+                # before the output's products, so that its operands are dead before q^T loads.
+                b_kt = tl.load(k + o_i[None, :] * (HK * K) + o_k[:, None], mask=m_kt, other=0.0)
+                b_ks = tl.dot(b_sc, b_kt, input_precision=DOT_PRECISION)
+                if GATE == 1:
+                    b_ks *= tl.exp2(b_g)[None, :]
+                b_bt = tl.load(beta + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
+                b_x = tl.load(u + o_i[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0).to(tl.float32)
+                b_x = ((b_x - b_ks) * b_bt[None, :]).to(w.dtype.element_ty)
+                b_awt = tl.load(w + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_t[None, :], other=0.0)
+                b_awt = tl.where(m_upper & m_t[None, :], b_awt, 0.0).to(w.dtype.element_ty)
+                b_vn = tl.dot(b_x, b_awt, input_precision=DOT_PRECISION)
             if STORE_O:
                 # Output, inter-chunk part: S^T (before the chunk) against the gated queries^T.
                 if Q_GATED:
@@ -287,10 +311,11 @@ def state_scan_fwd_kernel(
                     b_o *= tl.exp2(b_g)[None, :]
                 b_o *= scale
 
-            # v_new^T = u^T - S^T w^T  (w^T and u^T loaded transposed from memory)
-            b_wt = tl.load(w + o_i[None, :] * (HV * K) + o_k[:, None], mask=m_kt, other=0.0)
-            b_vn = tl.load(u + o_i[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0).to(tl.float32)
-            b_vn = b_vn - tl.dot(b_sc, b_wt, input_precision=DOT_PRECISION)
+            if not WU_FROM_A:
+                # v_new^T = u^T - S^T w^T  (w^T and u^T loaded transposed from memory)
+                b_wt = tl.load(w + o_i[None, :] * (HV * K) + o_k[:, None], mask=m_kt, other=0.0)
+                b_vn = tl.load(u + o_i[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0).to(tl.float32)
+                b_vn = b_vn - tl.dot(b_sc, b_wt, input_precision=DOT_PRECISION)
             if SAVE_V_NEW:
                 tl.store(v_new + o_i[None, :] * (HV * V) + o_v[:, None], b_vn.to(v_new.dtype.element_ty), mask=m_vt)
             b_vnc = b_vn.to(w.dtype.element_ty)
@@ -326,9 +351,9 @@ def state_scan_fwd_kernel(
                     b_o += tl.dot(b_vnc, b_at.to(b_vnc.dtype), input_precision=DOT_PRECISION) * scale
                 tl.store(o + o_i[None, :] * (HV * V) + o_v[:, None], b_o.to(o.dtype.element_ty), mask=m_vt)
 
-            q, k, w, u, o, g, Aqk, v_new, h = _next_chunk(
-                q, k, w, u, o, g, Aqk, v_new, h, HQ, HK, HV, K, V, BT, GATE, Q_GATED, HAS_AQK,
-                SAVE_V_NEW, SAVE_H)
+            q, k, w, u, o, g, Aqk, v_new, h, beta = _next_chunk(
+                q, k, w, u, o, g, Aqk, v_new, h, beta, HQ, HK, HV, K, V, BT, GATE, Q_GATED, HAS_AQK,
+                SAVE_V_NEW, SAVE_H, WU_FROM_A)
 
         if STORE_HT:
             tl.store(ht + i_nh * K * V + s_off, b_s.to(ht.dtype.element_ty), mask=m_vk)
@@ -359,19 +384,36 @@ def state_scan_fwd_kernel(
                 if TWO_K:
                     tl.store(h + s_off2, b_s2c.to(h.dtype.element_ty), mask=m_kv2)
 
-            # v_new = u - w S
-            b_w = tl.load(w + o_i[:, None] * (HV * K) + o_k1[None, :], mask=m_tk1, other=0.0)
-            b_wh = tl.dot(b_w, b_s1c, input_precision=DOT_PRECISION)
-            if TWO_K:
-                b_w = tl.load(w + o_i[:, None] * (HV * K) + o_k2[None, :], mask=m_tk2, other=0.0)
-                b_wh = tl.dot(b_w, b_s2c, b_wh, input_precision=DOT_PRECISION)
-            b_vn = tl.load(u + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32) - b_wh
+            if GATE == 1:
+                b_g = tl.load(g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
+            if WU_FROM_A:
+                # v_new = A diag(beta) (v - diag(gamma) k S): w and u never formed
+                b_kn = tl.load(k + o_i[:, None] * (HK * K) + o_k1[None, :], mask=m_tk1, other=0.0)
+                b_ks = tl.dot(b_kn, b_s1c, input_precision=DOT_PRECISION)
+                if TWO_K:
+                    b_kn = tl.load(k + o_i[:, None] * (HK * K) + o_k2[None, :], mask=m_tk2, other=0.0)
+                    b_ks = tl.dot(b_kn, b_s2c, b_ks, input_precision=DOT_PRECISION)
+                if GATE == 1:
+                    b_ks *= tl.exp2(b_g)[:, None]
+                b_bt = tl.load(beta + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
+                b_x = tl.load(u + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
+                b_x = ((b_x - b_ks) * b_bt[:, None]).to(w.dtype.element_ty)
+                b_aw = tl.load(w + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0)
+                b_aw = tl.where(m_lower & m_t[:, None], b_aw, 0.0).to(w.dtype.element_ty)
+                b_vn = tl.dot(b_aw, b_x, input_precision=DOT_PRECISION)
+            else:
+                # v_new = u - w S
+                b_w = tl.load(w + o_i[:, None] * (HV * K) + o_k1[None, :], mask=m_tk1, other=0.0)
+                b_wh = tl.dot(b_w, b_s1c, input_precision=DOT_PRECISION)
+                if TWO_K:
+                    b_w = tl.load(w + o_i[:, None] * (HV * K) + o_k2[None, :], mask=m_tk2, other=0.0)
+                    b_wh = tl.dot(b_w, b_s2c, b_wh, input_precision=DOT_PRECISION)
+                b_vn = tl.load(u + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32) - b_wh
             if SAVE_V_NEW:
                 tl.store(v_new + o_i[:, None] * (HV * V) + o_v[None, :], b_vn.to(v_new.dtype.element_ty), mask=m_tv)
             b_vnc = b_vn.to(w.dtype.element_ty)
             if GATE == 1:
                 # the scalar gate decays v_new to the chunk end before it enters the state
-                b_g = tl.load(g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
                 b_gl = tl.load(g + last * HV).to(tl.float32)
                 b_vu = (b_vn * tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)[:, None]).to(w.dtype.element_ty)
             else:
@@ -427,9 +469,9 @@ def state_scan_fwd_kernel(
                     b_o += tl.dot(b_a.to(b_vnc.dtype), b_vnc, input_precision=DOT_PRECISION) * scale
                 tl.store(o + o_i[:, None] * (HV * V) + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
 
-            q, k, w, u, o, g, Aqk, v_new, h = _next_chunk(
-                q, k, w, u, o, g, Aqk, v_new, h, HQ, HK, HV, K, V, BT, GATE, Q_GATED, HAS_AQK,
-                SAVE_V_NEW, SAVE_H)
+            q, k, w, u, o, g, Aqk, v_new, h, beta = _next_chunk(
+                q, k, w, u, o, g, Aqk, v_new, h, beta, HQ, HK, HV, K, V, BT, GATE, Q_GATED, HAS_AQK,
+                SAVE_V_NEW, SAVE_H, WU_FROM_A)
 
         if STORE_HT:
             tl.store(ht + i_nh * K * V + s_off1, b_s1.to(ht.dtype.element_ty), mask=m_kv1)
@@ -447,7 +489,7 @@ def state_scan_fwd_kernel(
 
 
 _AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "Q_GATED", "HAS_AQK", "USE_H0", "STORE_HT", "STORE_O",
-                 "SAVE_H", "SAVE_V_NEW", "STATE_V_FIRST", "IS_VARLEN"]
+                 "SAVE_H", "SAVE_V_NEW", "STATE_V_FIRST", "IS_VARLEN", "WU_FROM_A"]
 # Production autotune set: the measured winners. H200, KDA T=8192, H=HV=16, K=128, V=256, bf16,
 # every configuration forced, 2026-11-30 (bench/records/raw/2026-11-30-h200-delta-scan-bench-r2.json):
 # at B=8 VK-BV128-w8-s2 1.265 ms, BV128-w8-s2 1.576, VK-BV64-w4-s2 2.024, BV64-w4-s2 2.020 (fla's
@@ -467,8 +509,8 @@ state_scan_fwd_kernel_tuned = triton.autotune(
 def state_scan_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
-    w: torch.Tensor,
-    u: torch.Tensor,
+    w: torch.Tensor | None,
+    u: torch.Tensor | None,
     g: torch.Tensor | None = None,
     gk: torch.Tensor | None = None,
     Aqk: torch.Tensor | None = None,
@@ -485,6 +527,7 @@ def state_scan_fwd(
     *,
     q_gated: bool = False,
     store_o: bool = True,
+    wy: tuple | None = None,
     config: triton.Config | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """The forward state scan of the chunked delta rule, with the output made inside it.
@@ -513,6 +556,14 @@ def state_scan_fwd(
         Aqk None: the intra scores ``scale * Lower(q k^T * exp2(g_i - g_j))`` are formed in the
             kernel as ``chunk_fwd_o`` does (a precomputed Aqk is also accepted and then used).
     With neither gate: the plain delta rule (Aqk optional as for GDN).
+
+    ``wy=(A, v, beta)`` in place of ``w, u`` (pass ``None, None``; GDN and the plain rule, not
+    the per-channel gate): A ``[B, T, HV, BT]`` the WY inverse (I + StrictLower(diag(beta) K K^T
+    Gamma))^-1 as fla's ``chunk_gated_delta_rule_fwd_intra`` returns it (only its lower triangle,
+    diagonal included, is read), v ``[B, T, HV, V]``, beta ``[B, T, HV]``. The scan then never
+    reads w = A diag(beta gamma) K and u = A diag(beta) V: per chunk it forms
+    v_new = A diag(beta) (v - diag(gamma) K S) (one more [BT, BT] x [BT, BV] product, one rounding
+    point, of the bracket, instead of w's and u's), so fla's ``recompute_w_u`` need not run.
 
     ``q_gated=True`` (KDA only): q is ``qg [B, T, HV, K]`` = q * exp2(gk) rounded to q's dtype,
     as ``chunk_kda_fwd_intra(..., disable_recompute=True)`` returns it (the same rounding fla's
@@ -547,8 +598,22 @@ def state_scan_fwd(
     B, T, HQ, K = q.shape
     HK = k.shape[2]
     BT = chunk_size
+    beta = None
+    if wy is not None:
+        if w is not None or u is not None:
+            raise ValueError("state_scan_fwd: pass w, u or wy=(A, v, beta), not both")
+        if gk is not None:
+            raise ValueError("state_scan_fwd: wy=(A, v, beta) is for the scalar gate or none (not gk)")
+        w, u, beta = wy  # the kernel reads A through w's pointer and v through u's
+        HV = u.shape[2]
+        if tuple(w.shape) != (B, T, HV, BT) or tuple(beta.shape) != (B, T, HV) or w.dtype != k.dtype:
+            raise ValueError(f"state_scan_fwd: A {tuple(w.shape)} ({w.dtype}) must be {(B, T, HV, BT)} in k's "
+                             f"dtype, beta {tuple(beta.shape)} must be {(B, T, HV)}")
+    elif w is None or u is None:
+        raise ValueError("state_scan_fwd: w and u (or wy=(A, v, beta)) are required")
     HV, V = u.shape[2], u.shape[3]
-    if k.shape[:2] != (B, T) or k.shape[3] != K or tuple(w.shape) != (B, T, HV, K) or u.shape[:2] != (B, T):
+    w_shape = (B, T, HV, BT) if beta is not None else (B, T, HV, K)
+    if k.shape[:2] != (B, T) or k.shape[3] != K or tuple(w.shape) != w_shape or u.shape[:2] != (B, T):
         raise ValueError(f"state_scan_fwd: shapes q {tuple(q.shape)} k {tuple(k.shape)} "
                          f"w {tuple(w.shape)} u {tuple(u.shape)} do not agree")
     if HV % HQ or HV % HK:
@@ -577,6 +642,8 @@ def state_scan_fwd(
         gate = gate.contiguous()
     if Aqk is not None:
         Aqk = Aqk.contiguous()
+    if beta is not None:
+        beta = beta.contiguous()
     if initial_state is not None:
         initial_state = initial_state.contiguous()
 
@@ -593,7 +660,7 @@ def state_scan_fwd(
 
     dummy = u  # pointer for arguments a constexpr switch leaves unused (never written through)
     args = dict(
-        q=q, k=k, w=w, u=u,
+        q=q, k=k, w=w, u=u, beta=beta if beta is not None else dummy,
         g=gate if gate is not None else dummy,
         Aqk=Aqk if Aqk is not None else dummy,
         h0=initial_state if initial_state is not None else dummy,
@@ -608,7 +675,7 @@ def state_scan_fwd(
         HQ=HQ, HK=HK, HV=HV, K=K, V=V, BT=BT, BK=min(64, max(16, next_pow2(K))),
         GATE=gate_kind, Q_GATED=q_gated, HAS_AQK=Aqk is not None, USE_H0=initial_state is not None,
         STORE_HT=output_final_state, STORE_O=store_o, SAVE_H=save_h, SAVE_V_NEW=save_v_new,
-        STATE_V_FIRST=state_v_first, IS_VARLEN=is_varlen,
+        STATE_V_FIRST=state_v_first, IS_VARLEN=is_varlen, WU_FROM_A=beta is not None,
         # fp32 inputs: exact fp32 products (the GPU default would be tf32); 16-bit inputs keep
         # the default, which only concerns fp32 operands.
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",
