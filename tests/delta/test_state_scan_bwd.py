@@ -47,6 +47,14 @@ def _inputs(gate, dtype, B=2, T=130, HQ=1, HV=2, K=32, V=64, cu_seqlens=None, de
              do=torch.randn(B, T, HV, V, generator=gen).to(dtype),
              dv=torch.randn(B, T, HV, V, generator=gen).to(dtype),
              dht=torch.randn(N, HV, K, V, generator=gen) if dht else None, **gate_kw)
+    # the WY inverse and beta (the wy= form), A's upper triangle NaN: it must never be multiplied
+    bounds = [int(c) for c in cu_seqlens] if cu_seqlens is not None else [0, T]
+    row = torch.cat([torch.arange(e - s) % BT for s, e in zip(bounds[:-1], bounds[1:])])
+    above = (torch.arange(BT)[None, :] > row[:, None])[None, :, None, :]
+    x["A_wy"] = it["Akk"][:, : bounds[-1]].masked_fill(above, float("nan")).to(dtype)
+    if bounds[-1] < T:
+        x["A_wy"] = torch.cat([x["A_wy"], it["Akk"][:, bounds[-1]:].to(dtype)], 1)
+    x["beta"] = beta.to(dtype)
     return x
 
 
@@ -182,3 +190,35 @@ def test_reference_is_autograd_of_the_forward():
                                           dht=x["dht"], scale=SCALE)
     assert rel_rms(dh0, h0.grad) < 1e-10
     assert rel_rms(dv2, u.grad) < 1e-10
+
+
+@pytest.mark.parametrize("case", ["fixed", "varlen", "none_gate"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_wy_in_place_of_w(poisoned, case, dtype):
+    """``wy=(A_wy, beta)`` (GDN's backward without fla's recompute_w_u): dv2^T w made as
+    ((dv2^T A_wy) diag(beta gamma)) K, A_wy's upper triangle NaN; against the reference scan fed w,
+    with the gated scores made inside (``A=``, as the GDN chain calls it) and as a given dv."""
+    cu = CU if case == "varlen" else None
+    x = _inputs("none" if case == "none_gate" else "g", dtype, cu_seqlens=cu,
+                **({"B": 1, "T": 170} if cu is not None else {}))
+    dh_ref, dh0_ref, dv2_ref = ref.state_scan_bwd_ref(
+        x["q"], x["k"], x["w"], x["do"], x["dv"], g=x.get("g"), dht=x["dht"], scale=SCALE, cu_seqlens=cu,
+        chunk_size=BT)
+    h0 = torch.zeros(dh0_ref.shape)
+    for config in (None, CONFIGS[1]):
+        dh, dh0, dv2 = state_scan_bwd(x["q"], x["k"], None, x["do"], x["dv"], g=x.get("g"), h0=h0, dht=x["dht"],
+                                      scale=SCALE, cu_seqlens=cu, chunk_size=BT, wy=(x["A_wy"], x["beta"]),
+                                      config=config)
+        for name, got, want in (("dh", dh, dh_ref), ("dh0", dh0, dh0_ref), ("dv2", dv2, dv2_ref)):
+            _check(name, got, want, TOL[dtype])
+
+
+def test_wy_argument_errors():
+    x = _inputs("g", torch.float32)
+    wy = (x["A_wy"], x["beta"])
+    with pytest.raises(ValueError, match="replaces w"):
+        state_scan_bwd(x["q"], x["k"], x["w"], x["do"], x["dv"], g=x["g"], scale=SCALE, wy=wy)
+    with pytest.raises(ValueError, match="required"):
+        state_scan_bwd(x["q"], x["k"], None, x["do"], x["dv"], g=x["g"], scale=SCALE)
+    with pytest.raises(ValueError, match="must be"):
+        state_scan_bwd(x["q"], x["k"], None, x["do"], x["dv"], g=x["g"], scale=SCALE, wy=(x["A_wy"][..., :32], x["beta"]))

@@ -54,9 +54,9 @@ def _case(B=2, T=1000, H=2, HV=4, K=128, V=256, cu_seqlens=None, gate="gk", seed
 
         g = chunk_local_cumsum(F.logsigmoid(torch.randn(B, T, HV, device=dev)), chunk_size=BT, scale=RCP_LN2,
                                cu_seqlens=cu, chunk_indices=ci)
-        w, _, _ = chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, cu_seqlens=cu, chunk_size=BT,
-                                                   chunk_indices=ci)
-        c.update(q=q, k=k, w=w, g=g)
+        w, _, A_wy = chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, cu_seqlens=cu, chunk_size=BT,
+                                                      chunk_indices=ci)
+        c.update(q=q, k=k, w=w, g=g, wy=(A_wy, beta), v=v)
     return c
 
 
@@ -135,3 +135,40 @@ def test_dv_from_A_against_fla_dAv_and_dhu(name, config):
     for n, o, f, e in zip(("dh", "dh0", "dv2"), ours, fla, r):
         assert torch.isfinite(o).all(), n
         assert rel_rms(o, f) < 5e-3 and rel_rms(o, e) < TOL_REF, (n, rel_rms(o, f), rel_rms(o, e))
+
+
+@pytest.mark.parametrize("config", [None] + CONFIGS + CANDIDATES, ids=lambda c: "autotuned" if c is None else config_name(c))
+@pytest.mark.parametrize("name", ["gdn", "gdn_varlen_scores"])
+def test_wy_every_config(name, config):
+    """GDN's form without fla's recompute_w_u (``wy=(A_wy, beta)``: dv2^T w made as ((dv2^T A_wy)
+    diag(beta gamma)) K): against fla's dhu fed fla's bf16 w (the rounding points differ: 5e-3),
+    and against the fp64 reference fed the exact w of the same A_wy, beta, k, no worse than fla.
+    ``_scores``: with the intra-chunk dv made inside from a score matrix (``A=``, as the GDN chain
+    calls it), packed documents."""
+    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu
+
+    from kernel_fun.kda.reference_stages import dAv_reference
+
+    c = _case(gate="g", V=128, cu_seqlens=CU if "varlen" in name else None)
+    scores = None
+    if name.endswith("scores"):
+        B, T, HV, _ = c["do"].shape
+        scores = (torch.randn(B, T, HV, BT, device="cuda") * 0.2).to(torch.bfloat16)
+        _, dv_local = dAv_reference(c["do"], c["do"], scores, c["scale"], cu_seqlens=c["cu_seqlens"], chunk_size=BT)
+        c["dv"] = dv_local.to(torch.bfloat16)  # fla's dhu reads it in bf16; the reference below in fp64
+    fla = chunk_gated_delta_rule_bwd_dhu(**_args(c))
+    if scores is not None:
+        c["dv"] = dv_local
+    A_wy, beta = c["wy"]
+    cu = None if c["cu_seqlens"] is None else c["cu_seqlens"].cpu()
+    w_exact, _ = ref.wy_from_inverse_ref(A_wy, c["k"], c["v"], beta, c["g"], BT, cu)
+    r = ref.state_scan_bwd_ref(c["q"], c["k"], w_exact, c["do"], c["dv"], g=c["g"], dht=c["dht"], scale=c["scale"],
+                               cu_seqlens=c["cu_seqlens"], chunk_size=BT)
+    args = {**_args(c), "w": None}
+    if scores is not None:
+        args.update(dv=None, A=scores)
+    ours = state_scan_bwd(**args, wy=c["wy"], config=config)
+    for n, o, f, e in zip(("dh", "dh0", "dv2"), ours, fla, r):
+        assert torch.isfinite(o).all(), n
+        e_ours, e_fla = rel_rms(o, e), rel_rms(f, e)
+        assert rel_rms(o, f) < 5e-3 and e_ours < TOL_REF and e_ours < 1.5 * e_fla + 1e-4, (n, rel_rms(o, f), e_ours, e_fla)

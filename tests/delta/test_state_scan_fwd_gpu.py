@@ -128,23 +128,11 @@ def _ours(c, **kw):
 
 
 def _wu_exact(c):
-    """w = A diag(beta gamma) K and u = A diag(beta) V in fp64 from the bf16 A, k, v, beta that
-    both sides start from (fla's recompute_w_u rounds these to bf16; the wy form never forms them)."""
-    from kernel_fun.gdn.reference_stages import chunks
-
-    A, v, beta = (x.double() for x in c["wy"])
-    k, g = c["k"].double(), c["g"].double()
-    B, T, HV = beta.shape
-    k = k.repeat_interleave(HV // k.shape[2], 2)
-    w, u = torch.zeros(*k.shape, dtype=torch.float64, device=k.device), torch.zeros_like(v)
+    """w, u in fp64 from the bf16 A, k, v, beta that both sides start from (fla's recompute_w_u
+    rounds them to bf16; the wy form never forms them)."""
+    A, v, beta = c["wy"]
     cu = None if c["cu_seqlens"] is None else c["cu_seqlens"].cpu()
-    for b, s, e, _ in chunks(B, T, cu):
-        n = e - s
-        Ac = torch.tril(A[b, s:e, :, :n].transpose(0, 1))  # [HV, n, n]
-        bc = beta[b, s:e].T[..., None]
-        w[b, s:e] = (Ac @ (k[b, s:e].transpose(0, 1) * bc * torch.exp2(g[b, s:e].T)[..., None])).transpose(0, 1)
-        u[b, s:e] = (Ac @ (v[b, s:e].transpose(0, 1) * bc)).transpose(0, 1)
-    return w, u
+    return ref.wy_from_inverse_ref(A, c["k"], v, beta, c["g"], BT, cu)
 
 
 def _reference(c):

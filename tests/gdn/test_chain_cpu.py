@@ -48,8 +48,14 @@ def _standins(monkeypatch, clean_state, poison_outputs):
     return fla_standins.install(monkeypatch)
 
 
+@pytest.mark.parametrize("wy_backward", [False, True], ids=["w_u_recomputed", "wy_backward"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_chain_against_fp64_recurrence(name, _standins):
+def test_chain_against_fp64_recurrence(name, wy_backward, _standins, monkeypatch):
+    """Both backwards: fla's w, u recomputed (shipped), and w, u never formed (chain.WY_BACKWARD,
+    prepared for the GPU)."""
+    from kernel_fun.gdn import chain
+
+    monkeypatch.setattr(chain, "WY_BACKWARD", wy_backward)
     c = dict(CASES[name])
     cu, neg = c.pop("cu", None), c.pop("neg", False)
     v_first = c.get("state_v_first", True)
@@ -72,6 +78,7 @@ def test_chain_against_fp64_recurrence(name, _standins):
     for stage in OURS:
         assert after.get(stage, 0) > before.get(stage, 0), stage
     assert set(_standins) <= FLA_STAGES, set(_standins) - FLA_STAGES
+    assert (("fla.ops.gated_delta_rule.wy_fast", "recompute_w_u_fwd") in _standins) == (not wy_backward)
     ref = _run(chunk_gated_delta_rule_ref, t, do.double(), dht.double(), **flags)
     errs = {n: _rel(ours[n], ref[n]) for n in ref if ref[n] is not None}
     print(name, {n: f"{e:.1e}" for n, e in errs.items()})

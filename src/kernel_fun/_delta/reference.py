@@ -148,6 +148,37 @@ def intra_ref(
     return {"w": w, "u": u, "kg": kg, "Aqk": Aqk, "Akk": Akk_inv}
 
 
+def wy_from_inverse_ref(
+    A: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    cu_seqlens: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(w, u)`` from a given WY inverse, exactly (in ``dtype``): per chunk w = A diag(beta
+    exp2(g)) K and u = A diag(beta) V, A ``[B, T, HV, BT]`` read below and on its diagonal only,
+    k ``[B, T, H, K]``, v ``[B, T, HV, V]``, beta and g (the chunk-local cumulative log2 gate, or
+    None) ``[B, T, HV]``. The scans' ``wy=`` form computes with these without forming them."""
+    B, T, HV = beta.shape
+    BT = chunk_size
+    ke = _expand_heads(k.to(dtype), HV)
+    A, v, beta = A.to(dtype), v.to(dtype), beta.to(dtype)
+    eg = torch.exp2(g.to(dtype)) if g is not None else torch.ones_like(beta)
+    w = torch.zeros(ke.shape, dtype=dtype, device=k.device)
+    u = torch.zeros(v.shape, dtype=dtype, device=k.device)
+    for b, bos, eos in _segments(T, B, cu_seqlens):
+        for s in range(bos, eos, BT):
+            e = min(s + BT, eos)
+            Ac = torch.tril(A[b, s:e, :, : e - s].transpose(0, 1))  # [HV, n, n]
+            bc = beta[b, s:e].T[..., None]
+            w[b, s:e] = (Ac @ (ke[b, s:e].transpose(0, 1) * bc * eg[b, s:e].T[..., None])).transpose(0, 1)
+            u[b, s:e] = (Ac @ (v[b, s:e].transpose(0, 1) * bc)).transpose(0, 1)
+    return w, u
+
+
 def state_scan_fwd_ref(
     q: torch.Tensor,
     k: torch.Tensor,

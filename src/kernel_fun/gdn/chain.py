@@ -88,23 +88,35 @@ def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final
     return o, final_state, gc, A, chunk_indices, chunk_offsets
 
 
+# The backward without fla's recompute_w_u: the recompute scan makes v_new from A, v, beta (as the
+# forward does) and the backward scan makes dv2^T w from A and beta. CPU-tested end to end
+# (tests/gdn/test_chain_cpu.py runs both settings); off until the GPU tests and the op bench have
+# run it (2026-12-02: prepared when the session's device time was spent).
+WY_BACKWARD = False
+
+
 def backward(q, k, v, gc, beta, A, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets):
     """Gradients w.r.t. q, k (the ones the chain saw: normalized where the op normalizes), v,
     the (activated) beta, the per-token natural-log gate, and the initial state:
     ``(dq, dk, dv, dbeta fp32, dg fp32, dh0 or None)``."""
-    w, u = _fla("fla.ops.gated_delta_rule.wy_fast", "recompute_w_u_fwd")(
-        k=k, v=v, beta=beta, A=A, g=gc, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
     # The forward scan again, now writing h (the state before each chunk) and v_new, and no
     # output (store_o=False: no q read, half the products, no o written).
+    if WY_BACKWARD:  # w and u never formed (prepared: docs/gdn.md)
+        w, recompute, wy_bwd = None, dict(w=None, u=None, wy=(A, v, beta)), dict(wy=(A, beta))
+    else:
+        w, u = _fla("fla.ops.gated_delta_rule.wy_fast", "recompute_w_u_fwd")(
+            k=k, v=v, beta=beta, A=A, g=gc, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
+        recompute, wy_bwd = dict(w=w, u=u), {}
+        del u
     _, _, h, v_new = state_scan_fwd(
-        q, k, w, u, g=gc, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+        q, k, **recompute, g=gc, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
         chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT, save_h=True, save_v_new=True,
         store_o=False)
-    del u
+    del recompute  # u (w stays for the backward scan)
     Aqk = gated_scores(q, k, gc, scale, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
     dh, dh0, dv2 = state_scan_bwd(
         q, k, w, do, None, g=gc, h0=initial_state, dht=dht, scale=scale, cu_seqlens=cu_seqlens,
-        chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, A=Aqk)
+        chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, A=Aqk, **wy_bwd)
     del w, Aqk
     dq, dk, dv, db, dg = wy_dqkwg_bwd(q, k, v, v_new, gc, beta, A, h, dh, do, dv2, scale, cu_seqlens=cu_seqlens,
                                       chunk_indices=chunk_indices, chunk_size=BT)

@@ -69,7 +69,8 @@ def config_name(c) -> str:
 def state_scan_bwd_kernel(
     q,  # [B, T, HQ, K] (qg with the per-channel gate, HQ == HV)
     k,  # [B, T, HK, K] (kg with the per-channel gate)
-    w,  # [B, T, HV, K]
+    w,  # [B, T, HV, K] | A_wy [B, T, HV, BT] with WY_FROM_A (w = A_wy diag(beta gamma) K, never formed)
+    beta,  # [B, T, HV] with WY_FROM_A | unused
     g,  # [B, T, HV] (GATE == 1) | gk [B, T, HV, K] (GATE == 2) | unused
     dht,  # [N, HV, K, V] | unused
     do,  # [B, T, HV, V]
@@ -86,7 +87,7 @@ def state_scan_bwd_kernel(
     HQ: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     GATE: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DV_FROM_A: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr, DV_FROM_A: tl.constexpr = False, WY_FROM_A: tl.constexpr = False,
 ):
     i_v, i_nh, i_n, i_hv, i_hq, i_hk, bos, _, T, boh = scan_program(
         cu_seqlens, chunk_offsets, seq_order, T, V, HQ, HK, HV, BT, BV, IS_VARLEN, True)
@@ -102,7 +103,11 @@ def state_scan_bwd_kernel(
 
     q += (bos * HQ + i_hq) * K
     k += (bos * HK + i_hk) * K
-    w += (bos * HV + i_hv) * K
+    if WY_FROM_A:
+        w += (bos * HV + i_hv) * BT
+        beta += bos * HV + i_hv
+    else:
+        w += (bos * HV + i_hv) * K
     do += (bos * HV + i_hv) * V
     dv += (bos * HV + i_hv) * V
     A += (bos * HV + i_hv) * BT
@@ -147,7 +152,21 @@ def state_scan_bwd_kernel(
 
         # dS^T = dS^T decay + scale do^T q - dv2^T w
         b_q = tl.load(q + (t0 + o_i)[:, None] * (HQ * K) + o_k[None, :], mask=m_tk, other=0.0)
-        b_w = tl.load(w + (t0 + o_i)[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.0)
+        if WY_FROM_A:
+            # dv2^T w = ((dv2^T A_wy) diag(beta gamma)) K: A_wy [BT, BT] and k loaded as they lie
+            # (A_wy's upper triangle dropped with where)
+            m_aw = m_t[:, None] & (o_i[:, None] >= o_i[None, :])
+            b_aw = tl.load(w + (t0 + o_i)[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0)
+            b_aw = tl.where(m_aw, b_aw, 0.0).to(w.dtype.element_ty)
+            b_da = tl.dot(b_dv2.to(w.dtype.element_ty), b_aw, input_precision=DOT_PRECISION)
+            b_bg = tl.load(beta + (t0 + o_i) * HV, mask=m_t, other=0.0).to(tl.float32)
+            if GATE == 1:
+                b_bg *= tl.exp2(b_g)
+            b_w = tl.load(k + (t0 + o_i)[:, None] * (HK * K) + o_k[None, :], mask=m_tk, other=0.0)
+            b_dvw = (b_da * b_bg[None, :]).to(w.dtype.element_ty)
+        else:
+            b_w = tl.load(w + (t0 + o_i)[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.0)
+            b_dvw = b_dv2.to(b_w.dtype)
         if GATE == 1:
             b_ds *= tl.exp2(b_gl)
             b_qd = tl.dot(b_dot.to(tl.float32), b_q.to(tl.float32) * tl.exp2(b_g)[:, None],
@@ -157,7 +176,7 @@ def state_scan_bwd_kernel(
                 b_gkl = tl.load(g + (t0 + last) * (HV * K) + o_k, mask=m_k, other=0.0).to(tl.float32)
                 b_ds *= tl.exp2(b_gkl)[None, :]
             b_qd = tl.dot(b_dot, b_q, input_precision=DOT_PRECISION)
-        b_ds += scale * b_qd - tl.dot(b_dv2.to(b_w.dtype), b_w, input_precision=DOT_PRECISION)
+        b_ds += scale * b_qd - tl.dot(b_dvw, b_w, input_precision=DOT_PRECISION)
 
     if STORE_DH0:
         tl.store(dh0 + i_nh * K * V + s_off, b_ds.to(dh0.dtype.element_ty), mask=m_vk)
@@ -165,7 +184,7 @@ def state_scan_bwd_kernel(
 
 state_scan_bwd_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(),
-    key=["HQ", "HK", "HV", "K", "V", "BT", "GATE", "USE_DHT", "STORE_DH0", "IS_VARLEN", "DV_FROM_A"],
+    key=["HQ", "HK", "HV", "K", "V", "BT", "GATE", "USE_DHT", "STORE_DH0", "IS_VARLEN", "DV_FROM_A", "WY_FROM_A"],
     prune_configs_by={"early_config_prune": _prune},
 )(state_scan_bwd_kernel)
 
@@ -174,9 +193,9 @@ state_scan_bwd_kernel_tuned = triton.autotune(
 def state_scan_bwd(
     q: torch.Tensor,
     k: torch.Tensor,
-    w: torch.Tensor,
+    w: torch.Tensor | None,
     do: torch.Tensor,
-    dv: torch.Tensor,
+    dv: torch.Tensor | None,
     g: torch.Tensor | None = None,
     gk: torch.Tensor | None = None,
     h0: torch.Tensor | None = None,
@@ -191,6 +210,7 @@ def state_scan_bwd(
     *,
     config: triton.Config | None = None,
     A: torch.Tensor | None = None,
+    wy: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """The backward state scan; drop-in for fla's ``chunk_gated_delta_rule_bwd_dhu``.
 
@@ -201,6 +221,11 @@ def state_scan_bwd(
     h0: only whether dh0 is wanted (its values are not read). scale: required.
     A ``[B, T, HV, BT]`` (KDA's Aqk; with ``dv=None``): the intra-chunk dv = tril(A)^T do is
     made here per chunk instead of read (fla's chunk_kda_bwd_dAv writes it for dhu to read).
+    ``wy=(A_wy, beta)`` in place of w (pass ``w=None``; the scalar gate or none): A_wy
+    ``[B, T, HV, BT]`` the WY inverse (only its lower triangle, diagonal included, is read),
+    beta ``[B, T, HV]``; ``dv2^T w`` is made as ``((dv2^T A_wy) diag(beta gamma)) K`` (one more
+    [BV, BT] x [BT, BT] product a chunk), so that w = A_wy diag(beta gamma) K is never formed and
+    fla's ``recompute_w_u`` need not run.
     Returns ``(dh [B, NT, HV, K, V]`` in q's dtype, ``dh0 [N, HV, K, V]`` fp32 or None,
     ``dv2`` like dv).
     """
@@ -219,7 +244,18 @@ def state_scan_bwd(
     if A is not None and tuple(A.shape) != (B, T, HV, BT):
         raise ValueError(f"state_scan_bwd: A {tuple(A.shape)} must be {(B, T, HV, BT)}")
     dv_like = do if dv is None else dv
-    if tuple(w.shape) != (B, T, HV, K) or tuple(dv_like.shape) != tuple(do.shape) or k.shape[:2] != (B, T):
+    beta = None
+    if wy is not None:
+        if w is not None or gk is not None:
+            raise ValueError("state_scan_bwd: wy=(A_wy, beta) replaces w, with the scalar gate or none (not gk)")
+        w, beta = wy  # read through w's pointer
+        if tuple(w.shape) != (B, T, HV, BT) or tuple(beta.shape) != (B, T, HV) or w.dtype != k.dtype:
+            raise ValueError(f"state_scan_bwd: A_wy {tuple(w.shape)} ({w.dtype}) must be {(B, T, HV, BT)} in k's "
+                             f"dtype, beta {tuple(beta.shape)} must be {(B, T, HV)}")
+    elif w is None:
+        raise ValueError("state_scan_bwd: w (or wy=(A_wy, beta)) is required")
+    w_shape = (B, T, HV, BT) if beta is not None else (B, T, HV, K)
+    if tuple(w.shape) != w_shape or tuple(dv_like.shape) != tuple(do.shape) or k.shape[:2] != (B, T):
         raise ValueError(f"state_scan_bwd: shapes q {tuple(q.shape)} k {tuple(k.shape)} w {tuple(w.shape)} "
                          f"do {tuple(do.shape)} dv {tuple(dv_like.shape)} do not agree")
     if HV % HQ or HV % HK or K > 128 or BT < 16 or BT & (BT - 1):
@@ -243,7 +279,7 @@ def state_scan_bwd(
     dv2 = alloc(tuple(dv_like.shape), dtype=dv_like.dtype, device=dv_like.device)
     dummy = dv2
     args = dict(
-        q=q, k=k, w=w, g=gate.contiguous() if gate is not None else dummy,
+        q=q, k=k, w=w, beta=beta.contiguous() if beta is not None else dummy, g=gate.contiguous() if gate is not None else dummy,
         dht=dht.contiguous() if dht is not None else dummy, do=do, dv=dv_like,
         A=A.contiguous() if A is not None else dummy, dh=dh,
         dh0=dh0 if dh0 is not None else dummy, dv2=dv2,
@@ -253,6 +289,7 @@ def state_scan_bwd(
         KP=max(16, next_pow2(K)), GATE=gate_kind, USE_DHT=dht is not None,
         STORE_DH0=dh0 is not None, IS_VARLEN=is_varlen,
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32", DV_FROM_A=A is not None,
+        WY_FROM_A=beta is not None,
     )
     launch(state_scan_bwd_kernel_tuned, scan_grid(V, N * HV), config, **args)
     record_launch("delta.state_scan_bwd")
