@@ -84,7 +84,9 @@ def _kkt_solve(k, g, beta, A, cu_seqlens, chunk_indices, T, H, HV, K, BT, BC, **
     for b, s, e, _ in chunks(B, T, cu_seqlens):
         n = e - s
         kc = k[b, s:e].double().repeat_interleave(HV // H, 1).transpose(0, 1)
-        A[b, s:e, :, :n] = _inverse(kc, g[b, s:e].double().T * LN2, beta[b, s:e].double().T).transpose(0, 1).to(k.dtype)
+        inv = _inverse(kc, g[b, s:e].double().T * LN2, beta[b, s:e].double().T).transpose(0, 1).to(k.dtype)
+        lower = torch.tril(torch.ones(n, n, dtype=torch.bool))[:, None, :]  # [i, 1, j]: fla stores these only
+        A[b, s:e, :, :n] = torch.where(lower, inv, A[b, s:e, :, :n])
 
 
 class _Kernel:

@@ -26,6 +26,7 @@ import torch
 import triton
 
 from .._common.compat import fla_symbol
+from .._common.tuning import alloc
 # The one place gdn reaches into the shared engine (kept small for the engine's refactors).
 from .._delta import chunking
 from .._delta._kernels.state_scan_bwd import state_scan_bwd
@@ -59,15 +60,24 @@ def gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices
         g=g, chunk_size=BT, scale=RCP_LN2, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
 
 
+# The backward without fla's recompute_w_u: the recompute scan makes v_new from A, v, beta (as the
+# forward does) and the backward scan makes dv2^T w from A and beta. CPU-tested end to end
+# (tests/gdn/test_chain_cpu.py runs both settings); off until the GPU tests and the op bench have
+# run it (2026-12-02: prepared when the session's device time was spent).
+WY_BACKWARD = False
+
+
 def wy_inverse(k, gc, beta, cu_seqlens, chunk_indices):
-    """A = (I + StrictLower(diag(beta) K K^T Gamma))^-1 ``[B, T, HV, BT]`` in k's dtype, zero
-    above the diagonal: fla's fused kkt + solve kernel, launched as fla's
+    """A = (I + StrictLower(diag(beta) K K^T Gamma))^-1 ``[B, T, HV, BT]`` in k's dtype (above the
+    diagonal zero, or unwritten with ``WY_BACKWARD``): fla's fused kkt + solve kernel, launched as fla's
     ``chunk_gated_delta_rule_fwd_intra`` launches it (which then also forms w and u: here the
     scan forms v_new from A instead)."""
     B, T, H, K = k.shape
     HV = beta.shape[2]
     NT = triton.cdiv(T, BT) if cu_seqlens is None else len(chunk_indices)
-    A = torch.zeros(B, T, HV, BT, device=k.device, dtype=k.dtype)
+    # fla's kernel writes the ten blocks on and below the diagonal only. Our kernels never read
+    # above it (where-masked); fla's recompute_w_u multiplies the whole tile, so it needs zeros there.
+    A = (alloc if WY_BACKWARD else torch.zeros)((B, T, HV, BT), device=k.device, dtype=k.dtype)
     _fla("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_kkt_solve_kernel")[(NT, B * HV)](
         k=k, g=gc, beta=beta, A=A, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, T=T, H=H, HV=HV, K=K,
         BT=BT, BC=16)
@@ -86,13 +96,6 @@ def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final
         q, k, None, None, g=gc, wy=(A, v, beta), scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT)
     return o, final_state, gc, A, chunk_indices, chunk_offsets
-
-
-# The backward without fla's recompute_w_u: the recompute scan makes v_new from A, v, beta (as the
-# forward does) and the backward scan makes dv2^T w from A and beta. CPU-tested end to end
-# (tests/gdn/test_chain_cpu.py runs both settings); off until the GPU tests and the op bench have
-# run it (2026-12-02: prepared when the session's device time was spent).
-WY_BACKWARD = False
 
 
 def backward(q, k, v, gc, beta, A, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets):
