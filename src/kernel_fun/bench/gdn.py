@@ -234,6 +234,11 @@ def probes(device: str, shape: dict | None = None) -> list:
                                                            store_o=False, **scan_var, config=c)[2:],
           lambda: fwd_ref()[2:], ("h", "v_new"), module=scan_fwd_mod, label="gdn state_scan_fwd",
           note="saving h and v_new, no output (the backward's recompute)"),
+        P("delta.state_scan_fwd", lambda c: state_scan_fwd(t["q"], t["k"], None, None, **fwd, save_h=True,
+                                                           save_v_new=True, store_o=False, wy=wy, **scan_var,
+                                                           config=c)[2:],
+          lambda: fwd_ref()[2:], ("h", "v_new"), module=scan_fwd_mod, label="gdn state_scan_fwd",
+          note="the recompute with v_new from A, v, beta (chain.WY_BACKWARD, prepared)"),
     ]
     # The backward scan making dv from the gated scores (the reference's, so only the scan is
     # under test), against the reference scan fed dv = tril(Aqk)^T do.
@@ -249,6 +254,11 @@ def probes(device: str, shape: dict | None = None) -> list:
         t["q"], t["k"], w, t["do"], None, g=g, h0=h0, dht=dht, scale=scale, chunk_size=64, A=Aqk_dev,
         **scan_var, config=c),
         bwd_ref, ("dh", "dh0", "dv"), module=scan_bwd_mod, label="gdn state_scan_bwd"))
+    out.append(P("delta.state_scan_bwd", lambda c: state_scan_bwd(
+        t["q"], t["k"], None, t["do"], None, g=g, h0=h0, dht=dht, scale=scale, chunk_size=64, qk_scores=True,
+        wy=(wy[0], beta), **scan_var, config=c),
+        bwd_ref, ("dh", "dh0", "dv"), module=scan_bwd_mod, label="gdn state_scan_bwd",
+        note="scores made inside, w from A (chain.WY_BACKWARD and QK_SCORES_IN_SCAN, prepared)"))
     return out
 
 

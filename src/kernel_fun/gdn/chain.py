@@ -65,6 +65,10 @@ def gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices
 # (tests/gdn/test_chain_cpu.py runs both settings); off until the GPU tests and the op bench have
 # run it (2026-12-02: prepared when the session's device time was spent).
 WY_BACKWARD = False
+# The backward scan making the gated scores itself from the q and k^T tiles it loads (one more
+# [BT, K] x [K, BT] product a chunk; sm_90a spills 0-184 B by config) in place of gdn's scores
+# kernel (0.167 ms at B=8 T=8192 H=16) and its [B, T, HV, BT] tensor. Prepared as WY_BACKWARD is.
+QK_SCORES_IN_SCAN = False
 
 
 def wy_inverse(k, gc, beta, cu_seqlens, chunk_indices):
@@ -116,11 +120,15 @@ def backward(q, k, v, gc, beta, A, scale, initial_state, do, dht, cu_seqlens, ch
         chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT, save_h=True, save_v_new=True,
         store_o=False)
     del recompute  # u (w stays for the backward scan)
-    Aqk = gated_scores(q, k, gc, scale, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
+    if QK_SCORES_IN_SCAN:
+        scores = dict(qk_scores=True)
+    else:
+        scores = dict(A=gated_scores(q, k, gc, scale, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
+                                     chunk_size=BT))
     dh, dh0, dv2 = state_scan_bwd(
         q, k, w, do, None, g=gc, h0=initial_state, dht=dht, scale=scale, cu_seqlens=cu_seqlens,
-        chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, A=Aqk, **wy_bwd)
-    del w, Aqk
+        chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, **scores, **wy_bwd)
+    del w, scores
     dq, dk, dv, db, dg = wy_dqkwg_bwd(q, k, v, v_new, gc, beta, A, h, dh, do, dv2, scale, cu_seqlens=cu_seqlens,
                                       chunk_indices=chunk_indices, chunk_size=BT)
     return dq, dk, dv, db, dg, dh0
