@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from kernel_fun._delta.reference import wy_from_inverse_ref
 from kernel_fun.gdn.reference_stages import BT, _inverse, chunks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "delta"))
@@ -61,19 +62,8 @@ def gdn_gate_bwd(g, A_log, dt_bias, dyg):
 
 def recompute_w_u_fwd(k, v, beta, A, g=None, cu_seqlens=None, chunk_indices=None, **_):
     """w = A diag(beta exp2(g)) K in k's dtype, u = A diag(beta) V in v's dtype (A as stored)."""
-    B, T, H, K = k.shape
-    HV = v.shape[2]
-    w = torch.zeros(B, T, HV, K, dtype=k.dtype)
-    u = torch.zeros_like(v)
-    for b, s, e, _ in chunks(B, T, cu_seqlens):
-        n = e - s
-        Ac = A[b, s:e, :, :n].double().transpose(0, 1)  # [HV, n, n]
-        kc = k[b, s:e].double().repeat_interleave(HV // H, 1).transpose(0, 1)
-        bc = beta[b, s:e].double().T
-        eg = torch.exp2(g[b, s:e].double().T) if g is not None else torch.ones_like(bc)
-        w[b, s:e] = (Ac @ (kc * (bc * eg)[..., None])).transpose(0, 1).to(k.dtype)
-        u[b, s:e] = (Ac @ (v[b, s:e].double().transpose(0, 1) * bc[..., None])).transpose(0, 1).to(v.dtype)
-    return w, u
+    w, u = wy_from_inverse_ref(A, k, v, beta, g, BT, cu_seqlens)
+    return w.to(k.dtype), u.to(v.dtype)
 
 
 def _kkt_solve(k, g, beta, A, cu_seqlens, chunk_indices, T, H, HV, K, BT, BC, **_):

@@ -200,7 +200,7 @@ def state_scan_fwd(full):
                 IS_VARLEN=False, DOT_PRECISION="tf32")
     # GDN's shipped calls: the forward (scalar gate, scores made inside, v_new from A, v, beta)
     # and the backward's recompute (h and v_new written, no output), at the layer's K = V = 128
-    gdn = dict(GATE=1, Q_GATED=False, HAS_AQK=False, V=128, WU_FROM_A=True)
+    gdn = dict(GATE=1, Q_GATED=False, HAS_AQK=False, V=128, WY_FROM_A=True)
     gdn_recompute = dict(gdn, STORE_O=False, SAVE_H=True, SAVE_V_NEW=True, USE_H0=True)
     if not full:
         for cfg in m.CONFIGS:
@@ -212,7 +212,7 @@ def state_scan_fwd(full):
     variants = [dict(), dict(GATE=1, Q_GATED=False), dict(GATE=0, Q_GATED=False), dict(Q_GATED=False),
                 dict(USE_H0=True, STORE_HT=True, IS_VARLEN=True), dict(SAVE_H=True, SAVE_V_NEW=True, HAS_AQK=False),
                 gdn_recompute, dict(gdn_recompute, IS_VARLEN=True), gdn, dict(gdn, IS_VARLEN=True, USE_H0=True),
-                dict(gdn, WU_FROM_A=False), dict(gdn_recompute, WU_FROM_A=False)]
+                dict(gdn, WY_FROM_A=False), dict(gdn_recompute, WY_FROM_A=False)]
     for cfg, v in itertools.product(m.CONFIGS + m.CANDIDATES, variants):
         c = dict(base, **v, **cfg.kwargs)
         name = ",".join(f"{k}={x}" for k, x in v.items()) or "kda"

@@ -23,7 +23,6 @@ docs/gdn.md (the op bench's per-kernel table).
 from __future__ import annotations
 
 import torch
-import triton
 
 from .._common.compat import fla_symbol
 from .._common.tuning import alloc
@@ -78,7 +77,7 @@ def wy_inverse(k, gc, beta, cu_seqlens, chunk_indices):
     scan forms v_new from A instead)."""
     B, T, H, K = k.shape
     HV = beta.shape[2]
-    NT = triton.cdiv(T, BT) if cu_seqlens is None else len(chunk_indices)
+    chunk_indices, NT = chunking.chunk_grid("gdn", B, T, BT, cu_seqlens, chunk_indices)
     # fla's kernel writes the ten blocks on and below the diagonal only. Our kernels never read
     # above it (where-masked); fla's recompute_w_u multiplies the whole tile, so it needs zeros there.
     A = (alloc if WY_BACKWARD else torch.zeros)((B, T, HV, BT), device=k.device, dtype=k.dtype)

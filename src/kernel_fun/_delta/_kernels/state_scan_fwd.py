@@ -123,14 +123,14 @@ def _gated_q(q, g, o_i, o_k, m_tk, HQ: tl.constexpr, HV: tl.constexpr, K: tl.con
 @triton.jit
 def _next_chunk(q, k, w, u, o, g, Aqk, v_new, h, beta, HQ: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr,
                 K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr, Q_GATED: tl.constexpr,
-                HAS_AQK: tl.constexpr, SAVE_V_NEW: tl.constexpr, SAVE_H: tl.constexpr, WU_FROM_A: tl.constexpr):
+                HAS_AQK: tl.constexpr, SAVE_V_NEW: tl.constexpr, SAVE_H: tl.constexpr, WY_FROM_A: tl.constexpr):
     """Every per-chunk pointer of the scan advanced by one chunk (both layouts)."""
     if Q_GATED:
         q += BT * HV * K
     else:
         q += BT * HQ * K
     k += BT * HK * K
-    if WU_FROM_A:  # w is A [B, T, HV, BT], u is v
+    if WY_FROM_A:  # w is A [B, T, HV, BT], u is v
         w += BT * HV * BT
         beta += BT * HV
     else:
@@ -154,9 +154,9 @@ def _next_chunk(q, k, w, u, o, g, Aqk, v_new, h, beta, HQ: tl.constexpr, HK: tl.
 def state_scan_fwd_kernel(
     q,  # [B, T, HQ, K] (or qg [B, T, HV, K] with Q_GATED)
     k,  # [B, T, HK, K]  (kg for the per-channel gate)
-    w,  # [B, T, HV, K] | A [B, T, HV, BT] with WU_FROM_A
-    u,  # [B, T, HV, V] | v with WU_FROM_A
-    beta,  # [B, T, HV] with WU_FROM_A | unused
+    w,  # [B, T, HV, K] | A [B, T, HV, BT] with WY_FROM_A
+    u,  # [B, T, HV, V] | v with WY_FROM_A
+    beta,  # [B, T, HV] with WY_FROM_A | unused
     g,  # [B, T, HV] (GATE == 1) | gk [B, T, HV, K] (GATE == 2) | unused
     Aqk,  # [B, T, HV, BT] | unused
     h0,  # [N, HV, K, V] (or [N, HV, V, K] with STATE_V_FIRST) | unused
@@ -191,7 +191,7 @@ def state_scan_fwd_kernel(
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     VK: tl.constexpr = False,
-    WU_FROM_A: tl.constexpr = False,
+    WY_FROM_A: tl.constexpr = False,
 ):
     # One program per (V-block, value head, sequence); the V-blocks of one head are adjacent
     # program ids, so they run together and share q, k, w and the gate through L2.
@@ -227,7 +227,7 @@ def state_scan_fwd_kernel(
     else:
         q += (bos * HQ + i_hq) * K
     k += (bos * HK + i_hk) * K
-    if WU_FROM_A:
+    if WY_FROM_A:
         w += (bos * HV + i_hv) * BT
         beta += bos * HV + i_hv
     else:
@@ -280,7 +280,7 @@ def state_scan_fwd_kernel(
 
             if GATE == 1:
                 b_g = tl.load(g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
-            if WU_FROM_A:
+            if WY_FROM_A:
                 # v_new^T = (v^T - S^T k^T diag(gamma)) diag(beta) A^T: w and u never formed
                 # (k^T and A^T loaded transposed; A's upper triangle dropped with where). Made
                 # before the output's products, so that its operands are dead before q^T loads.
@@ -311,7 +311,7 @@ def state_scan_fwd_kernel(
                     b_o *= tl.exp2(b_g)[None, :]
                 b_o *= scale
 
-            if not WU_FROM_A:
+            if not WY_FROM_A:
                 # v_new^T = u^T - S^T w^T  (w^T and u^T loaded transposed from memory)
                 b_wt = tl.load(w + o_i[None, :] * (HV * K) + o_k[:, None], mask=m_kt, other=0.0)
                 b_vn = tl.load(u + o_i[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0).to(tl.float32)
@@ -353,7 +353,7 @@ def state_scan_fwd_kernel(
 
             q, k, w, u, o, g, Aqk, v_new, h, beta = _next_chunk(
                 q, k, w, u, o, g, Aqk, v_new, h, beta, HQ, HK, HV, K, V, BT, GATE, Q_GATED, HAS_AQK,
-                SAVE_V_NEW, SAVE_H, WU_FROM_A)
+                SAVE_V_NEW, SAVE_H, WY_FROM_A)
 
         if STORE_HT:
             tl.store(ht + i_nh * K * V + s_off, b_s.to(ht.dtype.element_ty), mask=m_vk)
@@ -386,7 +386,7 @@ def state_scan_fwd_kernel(
 
             if GATE == 1:
                 b_g = tl.load(g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
-            if WU_FROM_A:
+            if WY_FROM_A:
                 # v_new = A diag(beta) (v - diag(gamma) k S): w and u never formed
                 b_kn = tl.load(k + o_i[:, None] * (HK * K) + o_k1[None, :], mask=m_tk1, other=0.0)
                 b_ks = tl.dot(b_kn, b_s1c, input_precision=DOT_PRECISION)
@@ -471,7 +471,7 @@ def state_scan_fwd_kernel(
 
             q, k, w, u, o, g, Aqk, v_new, h, beta = _next_chunk(
                 q, k, w, u, o, g, Aqk, v_new, h, beta, HQ, HK, HV, K, V, BT, GATE, Q_GATED, HAS_AQK,
-                SAVE_V_NEW, SAVE_H, WU_FROM_A)
+                SAVE_V_NEW, SAVE_H, WY_FROM_A)
 
         if STORE_HT:
             tl.store(ht + i_nh * K * V + s_off1, b_s1.to(ht.dtype.element_ty), mask=m_kv1)
@@ -489,7 +489,7 @@ def state_scan_fwd_kernel(
 
 
 _AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "Q_GATED", "HAS_AQK", "USE_H0", "STORE_HT", "STORE_O",
-                 "SAVE_H", "SAVE_V_NEW", "STATE_V_FIRST", "IS_VARLEN", "WU_FROM_A"]
+                 "SAVE_H", "SAVE_V_NEW", "STATE_V_FIRST", "IS_VARLEN", "WY_FROM_A"]
 # Production autotune set: the measured winners. H200, KDA T=8192, H=HV=16, K=128, V=256, bf16,
 # every configuration forced, 2026-11-30 (bench/records/raw/2026-11-30-h200-delta-scan-bench-r2.json):
 # at B=8 VK-BV128-w8-s2 1.265 ms, BV128-w8-s2 1.576, VK-BV64-w4-s2 2.024, BV64-w4-s2 2.020 (fla's
@@ -675,7 +675,7 @@ def state_scan_fwd(
         HQ=HQ, HK=HK, HV=HV, K=K, V=V, BT=BT, BK=min(64, max(16, next_pow2(K))),
         GATE=gate_kind, Q_GATED=q_gated, HAS_AQK=Aqk is not None, USE_H0=initial_state is not None,
         STORE_HT=output_final_state, STORE_O=store_o, SAVE_H=save_h, SAVE_V_NEW=save_v_new,
-        STATE_V_FIRST=state_v_first, IS_VARLEN=is_varlen, WU_FROM_A=beta is not None,
+        STATE_V_FIRST=state_v_first, IS_VARLEN=is_varlen, WY_FROM_A=beta is not None,
         # fp32 inputs: exact fp32 products (the GPU default would be tf32); 16-bit inputs keep
         # the default, which only concerns fp32 operands.
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",
