@@ -254,11 +254,17 @@ def probes(device: str, shape: dict | None = None) -> list:
         t["q"], t["k"], w, t["do"], None, g=g, h0=h0, dht=dht, scale=scale, chunk_size=64, A=Aqk_dev,
         **scan_var, config=c),
         bwd_ref, ("dh", "dh0", "dv"), module=scan_bwd_mod, label="gdn state_scan_bwd"))
-    out.append(P("delta.state_scan_bwd", lambda c: state_scan_bwd(
-        t["q"], t["k"], None, t["do"], None, g=g, h0=h0, dht=dht, scale=scale, chunk_size=64, qk_scores=True,
-        wy=(wy[0], beta), **scan_var, config=c),
-        bwd_ref, ("dh", "dh0", "dv"), module=scan_bwd_mod, label="gdn state_scan_bwd",
-        note="scores made inside, w from A (chain.WY_BACKWARD and QK_SCORES_IN_SCAN, prepared)"))
+    # The prepared forms (chain.WY_BACKWARD: w from A; chain.QK_SCORES_IN_SCAN: the scores made
+    # inside), each alone and both, so that a stage run prices each switch on its own.
+    for wy_on, qk_on, note in ((True, False, "w from A (chain.WY_BACKWARD, prepared)"),
+                               (False, True, "scores made inside (chain.QK_SCORES_IN_SCAN, prepared)"),
+                               (True, True, "scores made inside, w from A (both prepared switches)")):
+        form = dict(wy=(wy[0], beta)) if wy_on else {}
+        form |= dict(qk_scores=True) if qk_on else dict(A=Aqk_dev)
+        out.append(P("delta.state_scan_bwd", lambda c, form=form, w_in=None if wy_on else w: state_scan_bwd(
+            t["q"], t["k"], w_in, t["do"], None, g=g, h0=h0, dht=dht, scale=scale, chunk_size=64,
+            **form, **scan_var, config=c),
+            bwd_ref, ("dh", "dh0", "dv"), module=scan_bwd_mod, label="gdn state_scan_bwd", note=note))
     return out
 
 
