@@ -223,32 +223,3 @@ def test_wy_argument_errors():
     with pytest.raises(ValueError, match="must be"):
         state_scan_bwd(x["q"], x["k"], None, x["do"], x["dv"], g=x["g"], scale=SCALE, wy=(x["A_wy"][..., :32], x["beta"]))
 
-
-@pytest.mark.parametrize("case", ["fixed", "varlen", "none_gate", "varlen_wy"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_qk_scores_made_inside(poisoned, case, dtype):
-    """``qk_scores=True`` (GDN's backward without gdn's scores kernel): the intra-chunk dv from
-    the gated scores scale (q k^T) exp2(G_i - G_j) made in the scan; against the reference scan fed
-    dv = tril(A)^T do with A from gdn's score reference. ``varlen_wy``: with ``wy=`` as well."""
-    from kernel_fun.gdn.reference_stages import gated_scores_ref
-    from kernel_fun.kda.reference_stages import dAv_reference
-
-    cu = CU if case.startswith("varlen") else None
-    x = _inputs("none" if case == "none_gate" else "g", dtype, cu_seqlens=cu,
-                **({"B": 1, "T": 170} if cu is not None else {}))
-    B, T, _, K = x["q"].shape
-    g = x.get("g")
-    A = gated_scores_ref(x["q"].double(), x["k"].double(),
-                         g if g is not None else torch.zeros(*x["do"].shape[:3]), SCALE, cu_seqlens=cu)
-    _, dv_local = dAv_reference(x["do"], x["do"], A, SCALE, cu_seqlens=cu, chunk_size=BT)
-    dh_ref, dh0_ref, dv2_ref = ref.state_scan_bwd_ref(
-        x["q"], x["k"], x["w"], x["do"], dv_local, g=g, dht=x["dht"], scale=SCALE, cu_seqlens=cu, chunk_size=BT)
-    h0 = torch.zeros(dh0_ref.shape)
-    w_kw = dict(w=None, wy=(x["A_wy"], x["beta"])) if case.endswith("wy") else dict(w=x["w"])
-    for config in (None, CONFIGS[1]):
-        dh, dh0, dv2 = state_scan_bwd(x["q"], x["k"], do=x["do"], dv=None, g=g, h0=h0, dht=x["dht"], scale=SCALE,
-                                      cu_seqlens=cu, chunk_size=BT, qk_scores=True, config=config, **w_kw)
-        for name, got, want in (("dh", dh, dh_ref), ("dh0", dh0, dh0_ref), ("dv2", dv2, dv2_ref)):
-            _check(name, got, want, TOL[dtype])
-    with pytest.raises(ValueError, match="one of them"):
-        state_scan_bwd(x["q"], x["k"], x["w"], x["do"], x["dv"], g=g, scale=SCALE, qk_scores=True)

@@ -173,22 +173,3 @@ def test_wy_every_config(name, config):
         e_ours, e_fla = rel_rms(o, e), rel_rms(f, e)
         assert rel_rms(o, f) < 5e-3 and e_ours < TOL_REF and e_ours < 1.5 * e_fla + 1e-4, (n, rel_rms(o, f), e_ours, e_fla)
 
-
-@pytest.mark.parametrize("config", [None] + CONFIGS + CANDIDATES, ids=lambda c: "autotuned" if c is None else config_name(c))
-@pytest.mark.parametrize("name", ["gdn", "gdn_varlen_wy"])
-def test_qk_scores_every_config(name, config):
-    """GDN's scores made inside the scan (``qk_scores=True``) against the same scan reading them from
-    gdn's scores kernel (``A=``, GPU-tested against fla and fp64 in the chain): the same products and
-    rounding points (the scores rounded to bf16 before their product), so summation order only."""
-    from kernel_fun.gdn._kernels.scores import gated_scores
-
-    c = _case(gate="g", V=128, cu_seqlens=CU if "varlen" in name else None)
-    args = {**_args(c), "dv": None}
-    if name.endswith("wy"):
-        args.update(w=None, wy=c["wy"])
-    Aqk = gated_scores(c["q"], c["k"], c["g"], c["scale"], cu_seqlens=c["cu_seqlens"], chunk_indices=c["chunk_indices"])
-    want = state_scan_bwd(**args, A=Aqk, config=config)
-    got = state_scan_bwd(**args, qk_scores=True, config=config)
-    for n, o, e in zip(("dh", "dh0", "dv2"), got, want):
-        assert torch.isfinite(o).all(), n
-        assert rel_rms(o, e) < 1e-3, (n, rel_rms(o, e))

@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kernel_fun._delta.reference import wy_from_inverse_ref
 from kernel_fun.gdn.reference_stages import BT, _inverse, chunks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "delta"))
@@ -60,12 +59,6 @@ def gdn_gate_bwd(g, A_log, dt_bias, dyg):
     return dg.to(g.dtype), dA.view_as(A_log).to(A_log.dtype), db
 
 
-def recompute_w_u_fwd(k, v, beta, A, g=None, cu_seqlens=None, chunk_indices=None, **_):
-    """w = A diag(beta exp2(g)) K in k's dtype, u = A diag(beta) V in v's dtype (A as stored)."""
-    w, u = wy_from_inverse_ref(A, k, v, beta, g, BT, cu_seqlens)
-    return w.to(k.dtype), u.to(v.dtype)
-
-
 def _kkt_solve(k, g, beta, A, cu_seqlens, chunk_indices, T, H, HV, K, BT, BC, **_):
     """fla's ``chunk_gated_delta_rule_fwd_kkt_solve_kernel``: writes A = (I + StrictLower(diag(beta)
     K K^T * Gamma))^-1 in k's dtype into the zero-filled ``A`` (its upper triangle left unwritten)."""
@@ -95,7 +88,6 @@ STANDINS = {
     ("fla.ops.gated_delta_rule.gate", "gdn_gate_bwd"): gdn_gate_bwd,
     ("fla.ops.utils.cumsum", "chunk_local_cumsum"): chunk_local_cumsum,
     ("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_kkt_solve_kernel"): _Kernel(_kkt_solve),
-    ("fla.ops.gated_delta_rule.wy_fast", "recompute_w_u_fwd"): recompute_w_u_fwd,
 }
 
 

@@ -35,7 +35,6 @@ FLA_STAGES = {("fla.ops.gated_delta_rule.gate", "gdn_gate_chunk_cumsum"),
               ("fla.ops.gated_delta_rule.gate", "gdn_gate_bwd"),
               ("fla.ops.utils.cumsum", "chunk_local_cumsum"),
               ("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_kkt_solve_kernel"),
-              ("fla.ops.gated_delta_rule.wy_fast", "recompute_w_u_fwd"),
               ("fla.modules.norm.l2norm", "l2norm_fwd"), ("fla.modules.norm.l2norm", "l2norm_bwd"),
               ("fla.ops.common.gate", "fused_beta_sigmoid_fwd"), ("fla.ops.common.gate", "fused_beta_sigmoid_bwd"),
               ("fla.ops.utils.index", "prepare_chunk_indices"), ("fla.ops.utils.index", "prepare_chunk_offsets")}
@@ -48,16 +47,8 @@ def _standins(monkeypatch, clean_state, poison_outputs):
     return fla_standins.install(monkeypatch)
 
 
-@pytest.mark.parametrize("wy_backward", [False, True], ids=["shipped", "wy_qk_backward"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_chain_against_fp64_recurrence(name, wy_backward, _standins, monkeypatch):
-    """Both backwards: the shipped one (fla's w, u recomputed, gdn's scores kernel), and the one
-    prepared for the GPU (chain.WY_BACKWARD: w, u never formed; chain.QK_SCORES_IN_SCAN: the
-    scores made in the backward scan)."""
-    from kernel_fun.gdn import chain
-
-    monkeypatch.setattr(chain, "WY_BACKWARD", wy_backward)
-    monkeypatch.setattr(chain, "QK_SCORES_IN_SCAN", wy_backward)
+def test_chain_against_fp64_recurrence(name, _standins):
     c = dict(CASES[name])
     cu, neg = c.pop("cu", None), c.pop("neg", False)
     v_first = c.get("state_v_first", True)
@@ -78,12 +69,8 @@ def test_chain_against_fp64_recurrence(name, wy_backward, _standins, monkeypatch
     ours = _run(gdn.chunk_gated_delta_rule, t, do, dht, **flags)
     after = launch_counts()
     for stage in OURS:
-        if stage == "gdn.gated_scores" and wy_backward:
-            assert after.get(stage, 0) == before.get(stage, 0), stage
-            continue
         assert after.get(stage, 0) > before.get(stage, 0), stage
     assert set(_standins) <= FLA_STAGES, set(_standins) - FLA_STAGES
-    assert (("fla.ops.gated_delta_rule.wy_fast", "recompute_w_u_fwd") in _standins) == (not wy_backward)
     ref = _run(chunk_gated_delta_rule_ref, t, do.double(), dht.double(), **flags)
     errs = {n: _rel(ours[n], ref[n]) for n in ref if ref[n] is not None}
     print(name, {n: f"{e:.1e}" for n, e in errs.items()})

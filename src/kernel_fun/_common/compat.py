@@ -73,8 +73,6 @@ FLA_CALLS: tuple = (
     FlaCall("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_kkt_solve_kernel", kernel_args=(
         "k", "g", "beta", "A", "cu_seqlens", "chunk_indices", "T", "H", "HV", "K", "BT", "BC", "BK", "USE_G",
         "IS_VARLEN")),
-    FlaCall("fla.ops.gated_delta_rule.wy_fast", "recompute_w_u_fwd", (
-        "k", "v", "beta", "A", "g", "cu_seqlens", "chunk_indices")),
     # gnorm: the public op we route to.
     FlaCall("fla.modules.norm.fused_norm_gate", "rms_norm_gated", (
         "x", "g", "weight", "bias", "activation", "residual", "prenorm", "residual_in_fp32", "eps")),

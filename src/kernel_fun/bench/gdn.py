@@ -216,11 +216,12 @@ def probes(device: str, shape: dict | None = None) -> list:
           label="gdn gated_scores"),
     ]
     # The state scans with the scalar gate, as gdn/chain.py calls them (the forward twice: for o,
-    # then again writing h and v_new for the backward); w, u from the fp64 reference intra stage,
-    # so the scans meet the structure they meet in the chain.
+    # then again writing h and v_new for the backward; both from A, v, beta: w, u never formed);
+    # A from the fp64 reference intra stage, so the scans meet the structure they meet in the
+    # chain; its w, u feed the references.
     it = intra_ref(t["q"], t["k"], t["v"], beta, g=g, scale=scale, chunk_size=64, cu_seqlens=cu)
     w, u = it["w"].to(low), it["u"].to(low)
-    wy = (it["Akk"].to(low), t["v"], beta)  # the forward's form: v_new from A, v, beta (w, u never formed)
+    wy = (it["Akk"].to(low), t["v"], beta)
     h0 = r(N, HV, K, V) * 0.5
     dht = r(N, HV, K, V) * 0.5
     fwd = dict(g=g, scale=scale, initial_state=h0, chunk_size=64)
@@ -230,18 +231,14 @@ def probes(device: str, shape: dict | None = None) -> list:
         P("delta.state_scan_fwd", lambda c: state_scan_fwd(t["q"], t["k"], None, None, **fwd, output_final_state=True,
                                                            wy=wy, **scan_var, config=c)[:2],
           lambda: fwd_ref()[:2], ("o", "final_state"), module=scan_fwd_mod, label="gdn state_scan_fwd"),
-        P("delta.state_scan_fwd", lambda c: state_scan_fwd(t["q"], t["k"], w, u, **fwd, save_h=True, save_v_new=True,
-                                                           store_o=False, **scan_var, config=c)[2:],
-          lambda: fwd_ref()[2:], ("h", "v_new"), module=scan_fwd_mod, label="gdn state_scan_fwd",
-          note="saving h and v_new, no output (the backward's recompute)"),
         P("delta.state_scan_fwd", lambda c: state_scan_fwd(t["q"], t["k"], None, None, **fwd, save_h=True,
                                                            save_v_new=True, store_o=False, wy=wy, **scan_var,
                                                            config=c)[2:],
           lambda: fwd_ref()[2:], ("h", "v_new"), module=scan_fwd_mod, label="gdn state_scan_fwd",
-          note="the recompute with v_new from A, v, beta (chain.WY_BACKWARD, prepared)"),
+          note="saving h and v_new, no output (the backward's recompute)"),
     ]
     # The backward scan making dv from the gated scores (the reference's, so only the scan is
-    # under test), against the reference scan fed dv = tril(Aqk)^T do.
+    # under test) and dv2^T w from A and beta, against the reference scan fed w and dv = tril(Aqk)^T do.
     Aqk = R.gated_scores_ref(cpu["q"], cpu["k"], cpu["g"], scale, cu_seqlens=cu_cpu)
     Aqk_dev = Aqk.to(device, low)  # once: a copy inside the timed call would time the host link
 
@@ -251,20 +248,9 @@ def probes(device: str, shape: dict | None = None) -> list:
                                   scale=scale, cu_seqlens=cu_cpu, chunk_size=64)
 
     out.append(P("delta.state_scan_bwd", lambda c: state_scan_bwd(
-        t["q"], t["k"], w, t["do"], None, g=g, h0=h0, dht=dht, scale=scale, chunk_size=64, A=Aqk_dev,
-        **scan_var, config=c),
+        t["q"], t["k"], None, t["do"], None, g=g, h0=h0, dht=dht, scale=scale, chunk_size=64, A=Aqk_dev,
+        wy=(wy[0], beta), **scan_var, config=c),
         bwd_ref, ("dh", "dh0", "dv"), module=scan_bwd_mod, label="gdn state_scan_bwd"))
-    # The prepared forms (chain.WY_BACKWARD: w from A; chain.QK_SCORES_IN_SCAN: the scores made
-    # inside), each alone and both, so that a stage run prices each switch on its own.
-    for wy_on, qk_on, note in ((True, False, "w from A (chain.WY_BACKWARD, prepared)"),
-                               (False, True, "scores made inside (chain.QK_SCORES_IN_SCAN, prepared)"),
-                               (True, True, "scores made inside, w from A (both prepared switches)")):
-        form = dict(wy=(wy[0], beta)) if wy_on else {}
-        form |= dict(qk_scores=True) if qk_on else dict(A=Aqk_dev)
-        out.append(P("delta.state_scan_bwd", lambda c, form=form, w_in=None if wy_on else w: state_scan_bwd(
-            t["q"], t["k"], w_in, t["do"], None, g=g, h0=h0, dht=dht, scale=scale, chunk_size=64,
-            **form, **scan_var, config=c),
-            bwd_ref, ("dh", "dh0", "dv"), module=scan_bwd_mod, label="gdn state_scan_bwd", note=note))
     return out
 
 

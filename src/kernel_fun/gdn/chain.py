@@ -10,19 +10,17 @@ chain). The gate is kept as its chunk-local cumulative sum in log2 units (fla's 
 | l2norm of q, k; beta sigmoid | fla | fla |
 | gate (+ in-op activation) cumsum | fla ``gdn_gate_chunk_cumsum`` / ``chunk_local_cumsum`` | fla ``gdn_gate_bwd`` |
 | kkt + solve | fla's ``chunk_gated_delta_rule_fwd_kkt_solve_kernel`` (A only) | (A kept from the forward) |
-| w, u | never formed: the scan makes v_new from A, v, beta | fla ``recompute_w_u_fwd`` (the backward scan reads w) |
+| w, u | never formed: the scan makes v_new from A, v, beta | never formed: the recompute scan as the forward; the backward scan makes dv2^T w from A, beta |
 | state scan | ours (``_delta`` state_scan_fwd, o made inside, h never written) | ours: the forward scan again writing h and v_new; the gated scores (``gdn/_kernels/scores.py``); ``_delta`` state_scan_bwd making dv from them |
 | dq, dk, dw, dg + WY backward + reverse cumsum + group sum | | ours, two kernels (``gdn/_kernels/wy_dqkwg_bwd.py``: ``wy_dv_bwd`` then ``wy_dqk_bwd``) |
 
 fla's ``chunk_bwd_dqkwg`` (refused by fla on Hopper with Triton 3.4-3.7.0), ``prepare_wy_repr_bwd``,
-the forward's ``recompute_w_u_fwd``,
+``recompute_w_u_fwd``,
 ``chunk_bwd_dv_local``, ``chunk_gated_delta_rule_bwd_dhu``, ``chunk_gated_delta_rule_fwd_h``,
 ``chunk_fwd_o`` and the backward's ``chunk_local_cumsum`` never run. Timed against fla's chain:
 docs/gdn.md (the op bench's per-kernel table).
 """
 from __future__ import annotations
-
-import torch
 
 from .._common.compat import fla_symbol
 from .._common.tuning import alloc
@@ -59,28 +57,18 @@ def gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices
         g=g, chunk_size=BT, scale=RCP_LN2, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
 
 
-# The backward without fla's recompute_w_u: the recompute scan makes v_new from A, v, beta (as the
-# forward does) and the backward scan makes dv2^T w from A and beta. CPU-tested end to end
-# (tests/gdn/test_chain_cpu.py runs both settings); off until the GPU tests and the op bench have
-# run it (2026-12-02: prepared when the session's device time was spent).
-WY_BACKWARD = False
-# The backward scan making the gated scores itself from the q and k^T tiles it loads (one more
-# [BT, K] x [K, BT] product a chunk; sm_90a spills 0-184 B by config) in place of gdn's scores
-# kernel (0.167 ms at B=8 T=8192 H=16) and its [B, T, HV, BT] tensor. Prepared as WY_BACKWARD is.
-QK_SCORES_IN_SCAN = False
-
 
 def wy_inverse(k, gc, beta, cu_seqlens, chunk_indices):
     """A = (I + StrictLower(diag(beta) K K^T Gamma))^-1 ``[B, T, HV, BT]`` in k's dtype (above the
-    diagonal zero, or unwritten with ``WY_BACKWARD``): fla's fused kkt + solve kernel, launched as fla's
+    diagonal unwritten): fla's fused kkt + solve kernel, launched as fla's
     ``chunk_gated_delta_rule_fwd_intra`` launches it (which then also forms w and u: here the
-    scan forms v_new from A instead)."""
+    scans form v_new, and dv2^T w, from A instead)."""
     B, T, H, K = k.shape
     HV = beta.shape[2]
     chunk_indices, NT = chunking.chunk_grid("gdn", B, T, BT, cu_seqlens, chunk_indices)
-    # fla's kernel writes the ten blocks on and below the diagonal only. Our kernels never read
-    # above it (where-masked); fla's recompute_w_u multiplies the whole tile, so it needs zeros there.
-    A = (alloc if WY_BACKWARD else torch.zeros)((B, T, HV, BT), device=k.device, dtype=k.dtype)
+    # fla's kernel writes the ten blocks on and below the diagonal only (and, in a sequence's last
+    # chunk, the valid columns): the rest stays unwritten, and our kernels never read it (where-masked).
+    A = alloc((B, T, HV, BT), device=k.device, dtype=k.dtype)
     _fla("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_kkt_solve_kernel")[(NT, B * HV)](
         k=k, g=gc, beta=beta, A=A, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, T=T, H=H, HV=HV, K=K,
         BT=BT, BC=16)
@@ -106,28 +94,18 @@ def backward(q, k, v, gc, beta, A, scale, initial_state, do, dht, cu_seqlens, ch
     the (activated) beta, the per-token natural-log gate, and the initial state:
     ``(dq, dk, dv, dbeta fp32, dg fp32, dh0 or None)``."""
     # The forward scan again, now writing h (the state before each chunk) and v_new, and no
-    # output (store_o=False: no q read, half the products, no o written).
-    if WY_BACKWARD:  # w and u never formed (prepared: docs/gdn.md)
-        w, recompute, wy_bwd = None, dict(w=None, u=None, wy=(A, v, beta)), dict(wy=(A, beta))
-    else:
-        w, u = _fla("fla.ops.gated_delta_rule.wy_fast", "recompute_w_u_fwd")(
-            k=k, v=v, beta=beta, A=A, g=gc, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
-        recompute, wy_bwd = dict(w=w, u=u), {}
-        del u
+    # output (store_o=False: no q read, half the products, no o written); v_new from A, v, beta
+    # as in the forward, so w and u are never formed.
     _, _, h, v_new = state_scan_fwd(
-        q, k, **recompute, g=gc, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+        q, k, None, None, g=gc, wy=(A, v, beta), scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
         chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT, save_h=True, save_v_new=True,
         store_o=False)
-    del recompute  # u (w stays for the backward scan)
-    if QK_SCORES_IN_SCAN:
-        scores = dict(qk_scores=True)
-    else:
-        scores = dict(A=gated_scores(q, k, gc, scale, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
-                                     chunk_size=BT))
+    Aqk = gated_scores(q, k, gc, scale, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
+    # dv2^T w made from A and beta in the scan (w = A diag(beta gamma) K)
     dh, dh0, dv2 = state_scan_bwd(
-        q, k, w, do, None, g=gc, h0=initial_state, dht=dht, scale=scale, cu_seqlens=cu_seqlens,
-        chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, **scores, **wy_bwd)
-    del w, scores
+        q, k, None, do, None, g=gc, h0=initial_state, dht=dht, scale=scale, cu_seqlens=cu_seqlens,
+        chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, A=Aqk, wy=(A, beta))
+    del Aqk
     dq, dk, dv, db, dg = wy_dqkwg_bwd(q, k, v, v_new, gc, beta, A, h, dh, do, dv2, scale, cu_seqlens=cu_seqlens,
                                       chunk_indices=chunk_indices, chunk_size=BT)
     return dq, dk, dv, db, dg, dh0
