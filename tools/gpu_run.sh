@@ -10,6 +10,8 @@
 #        the delta scans are kda's and gdn's),
 #        cconv_diag (tools/cconv_diag.py timed, then under Nsight Compute),
 #        cconv_host (host cost against device time of the two forwards, tools/cconv_host.py),
+#        flashqla (installs the FlashQLA wheels carried in .whl_fq/ into /tmp/site, so that later
+#        steps' gdn_bench adds the *_vs_flashqla cases; runs tools/flashqla_probe.py),
 #        ncu_kda, ncu_gdn (Nsight Compute on the backward stage kernels, tools/stage_ncu.py;
 #        NCU_ARGS replaces its arguments), kda_variants (the
 #        shipped chain against fla's own chunk_kda and fp64; the one-anchor, score-gradient
@@ -148,6 +150,8 @@ for step in "$@"; do
       timeout "$T" "$NCU" --clock-control none --kernel-name-base demangled -k regex:'copy|conv_fwd|conv_bwd|dw_reduce' --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_read.sum,smsp__inst_executed.sum,lts__t_sector_hit_rate.pct python3 tools/cconv_diag.py --once > "$OUT/ncu_cconv.txt" 2>&1
       grep -E "launched|==ERR|  [a-z_]*(kernel|copy)|Duration|DRAM Throughput|dram__bytes|Registers Per|Achieved Occupancy|Theoretical Occupancy|Issued Warp|Eligible Warps|No Eligible|Stall|inst_executed|hit_rate" "$OUT/ncu_cconv.txt" | head -150 ;;
     gnorm_streams) timeout "$T" python3 tools/gnorm_streams.py "$OUT/gnorm_streams.json" 2>&1 | tee "$OUT/gnorm_streams.log" | tail -30 ;;
+    flashqla) python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl_fq/*.whl 2>&1 | tail -3
+      timeout "$T" python3 tools/flashqla_probe.py 2>&1 | tee "$OUT/flashqla.log" ;;
     cconv_host) timeout "$T" python3 tools/cconv_host.py "$OUT/cconv_host.json" 2>&1 | tee "$OUT/cconv_host.log" | tail -30 ;;
     stages_cconv|stages_kda|stages_gdn|stages_gnorm) fam=${step#stages_}
       timeout "$T" python3 -m kernel_fun bench --stages "$fam" ${STAGES_ARGS:-} --json "$OUT/stages_$fam.json" 2>&1 | tee "$OUT/stages_$fam.log" | tail -80 ;;

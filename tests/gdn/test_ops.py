@@ -188,3 +188,20 @@ def test_routed_training_call_carries_the_note(fla_calls, monkeypatch):
     assert not ok and reason.startswith("K=96") and "note: fla 0.6.0 itself refuses this call's backward" in reason
     with torch.no_grad():
         assert "note" not in gdn.is_supported(q, k, v, g, beta, **GATE)[1]
+
+
+def test_bench_adds_the_flashqla_cases_only_where_flash_qla_imports(monkeypatch):
+    """Issue 17's FlashQLA rows: `bench --family gdn` lists them when `flash_qla` is importable
+    (the case's baseline column is FlashQLA) and leaves them out, not failing, where it is not."""
+    import importlib.util
+
+    from kernel_fun.bench import gdn as bench_gdn
+
+    real = importlib.util.find_spec
+    rows = {"prod_b8_vs_flashqla", "grouped_h16_hv32_b4_vs_flashqla"}
+    for present in (False, True):
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda n, *a, p=present: (object() if p else None) if n == "flash_qla" else real(n, *a))
+        names = {n for n, _ in bench_gdn.cases()}
+        assert (rows <= names) if present else not (rows & names), (present, names)
+        assert {"prod_b8", "grouped_h16_hv32_b4", "varlen_16docs", "latency_b1_t4096"} <= names

@@ -118,8 +118,62 @@ def _case(name, B, T, H, HV, K, V, cu_seqlens=None, profile=False):
     return Case("gdn", name, shape, dirs, witness=("gdn.", "delta."))
 
 
+def _flashqla_case(name, B, T, H, HV, K, V):
+    """Ours against FlashQLA (QwenLM's TileLang GDN, the ``flash_qla`` package; in the record's
+    ``fla`` column) on the call FlashQLA supports: the gate precomputed in log space and beta
+    already activated (FlashQLA has neither in its kernels: fla's FlashQLA backend refuses
+    ``use_gate_in_kernel`` and ``use_beta_sigmoid_in_kernel``), l2norm in the op, the state V-first.
+    Both sides get the same leaf tensors; the gate and sigmoid are made once, outside the timing."""
+    import importlib.metadata
+
+    import flash_qla
+    import torch
+    import torch.nn.functional as F
+
+    from .. import gdn
+    from .._common.numerics import rel_rms as rel
+
+    t = _inputs(B, T, H, HV, K, V)
+    with torch.no_grad():
+        g = -t["A_log"].exp() * F.softplus(t["g"].float() + t["dt_bias"])  # fla's layer's gate, fp32
+        beta = t["beta"].sigmoid()
+    g.requires_grad_()
+    beta.requires_grad_()
+    do = torch.randn(B, T, HV, V, device="cuda", dtype=torch.bfloat16)
+    leaves = [t["q"], t["k"], t["v"], g, beta]
+
+    def call(fn):
+        return fn(t["q"], t["k"], t["v"], g, beta, use_qk_l2norm_in_kernel=True, state_v_first=True)[0]
+
+    def fwdbwd(fn):
+        return lambda: torch.autograd.grad(call(fn), leaves, do)
+
+    fq = flash_qla.chunk_gated_delta_rule
+    o_ours, o_fq = call(gdn.chunk_gated_delta_rule), call(fq)
+    parity = {"o": rel(o_ours, o_fq)}
+    for n, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), torch.autograd.grad(o_ours, leaves, do),
+                       torch.autograd.grad(o_fq, leaves, do)):
+        parity[n] = rel(a, b)
+    del o_ours, o_fq
+    extra = {"rel_err_vs_baseline": {k: float(f"{v:.3e}") for k, v in parity.items()},
+             "peak_MB": {"ours": _peak_mb(fwdbwd(gdn.chunk_gated_delta_rule)), "baseline": _peak_mb(fwdbwd(fq))},
+             "stages_ms": {"ours": stage_profile(fwdbwd(gdn.chunk_gated_delta_rule)),
+                           "baseline": stage_profile(fwdbwd(fq))},
+             "chain": chain_setup(),
+             "note": "the fla column is FlashQLA (flash_qla.chunk_gated_delta_rule, auto_cp default), not fla"}
+    dirs = [Direction("fwd", lambda: call(gdn.chunk_gated_delta_rule), lambda: call(fq)),
+            Direction("fwdbwd", fwdbwd(gdn.chunk_gated_delta_rule), fwdbwd(fq), extra=extra)]
+    shape = dict(B=B, T=T, H=H, HV=HV, K=K, V=V, dtype="bfloat16", use_qk_l2norm_in_kernel=True,
+                 use_gate_in_kernel=False, gate="precomputed fp32", beta="activated", state_v_first=True,
+                 baseline=f"flash_qla {importlib.metadata.version('flash_qla')}")
+    return Case("gdn", name, shape, dirs, witness=("gdn.", "delta."))
+
+
 def cases(overrides: dict | None = None):
-    """(name, build) pairs: issue 17's cases, or one ``custom`` case for ``--shape``."""
+    """(name, build) pairs: issue 17's cases (with FlashQLA's beside them where ``flash_qla`` is
+    importable), or one ``custom`` case for ``--shape``."""
+    import importlib.util
+
     from .cconv import _random_cu_seqlens
 
     if overrides:
@@ -132,7 +186,11 @@ def cases(overrides: dict | None = None):
         ("varlen_16docs", lambda: _case("varlen_16docs", 1, 65536, 16, 16, 128, 128,
                                         cu_seqlens=_random_cu_seqlens(65536, 16), profile=True)),
         ("latency_b1_t4096", lambda: _case("latency_b1_t4096", 1, 4096, 16, 16, 128, 128)),
-    ]
+    ] + ([  # FlashQLA (issue 17's anchor), only where it is installed: K = V = 128 only
+        ("prod_b8_vs_flashqla", lambda: _flashqla_case("prod_b8_vs_flashqla", 8, **PROD)),
+        ("grouped_h16_hv32_b4_vs_flashqla",
+         lambda: _flashqla_case("grouped_h16_hv32_b4_vs_flashqla", 4, 8192, 16, 32, 128, 128)),
+    ] if importlib.util.find_spec("flash_qla") is not None else [])
 
 
 # The stage probes' shapes: the check's (T not a multiple of 64, grouped values, fp32) and, for
