@@ -205,3 +205,74 @@ def test_bench_adds_the_flashqla_cases_only_where_flash_qla_imports(monkeypatch)
         names = {n for n, _ in bench_gdn.cases()}
         assert (rows <= names) if present else not (rows & names), (present, names)
         assert {"prod_b8", "grouped_h16_hv32_b4", "varlen_16docs", "latency_b1_t4096"} <= names
+
+
+def test_calls_fla_hands_to_flashqla_stay_with_fla(monkeypatch, fla_calls):
+    """Where FlashQLA is installed fla's own dispatch hands it the calls it supports (the
+    precomputed gate, beta activated, K = V = 128): those stay with fla, the reason says so and how
+    to give them to us (FLA_FLASH_QLA=0). fla's real registry and verifier, FlashQLA made
+    available, its hardware check passed."""
+    from fla.ops.gated_delta_rule.backends.flash_qla import FlashQLABackend
+
+    verifier = FlashQLABackend.chunk_gated_delta_rule_verifier
+    monkeypatch.setattr(FlashQLABackend, "is_available", classmethod(lambda cls: True))
+    monkeypatch.setattr("fla.ops.gated_delta_rule.backends.flash_qla.IS_NVIDIA_HOPPER", True)
+    q, k, v, g, beta = _inputs()
+    g = -torch.rand_like(g)
+    pre = dict(use_qk_l2norm_in_kernel=True, state_v_first=True)
+    ok, reason = gdn.is_supported(q, k, v, g, beta, **pre)
+    assert not ok and "flash_qla backend" in reason and "FLA_FLASH_QLA=0" in reason, reason
+    assert FlashQLABackend.chunk_gated_delta_rule_verifier is verifier
+    o, _ = gdn.chunk_gated_delta_rule(q, k, v, g, beta, **pre)
+    assert o == "fla-o" and len(fla_calls) == 1
+    # what FlashQLA refuses stays ours: the layer's call (gate and sigmoid in the op), K = 64
+    assert gdn.is_supported(q, k, v, g, beta, **LAYER) == (True, "")
+    q64, k64 = q[..., :64].contiguous(), k[..., :64].contiguous()
+    assert gdn.is_supported(q64, k64, v, g, beta, **pre) == (True, "")
+    monkeypatch.setenv("FLA_FLASH_QLA", "0")
+    assert gdn.is_supported(q, k, v, g, beta, **pre) == (True, "")
+
+
+def test_fla_backend_walk(monkeypatch):
+    """compat.fla_backend_taking walks fla's registry as fla's dispatch does: by priority, skipping
+    the unavailable, the disabled and the refusing; a registry of another shape routes to fla."""
+    import fla.backends
+
+    class Backend:
+        def __init__(self, name, available=True, enabled=True, accepts=True, env="FLA_X", impl=True):
+            self.backend_type, self.env_var = name, env
+            self._a, self._e, self._v, self._i = available, enabled, accepts, impl
+
+        def is_available(self):
+            return self._a
+
+        def is_enabled(self):
+            return self._e
+
+        def verify(self, function, **arguments):
+            assert function == "f" and arguments == {"q": 1}
+            return self._v, None
+
+        def get_implementation(self, function):
+            return (lambda: None) if self._i else None
+
+    class Registry:
+        def __init__(self, backends):
+            self.backends = backends
+
+        def _get_sorted_backends(self):
+            return self.backends
+
+    def walk(*backends):
+        monkeypatch.setattr(fla.backends, "_load_operation_registry", lambda operation: Registry(list(backends)))
+        return compat.fla_backend_taking("op", "f", {"q": 1})
+
+    assert walk() is None
+    assert walk(Backend("a", available=False), Backend("b", enabled=False), Backend("c", accepts=False),
+                Backend("d", impl=False)) is None
+    assert walk(Backend("a", accepts=False), Backend("b", env="FLA_B"), Backend("c")) == ("b", "FLA_B")
+    monkeypatch.setattr(fla.backends, "_load_operation_registry", lambda operation: object())
+    name, env = compat.fla_backend_taking("op", "f", {"q": 1})
+    assert name.startswith("unknown: fla's backend registry changed") and env == ""
+    monkeypatch.setattr(fla.backends, "_DISPATCH_DISABLED", True)
+    assert compat.fla_backend_taking("op", "f", {"q": 1}) is None

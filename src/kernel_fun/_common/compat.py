@@ -73,6 +73,9 @@ FLA_CALLS: tuple = (
     FlaCall("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_kkt_solve_kernel", kernel_args=(
         "k", "g", "beta", "A", "cu_seqlens", "chunk_indices", "T", "H", "HV", "K", "BT", "BC", "BK", "USE_G",
         "IS_VARLEN")),
+    # fla's backend dispatch (the registry fla's public ops consult before their Triton default):
+    # gdn asks it whether fla would hand a call to an installed backend (FlashQLA).
+    FlaCall("fla.backends", "_load_operation_registry", ("operation",)),
     # gnorm: the public op we route to.
     FlaCall("fla.modules.norm.fused_norm_gate", "rms_norm_gated", (
         "x", "g", "weight", "bias", "activation", "residual", "prenorm", "residual_in_fp32", "eps")),
@@ -212,6 +215,29 @@ def fla_symbol(module: str, symbol: str):
     obj = getattr(mod, symbol)
     # patch_fla() may have rebound this name to our drop-in: the fallback must reach fla's own
     return _patch.original(module, symbol, obj) if _patch.is_patched() else obj
+
+
+def fla_backend_taking(operation: str, function: str, arguments: dict) -> tuple[str, str] | None:
+    """``(backend_type, env_var)`` of the backend fla's own dispatch would hand this call to (e.g.
+    FlashQLA for ``gated_delta_rule``, when installed), or None when fla would run its Triton
+    default. The same walk as the wrapper ``fla.backends.dispatch`` puts around the public op:
+    backends by priority, available, enabled (their environment switch), their verifier accepting
+    the arguments, an implementation registered. A registry whose shape changed answers
+    ``("unknown: ...", "")``: the caller routes to fla, which then dispatches as it will."""
+    backends = importlib.import_module("fla.backends")
+    if getattr(backends, "_DISPATCH_DISABLED", False):
+        return None
+    try:
+        registry = fla_symbol("fla.backends", "_load_operation_registry")(operation=operation)
+        for backend in registry._get_sorted_backends():
+            if not (backend.is_available() and backend.is_enabled()):
+                continue
+            accepted, _ = backend.verify(function, **arguments)
+            if accepted and backend.get_implementation(function) is not None:
+                return backend.backend_type, backend.env_var or ""
+    except (AttributeError, TypeError) as exc:
+        return f"unknown: fla's backend registry changed ({type(exc).__name__}: {exc})", ""
+    return None
 
 
 from .. import patch as _patch  # noqa: E402  (patch imports compat only inside functions)

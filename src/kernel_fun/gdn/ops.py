@@ -13,7 +13,7 @@ from .._common import device as D
 from .._common import gate
 from .._common import hardware
 from .._common import report
-from .._common.compat import fla_symbol
+from .._common.compat import fla_backend_taking, fla_symbol
 from .._delta import frontend
 
 FAMILY = "gdn"
@@ -33,6 +33,13 @@ def _box(call: dict, extra: dict):
         return ok, reason
     if call["cu_seqlens"] is None and call["chunk_indices"] is not None:
         return False, "chunk_indices without cu_seqlens"
+    # A backend fla dispatches to (FlashQLA, where installed) keeps the calls it takes: a user
+    # who installed it expects its speed, and ours is not measured faster than it (docs/gdn.md).
+    taker = fla_backend_taking("gated_delta_rule", "chunk_gated_delta_rule", {**call, **extra})
+    if taker is not None:
+        name, env = taker
+        return False, (f"fla hands this call to its {name} backend (installed and enabled"
+                       + (f"; {env}=0 gives the call to kernel-fun" if env else "") + ")")
     return True, ""
 
 
