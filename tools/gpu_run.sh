@@ -18,7 +18,7 @@
 #        and dv-from-A stage tests)
 # candidates: the stage-level GPU tests that force every configuration, candidates included.
 # STAGES_ARGS is passed to the stages_* steps (e.g. STAGES_ARGS="--kernel cconv.fwd" with stages_cconv alone).
-# KDA_CASES="--case prod_b16 ..." picks kda bench cases; KDA_TEST_K="..." is passed to pytest -k.
+# KDA_CASES="--case prod_b16 ...", GDN_CASES, CCONV_CASES pick bench cases; KDA_TEST_K="..." is passed to pytest -k.
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
@@ -132,7 +132,7 @@ for step in "$@"; do
     doctor) timeout 120 python3 -m kernel_fun doctor ;;
     cconv_tests) timeout "$T" python3 -m pytest -m gpu tests/cconv -q -x -rs --durations=5 2>&1 | tee "$OUT/cconv_tests.log" | grep --line-buffered -vE "^\s*$" | tail -40 ;;
     cconv_runtime) timeout "$T" python3 -m pytest -m gpu tests/cconv/test_runtime_gpu.py -q -rs -s 2>&1 | tee "$OUT/cconv_runtime.log" | tail -40 ;;
-    cconv_bench) timeout "$T" python3 -m kernel_fun bench --family cconv --json "$OUT/cconv_bench.json" 2>&1 | tee "$OUT/cconv_bench.log" ;;
+    cconv_bench) timeout "$T" python3 -m kernel_fun bench --family cconv ${CCONV_CASES:-} --json "$OUT/cconv_bench.json" 2>&1 | tee "$OUT/cconv_bench.log" ;;
     delta_tests) timeout "$T" python3 -m pytest -m gpu tests/delta -q -x -rs 2>&1 | tee "$OUT/delta_tests.log" | tail -30 ;;
     kda_stage_tests) timeout "$T" python3 -m pytest -m gpu tests/kda/test_stage_kernels_gpu.py -q -x -rs 2>&1 | tee "$OUT/kda_stage_tests.log" | tail -30 ;;
     kda_tests) timeout "$T" python3 -m pytest -m gpu tests/kda/test_chain_gpu.py -q -rs -s ${KDA_TEST_K:+-k "$KDA_TEST_K"} 2>&1 | tee "$OUT/kda_tests.log" | tail -40 ;;
