@@ -10,6 +10,7 @@
 #        the delta scans are kda's and gdn's),
 #        cconv_diag (tools/cconv_diag.py timed, then under Nsight Compute),
 #        cconv_host (host cost against device time of the two forwards, tools/cconv_host.py),
+#        gdn_host (where gdn's host time per call goes: tools/gdn_host.py; GDN_HOST_SHAPE="B=4,T=4096,HV=32"),
 #        flashqla (installs the FlashQLA wheels carried in .whl_fq/ into /tmp/site, so that later
 #        steps' gdn_bench adds the *_vs_flashqla cases; runs tools/flashqla_probe.py),
 #        ncu_kda, ncu_gdn (Nsight Compute on the backward stage kernels, tools/stage_ncu.py;
@@ -152,6 +153,7 @@ for step in "$@"; do
     gnorm_streams) timeout "$T" python3 tools/gnorm_streams.py "$OUT/gnorm_streams.json" 2>&1 | tee "$OUT/gnorm_streams.log" | tail -30 ;;
     flashqla) python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl_fq/*.whl 2>&1 | tail -3
       timeout "$T" python3 tools/flashqla_probe.py 2>&1 | tee "$OUT/flashqla.log" ;;
+    gdn_host) timeout "$T" python3 tools/gdn_host.py "$OUT/gdn_host.json" ${GDN_HOST_SHAPE:-} 2>&1 | tee "$OUT/gdn_host.log" | tail -60 ;;
     cconv_host) timeout "$T" python3 tools/cconv_host.py "$OUT/cconv_host.json" 2>&1 | tee "$OUT/cconv_host.log" | tail -30 ;;
     stages_cconv|stages_kda|stages_gdn|stages_gnorm) fam=${step#stages_}
       timeout "$T" python3 -m kernel_fun bench --stages "$fam" ${STAGES_ARGS:-} --json "$OUT/stages_$fam.json" 2>&1 | tee "$OUT/stages_$fam.log" | tail -80 ;;
