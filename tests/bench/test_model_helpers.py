@@ -73,3 +73,9 @@ def test_fla_kernel_names_include_its_cached_autotuner_wrapped_kernels():
     for kernel in ("l2norm_bwd_kernel", "l2norm_fwd_kernel", "chunk_kda_bwd_kernel_intra"):
         assert kernel in names, kernel
     assert not names & {"torch", "triton"}
+
+
+def test_gpu_idle_is_the_step_less_its_kernels():
+    arm = {"median_step_ms": 54.37, "median_host_ms": 40.5,
+           "profile": {"by_kind_ms": {"ours": 12.975, "fla": 1.502, "torch_gemm": 18.779, "torch_other": 16.98}}}
+    assert model.gpu_idle_ms(arm) == {"step_ms": 54.37, "kernels_ms": 50.236, "idle_ms": 4.134, "host_ms": 40.5}

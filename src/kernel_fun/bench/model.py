@@ -14,8 +14,10 @@ in every arm:
 
 Reported per arm: median step time after warmup, first-step time (compile + autotune; whether
 Triton's on-disk cache was warm is recorded), peak memory, loss per step, step-0 gradient
-difference from fla per parameter group, launches of our kernels per family (the witness), and
-a per-kernel profile of one step (ours / fla's / torch GEMM / other).
+difference from fla per parameter group, launches of our kernels per family (the witness), a
+per-kernel profile of one step (ours / fla's / torch GEMM / other), the host's own time to
+enqueue a step and the GPU's idle time in it (``gpu_idle``: a host-bound step shows there), and,
+for our arm, a cProfile of one step's host work.
 """
 from __future__ import annotations
 
@@ -243,6 +245,24 @@ def prime_lazy_allocations(hidden: int) -> float:
     return round((torch.cuda.memory_allocated() - before) / 2**20, 1)
 
 
+def _host_profile(step, top: int = 30) -> str:
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    step()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    return buf.getvalue()
+
+
 def run_arm(arm: str, cfg: dict, init_state: dict, tokens, layer: str) -> dict:
     import torch
     import torch.nn.functional as F
@@ -258,7 +278,7 @@ def run_arm(arm: str, cfg: dict, init_state: dict, tokens, layer: str) -> dict:
         perturb_one_ulp(model.embed.weight, cfg["seed"] + 1)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=0.01)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    out = {"arm": arm, "loss": [], "step_ms": []}
+    out = {"arm": arm, "loss": [], "step_ms": [], "host_ms": []}
 
     def mark(phases, name):
         # phases: {name: (MB held at the phase's end, MB peak within it)} over ``base``
@@ -289,6 +309,9 @@ def run_arm(arm: str, cfg: dict, init_state: dict, tokens, layer: str) -> dict:
         for i in range(cfg["steps"]):
             t0 = time.perf_counter()
             loss, grads = step(record_grads=(i == 0))
+            # the host has enqueued the step (nothing in it waits for the GPU): from an idle GPU,
+            # this is the host's own time for a step, the floor of the step time it sets
+            out["host_ms"].append((time.perf_counter() - t0) * 1e3)
             out["loss"].append(float(loss.detach()))  # a sync: the step is done
             torch.cuda.synchronize()
             out["step_ms"].append((time.perf_counter() - t0) * 1e3)
@@ -311,6 +334,8 @@ def run_arm(arm: str, cfg: dict, init_state: dict, tokens, layer: str) -> dict:
         out["launches"] = {fam: sum(v for k, v in launched.items() if k.startswith(fam + "."))
                            for fam in FAMILIES}
         out["profile"] = _profile_step(lambda: step())
+        if arm == "ours":  # where that host time goes (cProfile of one step, own time per function)
+            out["host_profile"] = _host_profile(step)
     out["step"] = step  # kept for the interleaved timing of the ours and fla arms
     return out
 
@@ -360,6 +385,16 @@ def summarize_profile(rows: list, ours: set, fla: set) -> dict:
     return {"by_kind_ms": {k: round(v, 3) for k, v in by.items()}, "kernels": kernels}
 
 
+def gpu_idle_ms(arm: dict) -> dict:
+    """How much of an arm's median step the GPU spends without a kernel: the median step less the
+    profiled step's kernel time (one stream, so the kernels do not overlap), beside the host's
+    own time to enqueue a step (``host_ms``: a step at or near it is host-bound). Where the host,
+    not the GPU, sets the pace (launch and Python costs), this is what a host cut can win."""
+    busy = sum(arm["profile"]["by_kind_ms"].values())
+    return {"step_ms": arm["median_step_ms"], "kernels_ms": round(busy, 3),
+            "idle_ms": round(arm["median_step_ms"] - busy, 3), "host_ms": arm.get("median_host_ms")}
+
+
 def main(layer: str, overrides: dict, json_path: str | None) -> int:
     import torch
 
@@ -388,8 +423,10 @@ def main(layer: str, overrides: dict, json_path: str | None) -> int:
         a = arms[arm]
         timed = a["step_ms"][cfg["warmup"]:]
         a["median_step_ms"] = round(statistics.median(timed), 3)
+        a["median_host_ms"] = round(statistics.median(a["host_ms"][cfg["warmup"]:]), 3)
         a["first_step_s"] = round(a["step_ms"][0] / 1e3, 2)
-        print(f"  {arm:9s} median step {a['median_step_ms']:9.2f} ms  first step {a['first_step_s']:7.2f} s  "
+        print(f"  {arm:9s} median step {a['median_step_ms']:9.2f} ms (host {a['median_host_ms']:.2f})  "
+              f"first step {a['first_step_s']:7.2f} s  "
               f"peak {a['peak_mb']:9.1f} MB  launches {a['launches']}  ({time.perf_counter() - t0:.0f} s)",
               flush=True)
     inter = interleaved_step_ms(arms, layer)
@@ -420,6 +457,7 @@ def main(layer: str, overrides: dict, json_path: str | None) -> int:
         "peak_steady_mb": {"fla": f.get("peak_steady_mb"), "ours": o.get("peak_steady_mb")},
         "memory_by_phase_mb": {"fla": f.get("memory_by_phase_mb"), "ours": o.get("memory_by_phase_mb")},
         "first_step_s": {"fla": f["first_step_s"], "ours": o["first_step_s"]},
+        "gpu_idle": {"fla": gpu_idle_ms(f), "ours": gpu_idle_ms(o)},
         "disabled_equals_fla_bitwise": bitwise,
         "engaged": {fam: n > 0 for fam, n in o["launches"].items()},
         "grad_diff_over_noise_floor": {
@@ -431,6 +469,7 @@ def main(layer: str, overrides: dict, json_path: str | None) -> int:
     print(f"step speedup {summary['step_speedup']}x; replaced kernels {summary['replaced_kernels_ms']} ms "
           f"({summary['replaced_kernels_speedup']}x); peak {summary['peak_mb']} MB; disabled == fla bitwise: "
           f"{bitwise}; engaged {summary['engaged']}", flush=True)
+    print(f"GPU idle in the median step (step less its kernels): {summary['gpu_idle']}", flush=True)
     print(f"loss fla    {[round(x, 4) for x in f['loss']]}", flush=True)
     print(f"loss ours   {[round(x, 4) for x in o['loss']]}", flush=True)
     print(f"step-0 grad diff / noise floor per group: {summary['grad_diff_over_noise_floor']}", flush=True)
