@@ -11,8 +11,9 @@
 #        cconv_diag (tools/cconv_diag.py timed, then under Nsight Compute),
 #        cconv_host (host cost against device time of the two forwards, tools/cconv_host.py),
 #        gdn_host (where gdn's host time per call goes: tools/gdn_host.py; GDN_HOST_SHAPE="B=4,T=4096,HV=32"),
-#        flashqla (installs the FlashQLA wheels carried in .whl_fq/ into /tmp/site, so that later
-#        steps' gdn_bench adds the *_vs_flashqla cases; runs tools/flashqla_probe.py),
+#        flashqla (installs the FlashQLA wheels carried in .whl_fq/ into /tmp/site_fq, on this step's
+#        path only; runs tools/flashqla_probe.py, then the gdn bench's *_vs_flashqla cases:
+#        FLASHQLA_CASES replaces the --case list; STEP_TIMEOUT applies to each of the two),
 #        ncu_kda, ncu_gdn (Nsight Compute on the backward stage kernels, tools/stage_ncu.py;
 #        NCU_ARGS replaces its arguments), kda_variants (the
 #        shipped chain against fla's own chunk_kda and fp64; the one-anchor, score-gradient
@@ -151,8 +152,14 @@ for step in "$@"; do
       timeout "$T" "$NCU" --clock-control none --kernel-name-base demangled -k regex:'copy|conv_fwd|conv_bwd|dw_reduce' --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_read.sum,smsp__inst_executed.sum,lts__t_sector_hit_rate.pct python3 tools/cconv_diag.py --once > "$OUT/ncu_cconv.txt" 2>&1
       grep -E "launched|==ERR|  [a-z_]*(kernel|copy)|Duration|DRAM Throughput|dram__bytes|Registers Per|Achieved Occupancy|Theoretical Occupancy|Issued Warp|Eligible Warps|No Eligible|Stall|inst_executed|hit_rate" "$OUT/ncu_cconv.txt" | head -150 ;;
     gnorm_streams) timeout "$T" python3 tools/gnorm_streams.py "$OUT/gnorm_streams.json" 2>&1 | tee "$OUT/gnorm_streams.log" | tail -30 ;;
-    flashqla) python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl_fq/*.whl 2>&1 | tail -3
-      timeout "$T" python3 tools/flashqla_probe.py 2>&1 | tee "$OUT/flashqla.log" ;;
+    flashqla) # FlashQLA in a folder of its own, on the path of this step only: where flash_qla imports,
+      # fla's own dispatch hands it the calls it takes and ours routes those to fla (docs/gdn.md),
+      # which would change what other steps' tests and benches run
+      python3 -m pip install -q --no-index --no-deps --target /tmp/site_fq .whl_fq/*.whl 2>&1 | tail -3
+      ( export PYTHONPATH=/tmp/site_fq:$PYTHONPATH
+        timeout "$T" python3 tools/flashqla_probe.py 2>&1 | tee "$OUT/flashqla.log"
+        timeout "$T" python3 -m kernel_fun bench --family gdn ${FLASHQLA_CASES:---case prod_b8_vs_flashqla --case grouped_h16_hv32_b4_vs_flashqla} \
+          --json "$OUT/gdn_flashqla.json" 2>&1 | tee "$OUT/gdn_flashqla.log" ) ;;
     gdn_host) timeout "$T" python3 tools/gdn_host.py "$OUT/gdn_host.json" ${GDN_HOST_SHAPE:-} 2>&1 | tee "$OUT/gdn_host.log" | tail -60 ;;
     cconv_host) timeout "$T" python3 tools/cconv_host.py "$OUT/cconv_host.json" 2>&1 | tee "$OUT/cconv_host.log" | tail -30 ;;
     stages_cconv|stages_kda|stages_gdn|stages_gnorm) fam=${step#stages_}
