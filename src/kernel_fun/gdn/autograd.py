@@ -3,7 +3,7 @@
 Saved for backward: the l2-normalized q and k with their rstd, v, the raw gate input and the
 chunk-local cumulative gate (fp32 ``[B, T, HV]``, small), raw and activated beta, A_log,
 dt_bias, the initial state, and the WY inverse A ``[B, T, HV, 64]`` (as fla saves them).
-w, u, h and v_new are recomputed in the backward. Both directions run under
+h and v_new are recomputed in the backward (w, u are never formed). Both directions run under
 ``on_device(q.device)`` (Triton launches on the current device; ``_common/device.py``).
 """
 from __future__ import annotations
