@@ -223,3 +223,53 @@ def test_against_fla_forward_at_production_heads():
         o_fla, _ = fla_symbol("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")(
             t["q"], t["k"], t["v"], t["g"], t["beta"], **kw)
     assert _rel(o, o_fla) < 5e-3
+
+
+# chain.FUSED_INPUTS (prepared): the inputs' stages in one launch of ours each way. The chain with
+# it on, end to end against fp64 with the same ceilings, in the cases that exercise its branches
+# (grouped with a state, the negative eigenvalues' beta scale, the precomputed gate, packed
+# documents with a one-token one); then each kernel's every config against fla's own stages.
+@pytest.mark.parametrize("name", ["layer_grouped", "strong_decay_negeig", "precomputed_gate", "varlen_1tok"])
+def test_fused_inputs_against_fp64_naive_recurrence(name, monkeypatch):
+    from kernel_fun._common.witness import launch_counts
+    from kernel_fun.gdn import chain
+
+    monkeypatch.setattr(chain, "FUSED_INPUTS", True)
+    before = {n: launch_counts().get(n, 0) for n in ("gdn.inputs_fwd", "gdn.inputs_bwd")}
+    test_against_fp64_naive_recurrence(name)
+    assert all(launch_counts().get(n, 0) > c for n, c in before.items()), before
+
+
+@pytest.mark.parametrize("config", [None] + __import__("kernel_fun.gdn._kernels.inputs_fwd", fromlist=["x"]).CONFIGS,
+                         ids=lambda c: "autotuned" if c is None else config_name(c))
+def test_fused_inputs_every_config_against_fla_stages(config):
+    """Forward and backward kernels (the same config index) against fla's l2norm, beta sigmoid
+    and gate stages on the layer's bf16 call: column-slice q, k, grouped values."""
+    from kernel_fun._common.compat import fla_symbol
+    from kernel_fun.gdn import chain
+    from kernel_fun.gdn._kernels import inputs_bwd as ib
+    from kernel_fun.gdn._kernels.inputs_fwd import CONFIGS, inputs_fwd
+
+    bwd_config = None if config is None else ib.CONFIGS[CONFIGS.index(config)]
+    B, T, H, HV, K = 2, 1000, 2, 4, 128
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    r = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    buf = r(B, T, 3 * H * K).bfloat16()
+    q, k = (buf[..., i * H * K:(i + 1) * H * K].view(B, T, H, K) for i in (0, 1))
+    g, beta = r(B, T, HV).bfloat16(), r(B, T, HV).bfloat16()
+    A_log, dt = torch.rand(HV, device="cuda", generator=gen), r(HV)
+    ours = inputs_fwd(q, k, g, beta, A_log, dt, True, True, 2.0, chain.RCP_LN2, config=config)
+    l2 = fla_symbol("fla.modules.norm.l2norm", "l2norm_fwd")
+    (qf, qr), (kf, kr) = l2(q.contiguous()), l2(k.contiguous())
+    gf = fla_symbol("fla.ops.gated_delta_rule.gate", "gdn_gate_chunk_cumsum")(
+        g=g, A_log=A_log, chunk_size=64, scale=chain.RCP_LN2, dt_bias=dt)
+    bf = fla_symbol("fla.ops.common.gate", "fused_beta_sigmoid_fwd")(beta, scale=2.0)
+    for n, a, b in zip(("q", "q_rstd", "k", "k_rstd", "gc", "beta"), ours, (qf, qr, kf, kr, gf, bf)):
+        assert _rel(a.float(), b.float()) < (2e-3 if n in ("q", "k") else 1e-4), (n, _rel(a.float(), b.float()))
+    dq, dk, db, dg = r(B, T, H, K).bfloat16(), r(B, T, H, K).bfloat16(), r(B, T, HV), r(B, T, HV)
+    got = ib.inputs_bwd(qf, qr, dq, kf, kr, dk, beta, db, True, 2.0, g, A_log, dt, dg, True, config=bwd_config)
+    l2b = fla_symbol("fla.modules.norm.l2norm", "l2norm_bwd")
+    want = (l2b(qf, qr, dq), l2b(kf, kr, dk), fla_symbol("fla.ops.common.gate", "fused_beta_sigmoid_bwd")(beta, db, scale=2.0),
+            *fla_symbol("fla.ops.gated_delta_rule.gate", "gdn_gate_bwd")(g=g, A_log=A_log, dt_bias=dt, dyg=dg))
+    for n, a, b in zip(("dq", "dk", "dbeta", "dg", "dA_log", "ddt_bias"), got, want):
+        assert _rel(a.float(), b.float()) < 2e-3, (n, _rel(a.float(), b.float()))

@@ -145,3 +145,101 @@ def _chunk_cols(B, T, HV, cu_t):
     for b, s, e, _ in R.chunks(B, T, cu_t):
         m[b, s:e, :, :e - s] = True
     return m
+
+
+# The inputs' stages in one launch each way (chain.FUSED_INPUTS, prepared), against autograd of
+# the plain fp64 functions: the l2norm of q and k (through their strides: the fused q/k/v conv's
+# column slices), beta's sigmoid (times 2: allow_neg_eigval), the in-op gate and its chunk-local
+# cumsum (log2 units), or a precomputed gate; the backward's sums toward dA_log and ddt_bias.
+INPUT_CASES = {  # (B, T, H, HV, K, cu_seqlens, gate_in_kernel, strided)
+    "grouped": (2, 100, 2, 4, 64, None, True, False),
+    "varlen_1tok": (1, 150, 1, 2, 64, [0, 37, 38, 150], True, False),
+    "column_slices": (1, 70, 2, 2, 128, None, True, True),
+    "precomputed_gate": (2, 70, 1, 2, 64, None, False, False),
+}
+
+
+def _inputs_case(name, dtype):
+    from kernel_fun._delta import chunking
+
+    B, T, H, HV, K, cu, gate_in, strided = INPUT_CASES[name]
+    torch.manual_seed(0)
+    if strided:
+        buf = torch.randn(B, T, 3 * H * K, dtype=torch.float64)
+        q64, k64 = (buf[..., i * H * K:(i + 1) * H * K].view(B, T, H, K) for i in (0, 1))
+    else:
+        q64, k64 = torch.randn(B, T, H, K, dtype=torch.float64), torch.randn(B, T, H, K, dtype=torch.float64)
+    q64, k64 = q64.to(dtype).double(), k64.to(dtype).double()  # the values the kernel sees
+    g64 = torch.randn(B, T, HV).to(dtype).double() if gate_in else -torch.rand(B, T, HV, dtype=torch.float64)
+    b64 = torch.randn(B, T, HV).to(dtype).double()
+    A_log, dt = torch.rand(HV, dtype=torch.float64), torch.randn(HV, dtype=torch.float64)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.long)
+    idx = None if cu_t is None else chunking.chunk_meta(cu_t, 64, None)[0]
+    low = dict(q=(buf.to(dtype)[..., :H * K].view(B, T, H, K) if strided else q64.to(dtype)),
+               k=(buf.to(dtype)[..., H * K:2 * H * K].view(B, T, H, K) if strided else k64.to(dtype)),
+               g=g64.to(dtype) if gate_in else g64.float(), beta=b64.to(dtype), A_log=A_log.float(), dt_bias=dt.float())
+    return (B, T, H, HV, K, cu_t, idx, gate_in), dict(q=q64, k=k64, g=g64, beta=b64, A_log=A_log, dt_bias=dt), low
+
+
+def _inputs_ref(x, gate_in, cu_t):
+    """fp64 (q, k normalized, beta 2 sigmoid, the gate's chunk-local cumsum in log2 units)."""
+    B, T, HV = x["g"].shape
+    qn = x["q"] / torch.sqrt((x["q"] ** 2).sum(-1, keepdim=True) + 1e-6)
+    kn = x["k"] / torch.sqrt((x["k"] ** 2).sum(-1, keepdim=True) + 1e-6)
+    gate = -x["A_log"].exp() * torch.nn.functional.softplus(x["g"] + x["dt_bias"]) if gate_in else x["g"]
+    gc = torch.cat([torch.cat([gate[b, c:min(c + 64, e)].cumsum(0) for c in range(s, e, 64)])[None]
+                    for b, s, e in ((b, s, e) for b in range(B) for s, e in
+                                    ([(0, T)] if cu_t is None else zip(cu_t[:-1].tolist(), cu_t[1:].tolist())))], 1)
+    gc = gc.view(B, T, HV) / math.log(2.0)
+    return qn, kn, 2.0 * torch.sigmoid(x["beta"]), gc
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("name", list(INPUT_CASES))
+def test_inputs_fwd(name, dtype, tol):
+    from kernel_fun.gdn._kernels.inputs_fwd import inputs_fwd
+
+    (B, T, H, HV, K, cu_t, idx, gate_in), x, low = _inputs_case(name, dtype)
+    before = launch_counts().get("gdn.inputs_fwd", 0)
+    q, q_rstd, k, k_rstd, gc, beta = inputs_fwd(low["q"], low["k"], low["g"], low["beta"], low["A_log"],
+                                                low["dt_bias"], gate_in, True, 2.0, 1 / math.log(2.0), cu_t, idx)
+    assert launch_counts()["gdn.inputs_fwd"] == before + 1
+    qn, kn, b, g = _inputs_ref(x, gate_in, cu_t)
+    for n, got, want in (("q", q, qn), ("k", k, kn), ("beta", beta, b), ("gc", gc, g),
+                         ("q_rstd", q_rstd, qn[..., 0] / x["q"][..., 0]), ("k_rstd", k_rstd, kn[..., 0] / x["k"][..., 0])):
+        assert got.is_contiguous() and torch.isfinite(got).all(), n
+        assert rel_rms(got.double(), want) < tol, (n, rel_rms(got.double(), want))
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("name", list(INPUT_CASES))
+def test_inputs_bwd(name, dtype, tol):
+    """dg in: the gradient of the per-token natural-log gate (as the chain returns it); out: the
+    gradients of the raw gate input, A_log, dt_bias (in-op gate), or dg as given (precomputed)."""
+    from kernel_fun.gdn._kernels.inputs_bwd import inputs_bwd
+
+    (B, T, H, HV, K, cu_t, idx, gate_in), x, low = _inputs_case(name, dtype)
+    lv = {n: x[n].clone().requires_grad_() for n in ("q", "k", "g", "beta", "A_log", "dt_bias")}
+    qn = lv["q"] / torch.sqrt((lv["q"] ** 2).sum(-1, keepdim=True) + 1e-6)
+    kn = lv["k"] / torch.sqrt((lv["k"] ** 2).sum(-1, keepdim=True) + 1e-6)
+    beta = 2.0 * torch.sigmoid(lv["beta"])
+    gate = -lv["A_log"].exp() * torch.nn.functional.softplus(lv["g"] + lv["dt_bias"])
+    torch.manual_seed(1)
+    dqn, dkn, dbeta, dg = (torch.randn_like(t) for t in (qn, kn, beta, gate))
+    outs, gos, wrt = [qn, kn, beta], [dqn, dkn, dbeta], ["q", "k", "beta"]
+    if gate_in:
+        outs, gos, wrt = outs + [gate], gos + [dg], wrt + ["g", "A_log", "dt_bias"]
+    want = dict(zip(wrt, torch.autograd.grad(outs, [lv[n] for n in wrt], gos)))
+    if not gate_in:
+        want["g"] = dg
+    before = launch_counts().get("gdn.inputs_bwd", 0)
+    got = inputs_bwd(qn.detach().to(dtype), (qn[..., 0] / x["q"][..., 0]).detach().float(), dqn.to(dtype),
+                     kn.detach().to(dtype), (kn[..., 0] / x["k"][..., 0]).detach().float(), dkn.to(dtype), low["beta"],
+                     dbeta.float(), True, 2.0, low["g"], low["A_log"], low["dt_bias"], dg.float(), gate_in, cu_t, idx)
+    assert launch_counts()["gdn.inputs_bwd"] == before + 1
+    for n, g_ in zip(["q", "k", "beta", "g", "A_log", "dt_bias"], got):
+        if n not in want:
+            assert g_ is None, n
+            continue
+        assert torch.isfinite(g_).all(), n
+        assert rel_rms(g_.double(), want[n]) < tol, (n, rel_rms(g_.double(), want[n]))

@@ -22,16 +22,23 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
                 use_qk_l2norm, use_gate_in_kernel, use_beta_sigmoid, allow_neg_eigval,
                 cu_seqlens, cu_seqlens_cpu, chunk_indices, signature):
         dtype, dev = q.dtype, q.device
+        fused = chain.FUSED_INPUTS and use_qk_l2norm
         with D.on_device(dev):
-            q, q_rstd, k, k_rstd, v, g, beta_raw, beta, beta_scale = inputs.prepare(
-                q, k, v, g, beta, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval)
+            if fused:  # the inputs' stages in one launch of ours (prepared: chain.FUSED_INPUTS)
+                q, q_rstd, k, k_rstd, v, g, beta_raw, beta, beta_scale, gc, chunk_indices = chain.inputs_forward(
+                    q, k, v, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid, allow_neg_eigval,
+                    cu_seqlens, cu_seqlens_cpu, chunk_indices)
+            else:
+                q, q_rstd, k, k_rstd, v, g, beta_raw, beta, beta_scale = inputs.prepare(
+                    q, k, v, g, beta, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval)
+                gc = None
             o, final_state, gc, A, chunk_indices, chunk_offsets = chain.forward(
                 q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
-                use_gate_in_kernel, cu_seqlens, cu_seqlens_cpu, chunk_indices)
+                use_gate_in_kernel, cu_seqlens, cu_seqlens_cpu, chunk_indices, gc=gc)
             o = o.to(dtype)
         ctx.save_for_backward(q, q_rstd, k, k_rstd, v, g, gc, beta_raw, beta, A, A_log, dt_bias,
                               initial_state, cu_seqlens, chunk_indices, chunk_offsets)
-        ctx.flags = (scale, use_gate_in_kernel, use_beta_sigmoid, beta_scale)
+        ctx.flags = (scale, use_gate_in_kernel, use_beta_sigmoid, beta_scale, fused)
         ctx.signature = signature
         if not capture.is_capturing():
             capture.mark_warm("gdn", signature, "fwd", dev)
@@ -41,19 +48,24 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     def backward(ctx, do, dht):
         (q, q_rstd, k, k_rstd, v, g, gc, beta_raw, beta, A, A_log, dt_bias, initial_state, cu_seqlens,
          chunk_indices, chunk_offsets) = ctx.saved_tensors
-        scale, use_gate_in_kernel, use_beta_sigmoid, beta_scale = ctx.flags
+        scale, use_gate_in_kernel, use_beta_sigmoid, beta_scale, fused = ctx.flags
         with D.on_device(q.device):
             dq, dk, dv, db, dg, dh0 = chain.backward(
                 q, k, v, gc, beta, A, scale, initial_state, do.contiguous(), dht, cu_seqlens, chunk_indices,
                 chunk_offsets)
-            if q_rstd is not None:
-                dq = inputs.l2norm_bwd(q, q_rstd, dq)
-                dk = inputs.l2norm_bwd(k, k_rstd, dk)
-            if use_beta_sigmoid:
-                db = inputs.beta_sigmoid_bwd(beta_raw, db, beta_scale)
             dA_log = ddt_bias = None
-            if use_gate_in_kernel:
-                dg, dA_log, ddt_bias = chain.gate_bwd(g, A_log, dt_bias, dg)
+            if fused:
+                dq, dk, db, dg, dA_log, ddt_bias = chain.inputs_backward(
+                    q, q_rstd, dq, k, k_rstd, dk, beta_raw, db, use_beta_sigmoid, beta_scale, g, A_log, dt_bias, dg,
+                    use_gate_in_kernel, cu_seqlens, chunk_indices)
+            else:
+                if q_rstd is not None:
+                    dq = inputs.l2norm_bwd(q, q_rstd, dq)
+                    dk = inputs.l2norm_bwd(k, k_rstd, dk)
+                if use_beta_sigmoid:
+                    db = inputs.beta_sigmoid_bwd(beta_raw, db, beta_scale)
+                if use_gate_in_kernel:
+                    dg, dA_log, ddt_bias = chain.gate_bwd(g, A_log, dt_bias, dg)
             grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), db.to(beta_raw.dtype))
         if not capture.is_capturing():
             capture.mark_warm("gdn", ctx.signature, "bwd", q.device)

@@ -7,7 +7,7 @@ chain). The gate is kept as its chunk-local cumulative sum in log2 units (fla's 
 
 | stage | forward | backward |
 |---|---|---|
-| l2norm of q, k; beta sigmoid | fla | fla |
+| l2norm of q, k; beta sigmoid | fla (``FUSED_INPUTS``, prepared: ours, one launch with the gate) | fla (prepared: ours, one launch) |
 | gate (+ in-op activation) cumsum | fla ``gdn_gate_chunk_cumsum`` / ``chunk_local_cumsum`` | fla ``gdn_gate_bwd`` |
 | kkt + solve | fla's ``chunk_gated_delta_rule_fwd_kkt_solve_kernel`` (A only) | (A kept from the forward) |
 | w, u | never formed: the scan makes v_new from A, v, beta | never formed: the recompute scan as the forward; the backward scan makes dv2^T w from A, beta |
@@ -28,6 +28,8 @@ from .._common.tuning import alloc
 from .._delta import chunking
 from .._delta._kernels.state_scan_bwd import state_scan_bwd
 from .._delta._kernels.state_scan_fwd import state_scan_fwd
+from ._kernels.inputs_bwd import inputs_bwd
+from ._kernels.inputs_fwd import inputs_fwd
 from ._kernels.scores import gated_scores
 from ._kernels.wy_dqkwg_bwd import wy_dqkwg_bwd
 
@@ -58,6 +60,37 @@ def gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices
 
 
 
+# The inputs' stages (l2norm of q and k, beta sigmoid, the gate and its chunk cumsum; their
+# backward) in one launch each direction, ours (``_kernels/inputs_fwd.py``, ``inputs_bwd.py``), in
+# place of fla's four kernels and four wrappers each way and the copies of strided q, k: fewer host
+# launches (the model step idles on the host: docs/model.md). CPU-tested end to end
+# (tests/gdn/test_chain_cpu.py runs both settings); off until the GPU tests and the op bench and
+# the model have run it (2026-12-02: prepared when the session's device time was spent).
+FUSED_INPUTS = False
+
+
+def inputs_forward(q, k, v, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid, allow_neg_eigval,
+                   cu_seqlens, cu_seqlens_cpu, chunk_indices):
+    """``inputs.prepare``'s returns with the l2norm of q and k (always: the fused path is taken
+    only with ``use_qk_l2norm``), plus the cumulative gate ``gc`` and the chunk indices:
+    ``(q, q_rstd, k, k_rstd, v, g, beta_raw, beta, beta_scale, gc, chunk_indices)``."""
+    chunk_indices, _ = chunk_meta(cu_seqlens, cu_seqlens_cpu, chunk_indices)
+    beta_scale = 2.0 if allow_neg_eigval else 1.0
+    q, q_rstd, k, k_rstd, gc, beta_act = inputs_fwd(
+        q, k, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid, beta_scale, RCP_LN2,
+        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
+    beta = beta.contiguous()
+    return (q, q_rstd, k, k_rstd, v.contiguous(), g.contiguous(), beta, beta_act if use_beta_sigmoid else beta,
+            beta_scale, gc, chunk_indices)
+
+
+def inputs_backward(q, q_rstd, dq, k, k_rstd, dk, beta_raw, dbeta, use_beta_sigmoid, beta_scale, g, A_log, dt_bias,
+                    dg, use_gate_in_kernel, cu_seqlens, chunk_indices):
+    """``(dq, dk, dbeta, dg, dA_log, ddt_bias)`` through the stages ``inputs_forward`` ran."""
+    return inputs_bwd(q, q_rstd, dq, k, k_rstd, dk, beta_raw, dbeta, use_beta_sigmoid, beta_scale, g, A_log, dt_bias,
+                      dg, use_gate_in_kernel, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
+
+
 def wy_inverse(k, gc, beta, cu_seqlens, chunk_indices):
     """A = (I + StrictLower(diag(beta) K K^T Gamma))^-1 ``[B, T, HV, BT]`` in k's dtype (above the
     diagonal unwritten): fla's fused kkt + solve kernel, launched as fla's
@@ -76,12 +109,13 @@ def wy_inverse(k, gc, beta, cu_seqlens, chunk_indices):
 
 
 def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_gate_in_kernel,
-            cu_seqlens, cu_seqlens_cpu, chunk_indices=None):
+            cu_seqlens, cu_seqlens_cpu, chunk_indices=None, gc=None):
     """q, k already l2-normalized and beta already activated where the call asks.
     Returns (o, final_state, gc, A, chunk_indices, chunk_offsets): gc the cumulative gate and A
     the WY inverse, both kept for the backward."""
     chunk_indices, chunk_offsets = chunk_meta(cu_seqlens, cu_seqlens_cpu, chunk_indices)
-    gc = gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices)
+    if gc is None:  # else made with the inputs (inputs_forward)
+        gc = gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices)
     A = wy_inverse(k, gc, beta, cu_seqlens, chunk_indices)
     o, final_state, _, _ = state_scan_fwd(
         q, k, None, None, g=gc, wy=(A, v, beta), scale=scale, initial_state=initial_state, output_final_state=output_final_state,

@@ -1,0 +1,131 @@
+"""GDN's inputs, backward, in one launch (and one sum): the l2norm backward of q and k, beta's
+sigmoid backward and the in-op gate's backward, where fla's entry runs ``l2norm_bwd`` twice,
+``fused_beta_sigmoid_bwd`` and ``gdn_gate_bwd`` (a kernel and two sums).
+
+Per chunk (BT = 64 tokens) and value head (grid (NT, B x HV)), as fla's kernels compute them:
+
+    dbeta_raw = dbeta * beta_scale * s (1 - s),   s = sigmoid(beta_raw)
+    x = g_raw + dt_bias,  dg_raw = -exp(A_log) * sigmoid(x) * dg,
+    dA_log += sum_t dg * (-exp(A_log) softplus(x)),  ddt_bias += sum_t dg_raw
+
+(dg: the gradient of the per-token natural-log gate, as the chain returns it). The sums toward
+dA_log and ddt_bias are written per program, ``[chunks, 2, HV]`` fp32, and summed by one
+``sum(0)`` (a fixed order: no atomics). The group's first value head also makes its qk head's
+``dx = rstd (dy - y sum(dy y))`` for q and k (y the normalized rows), as fla's ``l2norm_bwd``.
+Prepared behind ``gdn.chain.FUSED_INPUTS`` (off) with ``inputs_fwd.py``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
+    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch, next_pow2)
+from kernel_fun._common.witness import record_launch
+from kernel_fun._delta.chunking import chunk_program
+
+install_interpreter_shims()
+
+# The first is the interpreter's. Not yet timed on a GPU.
+CONFIGS = [triton.Config({}, num_warps=nw) for nw in (4, 2, 8)]
+CANDIDATES: list = []
+
+
+@triton.jit
+def _l2norm_bwd_rows(y, rstd, dy, dx, row0, i_h, n_valid, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                     BT: tl.constexpr):
+    """dx of rows ``row0 .. + BT`` of head ``i_h`` (all ``[B, T, H, K]`` contiguous)."""
+    o_i = tl.arange(0, BT)
+    o_k = tl.arange(0, KP)
+    m_t = o_i < n_valid
+    m = m_t[:, None] & (o_k < K)[None, :]
+    p = (row0 + o_i)[:, None] * (H * K) + i_h * K + o_k[None, :]
+    b_y = tl.load(y + p, mask=m, other=0.0).to(tl.float32)
+    b_dy = tl.load(dy + p, mask=m, other=0.0).to(tl.float32)
+    b_r = tl.load(rstd + (row0 + o_i) * H + i_h, mask=m_t, other=0.0)
+    b_dx = (b_dy - b_y * tl.sum(b_dy * b_y, axis=1)[:, None]) * b_r[:, None]
+    tl.store(dx + p, b_dx.to(dx.dtype.element_ty), mask=m)
+
+
+@triton.jit(do_not_specialize=["T"])
+def inputs_bwd_kernel(
+    q, q_rstd, dq, dq_out, k, k_rstd, dk, dk_out,  # [B, T, H, K] (q, k normalized), rstd [B, T, H]
+    beta, dbeta, dbeta_out,  # [B, T, HV]: raw beta, the gradient of the activated one (fp32), out
+    g, A_log, dt_bias, dg, dg_out,  # [B, T, HV] raw gate input; [HV]; [HV]; fp32 [B, T, HV]; out
+    part,  # [chunks, 2, HV] fp32 out: per program, the sums toward dA_log and ddt_bias
+    cu_seqlens, chunk_indices,
+    T,
+    beta_scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr,
+    GATE_IN_KERNEL: tl.constexpr, HAS_DT_BIAS: tl.constexpr, BETA_SIGMOID: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    _, i_hv, i_h, i_tg, row0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
+    o_i = tl.arange(0, BT)
+    m_t = o_i < n_valid
+    p = row0 * HV + i_hv + o_i * HV
+    if BETA_SIGMOID:
+        b_s = tl.sigmoid(tl.load(beta + p, mask=m_t, other=0.0).to(tl.float32))
+        b_db = tl.load(dbeta + p, mask=m_t, other=0.0).to(tl.float32)
+        tl.store(dbeta_out + p, (b_db * beta_scale * b_s * (1.0 - b_s)).to(dbeta_out.dtype.element_ty), mask=m_t)
+    if GATE_IN_KERNEL:
+        b_x = tl.load(g + p, mask=m_t, other=0.0).to(tl.float32)
+        if HAS_DT_BIAS:
+            b_x += tl.load(dt_bias + i_hv).to(tl.float32)
+        b_na = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+        m_sm = b_x < 20.0
+        b_e = tl.exp(tl.where(m_sm, b_x, 0.0))
+        b_sp = tl.where(m_sm, tl.log(1.0 + b_e), b_x)
+        b_sig = tl.where(m_sm, b_e / (1.0 + b_e), 1.0)
+        b_dyg = tl.load(dg + p, mask=m_t, other=0.0).to(tl.float32)
+        b_dg = tl.where(m_t, b_na * b_sig * b_dyg, 0.0)
+        tl.store(dg_out + p, b_dg.to(dg_out.dtype.element_ty), mask=m_t)
+        tl.store(part + (i_tg * 2) * HV + i_hv, tl.sum(tl.where(m_t, b_dyg * (b_na * b_sp), 0.0), axis=0))
+        tl.store(part + (i_tg * 2 + 1) * HV + i_hv, tl.sum(b_dg, axis=0))
+    if i_hv % (HV // H) == 0:  # the group's first value head: its qk head's rows
+        _l2norm_bwd_rows(q, q_rstd, dq, dq_out, row0, i_h, n_valid, H, K, KP, BT)
+        _l2norm_bwd_rows(k, k_rstd, dk, dk_out, row0, i_h, n_valid, H, K, KP, BT)
+
+
+inputs_bwd_kernel_tuned = triton.autotune(
+    configs=autotune_configs(CONFIGS), **autotune_cache(),
+    key=["H", "HV", "K", "BT", "GATE_IN_KERNEL", "HAS_DT_BIAS", "BETA_SIGMOID", "IS_VARLEN"],
+)(inputs_bwd_kernel)
+
+
+def inputs_bwd(q, q_rstd, dq, k, k_rstd, dk, beta, dbeta, beta_sigmoid: bool, beta_scale: float, g, A_log, dt_bias,
+               dg, gate_in_kernel: bool, cu_seqlens=None, chunk_indices=None, chunk_size: int = 64,
+               *, config: triton.Config | None = None):
+    """``(dq, dk, dbeta, dg, dA_log, ddt_bias)``: the gradients through the l2norm of q and k (q, k
+    the normalized ``[B, T, H, K]``, dq, dk those of the normalized), beta's sigmoid (with
+    ``beta_sigmoid``; else dbeta as given) and the in-op gate (with ``gate_in_kernel``; else dg as
+    given, dA_log and ddt_bias None), in q's, beta's and g's dtypes, dA_log and ddt_bias in A_log's
+    and dt_bias's. One launch and one sum."""
+    B, T, H, K = q.shape
+    HV = g.shape[2]
+    BT = chunk_size
+    is_varlen = cu_seqlens is not None
+    NT = len(chunk_indices) if is_varlen else cdiv(T, BT)
+    q, dq, k, dk, beta, dbeta, g, dg = (x.contiguous() for x in (q, dq, k, dk, beta, dbeta, g, dg))
+    dq_out, dk_out = alloc(q.shape, dtype=q.dtype, device=q.device), alloc(k.shape, dtype=k.dtype, device=k.device)
+    dbeta_out = alloc(beta.shape, dtype=beta.dtype, device=q.device) if beta_sigmoid else dbeta
+    dg_out = alloc(g.shape, dtype=g.dtype, device=q.device) if gate_in_kernel else dg
+    n_chunks = NT if is_varlen else B * NT
+    part = alloc((n_chunks, 2, HV), dtype=torch.float32, device=q.device) if gate_in_kernel else None
+    dummy = q_rstd
+    has_bias = gate_in_kernel and dt_bias is not None
+    launch(inputs_bwd_kernel_tuned, (NT, B * HV), config,
+           q=q, q_rstd=q_rstd, dq=dq, dq_out=dq_out, k=k, k_rstd=k_rstd, dk=dk, dk_out=dk_out,
+           beta=beta, dbeta=dbeta, dbeta_out=dbeta_out, g=g, A_log=A_log if gate_in_kernel else dummy,
+           dt_bias=dt_bias if has_bias else dummy, dg=dg, dg_out=dg_out, part=part if gate_in_kernel else dummy,
+           cu_seqlens=cu_seqlens if is_varlen else dummy, chunk_indices=chunk_indices if is_varlen else dummy, T=T,
+           beta_scale=float(beta_scale), H=H, HV=HV, K=K, KP=max(16, next_pow2(K)), BT=BT,
+           GATE_IN_KERNEL=bool(gate_in_kernel), HAS_DT_BIAS=has_bias, BETA_SIGMOID=bool(beta_sigmoid),
+           IS_VARLEN=is_varlen)
+    record_launch("gdn.inputs_bwd")
+    dA_log = ddt_bias = None
+    if gate_in_kernel:
+        sums = part.sum(0)  # [2, HV], a fixed order
+        dA_log = sums[0].view_as(A_log).to(A_log.dtype)
+        ddt_bias = sums[1].to(dt_bias.dtype) if dt_bias is not None else None
+    return dq_out, dk_out, dbeta_out, dg_out, dA_log, ddt_bias

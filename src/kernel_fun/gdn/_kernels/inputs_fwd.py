@@ -1,0 +1,130 @@
+"""GDN's inputs, forward, in one launch: the l2norm of q and k, beta's sigmoid and the gate with its
+chunk-local cumulative sum, where fla's entry runs four kernels (``l2norm_fwd`` twice,
+``fused_beta_sigmoid_fwd``, ``gdn_gate_chunk_cumsum``) behind four Python wrappers, after
+``.contiguous()`` copies of q and k (GatedDeltaNet's fused q/k/v conv hands over column slices of
+one buffer; here q and k are read through their strides).
+
+Per chunk (BT = 64 tokens) and value head (grid (NT, B x HV), ``_delta.chunking.chunk_program``):
+
+    beta   = beta_scale * sigmoid(beta_raw)                  (fp32; or beta as given)
+    gate   = -exp(A_log) * softplus(g + dt_bias)            (or g as given: the precomputed gate)
+    gc     = gate_scale * cumsum_within_chunk(gate)          (fp32, log2 units with gate_scale = log2 e)
+
+and the first value head of each qk head's group also normalizes that head's q and k rows:
+``y = x / sqrt(sum(x^2) + eps)`` in x's dtype, ``rstd`` fp32, as fla's ``l2norm_fwd``. softplus as
+fla's (x past 20 taken as is; fla evaluates it with approximate exp2/log2, this with exp/log).
+Prepared behind ``gdn.chain.FUSED_INPUTS`` (off) until the GPU tests and the op bench have run it.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
+    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch, next_pow2)
+from kernel_fun._common.witness import record_launch
+from kernel_fun._delta.chunking import chunk_program
+
+install_interpreter_shims()
+
+# The first is the interpreter's. Not yet timed on a GPU.
+CONFIGS = [triton.Config({}, num_warps=nw) for nw in (4, 2, 8)]
+CANDIDATES: list = []
+
+
+@triton.jit
+def _l2norm_rows(x, y, rstd, row0, t_local, i_h, s_t, s_h, s_b, i_b, eps, n_valid,
+                 H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr):
+    """Rows ``t_local .. + BT`` of head ``i_h`` of x (strides ``s_b, s_t, s_h``; the last is 1)
+    normalized into the contiguous ``y [B, T, H, K]``, their rstd into ``rstd [B, T, H]``."""
+    o_i = tl.arange(0, BT)
+    o_k = tl.arange(0, KP)
+    m = (o_i < n_valid)[:, None] & (o_k < K)[None, :]
+    b_x = tl.load(x + i_b * s_b + (t_local + o_i)[:, None] * s_t + i_h * s_h + o_k[None, :], mask=m,
+                  other=0.0).to(tl.float32)
+    b_r = 1.0 / tl.sqrt(tl.sum(b_x * b_x, axis=1) + eps)
+    tl.store(y + (row0 + o_i)[:, None] * (H * K) + i_h * K + o_k[None, :], (b_x * b_r[:, None]).to(y.dtype.element_ty),
+             mask=m)
+    tl.store(rstd + (row0 + o_i) * H + i_h, b_r, mask=o_i < n_valid)
+
+
+@triton.jit(do_not_specialize=["T"])
+def inputs_fwd_kernel(
+    q, k,  # [B, T, H, K], any strides with the last 1
+    g,  # [B, T, HV]: the raw gate input (GATE_IN_KERNEL) or the per-token log gate
+    beta,  # [B, T, HV]: raw (BETA_SIGMOID) or as given (then not read)
+    A_log, dt_bias,  # [HV] fp32 (GATE_IN_KERNEL; dt_bias when HAS_DT_BIAS)
+    q_out, q_rstd, k_out, k_rstd,  # [B, T, H, K] in q's dtype; [B, T, H] fp32
+    gc,  # [B, T, HV] fp32 out: the chunk-local cumulative gate times gate_scale
+    beta_out,  # [B, T, HV] fp32 out (BETA_SIGMOID)
+    cu_seqlens, chunk_indices,
+    T,
+    s_qb, s_qt, s_qh, s_kb, s_kt, s_kh,
+    gate_scale, beta_scale, eps,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr,
+    GATE_IN_KERNEL: tl.constexpr, HAS_DT_BIAS: tl.constexpr, BETA_SIGMOID: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    i_b, i_hv, i_h, _, row0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
+    o_i = tl.arange(0, BT)
+    m_t = o_i < n_valid
+    p = row0 * HV + i_hv + o_i * HV
+    b_g = tl.load(g + p, mask=m_t, other=0.0).to(tl.float32)
+    if GATE_IN_KERNEL:
+        if HAS_DT_BIAS:
+            b_g += tl.load(dt_bias + i_hv).to(tl.float32)
+        b_sp = tl.where(b_g < 20.0, tl.log(1.0 + tl.exp(tl.where(b_g < 20.0, b_g, 0.0))), b_g)
+        b_g = -tl.exp(tl.load(A_log + i_hv).to(tl.float32)) * b_sp
+    b_g = tl.where(m_t, b_g, 0.0)
+    tl.store(gc + p, tl.cumsum(b_g, axis=0) * gate_scale, mask=m_t)
+    if BETA_SIGMOID:
+        b_b = tl.load(beta + p, mask=m_t, other=0.0).to(tl.float32)
+        tl.store(beta_out + p, beta_scale * tl.sigmoid(b_b), mask=m_t)
+    if i_hv % (HV // H) == 0:  # the group's first value head normalizes its qk head's rows
+        t_local = row0 - i_b * T  # the token within its batch row (varlen: B == 1, so row0)
+        _l2norm_rows(q, q_out, q_rstd, row0, t_local, i_h, s_qt, s_qh, s_qb, i_b, eps, n_valid, H, K, KP, BT)
+        _l2norm_rows(k, k_out, k_rstd, row0, t_local, i_h, s_kt, s_kh, s_kb, i_b, eps, n_valid, H, K, KP, BT)
+
+
+inputs_fwd_kernel_tuned = triton.autotune(
+    configs=autotune_configs(CONFIGS), **autotune_cache(),
+    key=["H", "HV", "K", "BT", "GATE_IN_KERNEL", "HAS_DT_BIAS", "BETA_SIGMOID", "IS_VARLEN"],
+)(inputs_fwd_kernel)
+
+
+def inputs_fwd(q, k, g, beta, A_log, dt_bias, gate_in_kernel: bool, beta_sigmoid: bool, beta_scale: float,
+               gate_scale: float, cu_seqlens=None, chunk_indices=None, chunk_size: int = 64, eps: float = 1e-6,
+               *, config: triton.Config | None = None):
+    """``(q, q_rstd, k, k_rstd, gc, beta)``: q, k ``[B, T, H, K]`` (any strides, the last 1)
+    l2-normalized into contiguous tensors of their dtype with fp32 rstd ``[B, T, H]``; gc ``[B, T,
+    HV]`` fp32, the chunk-local cumulative sum of the gate (``-exp(A_log) softplus(g + dt_bias)``
+    with ``gate_in_kernel``, else g itself) times ``gate_scale``; beta ``beta_scale *
+    sigmoid(beta)`` in fp32 with ``beta_sigmoid``, else beta as given. One launch."""
+    B, T, H, K = q.shape
+    HV = g.shape[2]
+    BT = chunk_size
+    if tuple(k.shape) != (B, T, H, K) or tuple(g.shape) != (B, T, HV) or tuple(beta.shape) != (B, T, HV) or HV % H:
+        raise ValueError(f"inputs_fwd: q {tuple(q.shape)} k {tuple(k.shape)} g {tuple(g.shape)} "
+                         f"beta {tuple(beta.shape)}")
+    q, k = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k))
+    g, beta = g.contiguous(), beta.contiguous()
+    is_varlen = cu_seqlens is not None
+    NT = len(chunk_indices) if is_varlen else cdiv(T, BT)
+    q_out, k_out = alloc((B, T, H, K), dtype=q.dtype, device=q.device), alloc((B, T, H, K), dtype=k.dtype,
+                                                                            device=k.device)
+    q_rstd, k_rstd = (alloc((B, T, H), dtype=torch.float32, device=q.device) for _ in range(2))
+    gc = alloc((B, T, HV), dtype=torch.float32, device=q.device)
+    beta_out = alloc((B, T, HV), dtype=torch.float32, device=q.device) if beta_sigmoid else beta
+    dummy = gc
+    launch(inputs_fwd_kernel_tuned, (NT, B * HV), config,
+           q=q, k=k, g=g, beta=beta, A_log=A_log if gate_in_kernel else dummy,
+           dt_bias=dt_bias if (gate_in_kernel and dt_bias is not None) else dummy,
+           q_out=q_out, q_rstd=q_rstd, k_out=k_out, k_rstd=k_rstd, gc=gc, beta_out=beta_out,
+           cu_seqlens=cu_seqlens if is_varlen else dummy, chunk_indices=chunk_indices if is_varlen else dummy, T=T,
+           s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2),
+           gate_scale=float(gate_scale), beta_scale=float(beta_scale), eps=float(eps),
+           H=H, HV=HV, K=K, KP=max(16, next_pow2(K)), BT=BT, GATE_IN_KERNEL=bool(gate_in_kernel),
+           HAS_DT_BIAS=bool(gate_in_kernel and dt_bias is not None), BETA_SIGMOID=bool(beta_sigmoid),
+           IS_VARLEN=is_varlen)
+    record_launch("gdn.inputs_fwd")
+    return q_out, q_rstd, k_out, k_rstd, gc, beta_out
