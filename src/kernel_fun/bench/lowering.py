@@ -354,6 +354,29 @@ def gdn_wy_dqk(full):
     yield from _gdn_specs("gdn_wy_dqk", m, m.wy_dqk_bwd_kernel, full, grouped=True)
 
 
+def gdn_inputs(full):
+    """The inputs' kernels (chain.FUSED_INPUTS, prepared) at the layer's call: H = 16, HV = 32,
+    K = 128, bf16 q/k/g/beta, fp32 A_log/dt_bias/rstd/gc/beta/dbeta/dg; full: packed documents, the
+    precomputed gate without the sigmoid."""
+    from kernel_fun.gdn._kernels import inputs_bwd as b
+    from kernel_fun.gdn._kernels import inputs_fwd as f
+
+    fp32 = ("A_log", "dt_bias", "q_rstd", "k_rstd", "gc", "beta_out", "dbeta", "dg", "part")
+    flags = [dict(GATE_IN_KERNEL=True, HAS_DT_BIAS=True, BETA_SIGMOID=True, IS_VARLEN=False)]
+    if full:
+        flags += [dict(GATE_IN_KERNEL=True, HAS_DT_BIAS=True, BETA_SIGMOID=True, IS_VARLEN=True),
+                  dict(GATE_IN_KERNEL=False, HAS_DT_BIAS=False, BETA_SIGMOID=False, IS_VARLEN=False)]
+    for name, m, kernel in (("fwd", f, f.inputs_fwd_kernel), ("bwd", b, b.inputs_bwd_kernel)):
+        fn = _jit_fn(kernel)
+        ptr = {n: ("*fp32" if n in fp32 else "*bf16") for n in fn.arg_names}
+        ptr.update({n: "i32" for n in ptr if n == "T" or n.startswith("s_")},
+                   **{n: "fp32" for n in ("gate_scale", "beta_scale", "eps") if n in ptr},
+                   cu_seqlens="*i64", chunk_indices="*i64")
+        for cfg, fl in itertools.product(m.CONFIGS + (m.CANDIDATES if full else []), flags):
+            c = dict(H=16, HV=32, K=128, KP=128, BT=64, **fl, **cfg.kwargs)
+            yield f"gdn_inputs {name} {fl} {cfg_label(cfg)}", fn, ptr, c, cfg
+
+
 def gnorm(full):
     """gnorm's three kernels at the production widths (V = 128, 256), bf16 activations, fp32
     weight/bias/rstd. Shipped: every autotuner config (each a tile shape) at the layers' call
@@ -401,7 +424,8 @@ def gnorm(full):
 
 SPECS = {"intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,
            "state_scan_bwd": state_scan_bwd, "score_grad": score_grad, "gate_bwd": gate_bwd, "cconv": cconv,
-           "gdn_scores": gdn_scores, "gdn_wy_dv": gdn_wy_dv, "gdn_wy_dqk": gdn_wy_dqk, "gnorm": gnorm}
+           "gdn_scores": gdn_scores, "gdn_wy_dv": gdn_wy_dv, "gdn_wy_dqk": gdn_wy_dqk, "gdn_inputs": gdn_inputs,
+           "gnorm": gnorm}
 
 
 def discover() -> dict:
