@@ -13,6 +13,8 @@ kind; the families only classify calls and wire the stages together.
 - ``_kernels.state_scan_fwd``: the forward state scan that also produces ``o``.
 - ``_kernels.state_scan_bwd``: the backward state scan (state gradients and the full dv).
 - ``_kernels.score_grad``: the score gradient dAqk alone (with a precomputed Aqk: KDA).
+- ``gate``: the in-op gate ``-exp(A_log) softplus(g_raw + dt_bias)`` and its backward, as
+  Triton helpers (KDA's gate backward, GDN's inputs kernels).
 - ``chunking``: chunk metadata of packed documents (``cu_seqlens``), the grids, and what one
   program of a chunk-parallel stage or of a scan owns.
 

@@ -25,16 +25,16 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         fused = chain.FUSED_INPUTS and use_qk_l2norm
         with D.on_device(dev):
             if fused:  # the inputs' stages in one launch of ours (prepared: chain.FUSED_INPUTS)
-                q, q_rstd, k, k_rstd, v, g, beta_raw, beta, beta_scale, gc, chunk_indices = chain.inputs_forward(
+                q, q_rstd, k, k_rstd, v, g, beta_raw, beta, beta_scale, *prepared = chain.inputs_forward(
                     q, k, v, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid, allow_neg_eigval,
                     cu_seqlens, cu_seqlens_cpu, chunk_indices)
             else:
                 q, q_rstd, k, k_rstd, v, g, beta_raw, beta, beta_scale = inputs.prepare(
                     q, k, v, g, beta, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval)
-                gc = None
+                prepared = None
             o, final_state, gc, A, chunk_indices, chunk_offsets = chain.forward(
                 q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
-                use_gate_in_kernel, cu_seqlens, cu_seqlens_cpu, chunk_indices, gc=gc)
+                use_gate_in_kernel, cu_seqlens, cu_seqlens_cpu, chunk_indices, prepared=prepared)
             o = o.to(dtype)
         ctx.save_for_backward(q, q_rstd, k, k_rstd, v, g, gc, beta_raw, beta, A, A_log, dt_bias,
                               initial_state, cu_seqlens, chunk_indices, chunk_offsets)

@@ -59,7 +59,6 @@ def gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices
         g=g, chunk_size=BT, scale=RCP_LN2, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
 
 
-
 # The inputs' stages (l2norm of q and k, beta sigmoid, the gate and its chunk cumsum; their
 # backward) in one launch each direction, ours (``_kernels/inputs_fwd.py``, ``inputs_bwd.py``), in
 # place of fla's four kernels and four wrappers each way and the copies of strided q, k: fewer host
@@ -72,16 +71,16 @@ FUSED_INPUTS = False
 def inputs_forward(q, k, v, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid, allow_neg_eigval,
                    cu_seqlens, cu_seqlens_cpu, chunk_indices):
     """``inputs.prepare``'s returns with the l2norm of q and k (always: the fused path is taken
-    only with ``use_qk_l2norm``), plus the cumulative gate ``gc`` and the chunk indices:
-    ``(q, q_rstd, k, k_rstd, v, g, beta_raw, beta, beta_scale, gc, chunk_indices)``."""
-    chunk_indices, _ = chunk_meta(cu_seqlens, cu_seqlens_cpu, chunk_indices)
+    only with ``use_qk_l2norm``), plus the cumulative gate ``gc`` and the chunk metadata for
+    ``forward``: ``(q, q_rstd, k, k_rstd, v, g, beta_raw, beta, beta_scale, gc, chunk_indices,
+    chunk_offsets)``."""
+    chunk_indices, chunk_offsets = chunk_meta(cu_seqlens, cu_seqlens_cpu, chunk_indices)
     beta_scale = 2.0 if allow_neg_eigval else 1.0
+    g, beta = g.contiguous(), beta.contiguous()  # saved raw for the backward (the kernel reads them so)
     q, q_rstd, k, k_rstd, gc, beta_act = inputs_fwd(
         q, k, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid, beta_scale, RCP_LN2,
         cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
-    beta = beta.contiguous()
-    return (q, q_rstd, k, k_rstd, v.contiguous(), g.contiguous(), beta, beta_act if use_beta_sigmoid else beta,
-            beta_scale, gc, chunk_indices)
+    return q, q_rstd, k, k_rstd, v.contiguous(), g, beta, beta_act, beta_scale, gc, chunk_indices, chunk_offsets
 
 
 def inputs_backward(q, q_rstd, dq, k, k_rstd, dk, beta_raw, dbeta, use_beta_sigmoid, beta_scale, g, A_log, dt_bias,
@@ -109,12 +108,15 @@ def wy_inverse(k, gc, beta, cu_seqlens, chunk_indices):
 
 
 def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_gate_in_kernel,
-            cu_seqlens, cu_seqlens_cpu, chunk_indices=None, gc=None):
+            cu_seqlens, cu_seqlens_cpu, chunk_indices=None, prepared=None):
     """q, k already l2-normalized and beta already activated where the call asks.
+    ``prepared``: ``(gc, chunk_indices, chunk_offsets)`` as ``inputs_forward`` made them.
     Returns (o, final_state, gc, A, chunk_indices, chunk_offsets): gc the cumulative gate and A
     the WY inverse, both kept for the backward."""
-    chunk_indices, chunk_offsets = chunk_meta(cu_seqlens, cu_seqlens_cpu, chunk_indices)
-    if gc is None:  # else made with the inputs (inputs_forward)
+    if prepared is not None:
+        gc, chunk_indices, chunk_offsets = prepared
+    else:
+        chunk_indices, chunk_offsets = chunk_meta(cu_seqlens, cu_seqlens_cpu, chunk_indices)
         gc = gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices)
     A = wy_inverse(k, gc, beta, cu_seqlens, chunk_indices)
     o, final_state, _, _ = state_scan_fwd(

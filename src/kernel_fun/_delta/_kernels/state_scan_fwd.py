@@ -559,8 +559,8 @@ def state_scan_fwd(
 
     ``wy=(A, v, beta)`` in place of ``w, u`` (pass ``None, None``; GDN and the plain rule, not
     the per-channel gate): A ``[B, T, HV, BT]`` the WY inverse (I + StrictLower(diag(beta) K K^T
-    Gamma))^-1 as fla's ``chunk_gated_delta_rule_fwd_intra`` returns it (only its lower triangle,
-    diagonal included, is read), v ``[B, T, HV, V]``, beta ``[B, T, HV]``. The scan then never
+    Gamma))^-1 as fla's kkt + solve kernel writes it (``gdn.chain.wy_inverse``; only its lower
+    triangle, diagonal included, is read), v ``[B, T, HV, V]``, beta ``[B, T, HV]``. The scan then never
     reads w = A diag(beta gamma) K and u = A diag(beta) V: per chunk it forms
     v_new = A diag(beta) (v - diag(gamma) K S) (one more [BT, BT] x [BT, BV] product, one rounding
     point, of the bracket, instead of w's and u's), so fla's ``recompute_w_u`` need not run.

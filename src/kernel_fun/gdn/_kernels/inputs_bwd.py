@@ -24,6 +24,7 @@ from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kerne
     alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch, next_pow2)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_program
+from kernel_fun._delta.gate import gate_grad
 
 install_interpreter_shims()
 
@@ -73,15 +74,10 @@ def inputs_bwd_kernel(
         b_x = tl.load(g + p, mask=m_t, other=0.0).to(tl.float32)
         if HAS_DT_BIAS:
             b_x += tl.load(dt_bias + i_hv).to(tl.float32)
-        b_na = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
-        m_sm = b_x < 20.0
-        b_e = tl.exp(tl.where(m_sm, b_x, 0.0))
-        b_sp = tl.where(m_sm, tl.log(1.0 + b_e), b_x)
-        b_sig = tl.where(m_sm, b_e / (1.0 + b_e), 1.0)
-        b_dyg = tl.load(dg + p, mask=m_t, other=0.0).to(tl.float32)
-        b_dg = tl.where(m_t, b_na * b_sig * b_dyg, 0.0)
+        b_dyg = tl.load(dg + p, mask=m_t, other=0.0).to(tl.float32)  # 0 past the end: so are both terms
+        b_dg, b_dA = gate_grad(b_dyg, b_x, -tl.exp(tl.load(A_log + i_hv).to(tl.float32)))
         tl.store(dg_out + p, b_dg.to(dg_out.dtype.element_ty), mask=m_t)
-        tl.store(part + (i_tg * 2) * HV + i_hv, tl.sum(tl.where(m_t, b_dyg * (b_na * b_sp), 0.0), axis=0))
+        tl.store(part + (i_tg * 2) * HV + i_hv, tl.sum(b_dA, axis=0))
         tl.store(part + (i_tg * 2 + 1) * HV + i_hv, tl.sum(b_dg, axis=0))
     if i_hv % (HV // H) == 0:  # the group's first value head: its qk head's rows
         _l2norm_bwd_rows(q, q_rstd, dq, dq_out, row0, i_h, n_valid, H, K, KP, BT)

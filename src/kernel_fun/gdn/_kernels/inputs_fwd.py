@@ -12,7 +12,7 @@ Per chunk (BT = 64 tokens) and value head (grid (NT, B x HV), ``_delta.chunking.
 
 and the first value head of each qk head's group also normalizes that head's q and k rows:
 ``y = x / sqrt(sum(x^2) + eps)`` in x's dtype, ``rstd`` fp32, as fla's ``l2norm_fwd``. softplus as
-fla's (x past 20 taken as is; fla evaluates it with approximate exp2/log2, this with exp/log).
+fla's (``_delta.gate``).
 Prepared behind ``gdn.chain.FUSED_INPUTS`` (off) until the GPU tests and the op bench have run it.
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kerne
     alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch, next_pow2)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_program
+from kernel_fun._delta.gate import gate_value
 
 install_interpreter_shims()
 
@@ -74,8 +75,7 @@ def inputs_fwd_kernel(
     if GATE_IN_KERNEL:
         if HAS_DT_BIAS:
             b_g += tl.load(dt_bias + i_hv).to(tl.float32)
-        b_sp = tl.where(b_g < 20.0, tl.log(1.0 + tl.exp(tl.where(b_g < 20.0, b_g, 0.0))), b_g)
-        b_g = -tl.exp(tl.load(A_log + i_hv).to(tl.float32)) * b_sp
+        b_g = gate_value(b_g, -tl.exp(tl.load(A_log + i_hv).to(tl.float32)))
     b_g = tl.where(m_t, b_g, 0.0)
     tl.store(gc + p, tl.cumsum(b_g, axis=0) * gate_scale, mask=m_t)
     if BETA_SIGMOID:

@@ -25,7 +25,7 @@ from kernel_fun._common.tuning import (  # noqa: F401
     alloc, autotune_cache, autotune_configs, cdiv, config_name, launch)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_grid, chunk_program
-
+from kernel_fun._delta.gate import gate_grad
 
 
 # What the autotuner may pick (the interpreter runs only the first, BK=32, so the CPU tests
@@ -33,19 +33,6 @@ from kernel_fun._delta.chunking import chunk_grid, chunk_program
 # the autotuned pick 0.56 ms at B=16 (record 0dab741).
 CONFIGS = [triton.Config({"BK": bk}, num_warps=nw, num_stages=1) for bk, nw in [(32, 1), (128, 1), (64, 1), (128, 2)]]
 CANDIDATES: list = []
-
-
-@triton.jit
-def kda_gate_grad(b_dyg, b_x, b_nA):
-    """The KDA gate's backward on a tile: ``b_dyg`` the gradient of the gate value (fp32),
-    ``b_x = g_raw + dt_bias`` (fp32), ``b_nA = -exp(A_log)``. Returns (the gradient of g_raw,
-    the terms whose sum is dA_log). softplus as fla's (x past 20 taken as is); softplus and
-    sigmoid from one exp: 3 MUFU ops per element (exp, log, reciprocal), not 4."""
-    b_e = tl.exp(b_x)
-    m_sm = b_x < 20.0
-    b_sp = tl.where(m_sm, tl.log(1.0 + b_e), b_x)
-    b_sig = tl.where(m_sm, tl.fdiv(b_e, 1.0 + b_e), 1.0)
-    return b_nA * b_dyg * b_sig, b_dyg * (b_nA * b_sp)
 
 
 @triton.jit
@@ -70,7 +57,7 @@ def _row_out(dyg, b_x, b_bias, b_nA, dg_out, base, r, n_valid, m_k, HVK: tl.cons
     if GATE:
         if HAS_DT_BIAS:
             b_x += b_bias
-        b_dg, b_dA = kda_gate_grad(dyg, b_x, b_nA)  # rows past the end: dyg = 0, so 0
+        b_dg, b_dA = gate_grad(dyg, b_x, b_nA)  # rows past the end: dyg = 0, so 0
         dA_acc += b_dA
         dbias_acc += b_dg
     tl.store(dg_out + base + r * HVK, b_dg.to(dg_out.dtype.element_ty), mask=_row_mask(r, n_valid, m_k))
