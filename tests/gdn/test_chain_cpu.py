@@ -47,31 +47,31 @@ def _standins(monkeypatch, clean_state, poison_outputs):
     return fla_standins.install(monkeypatch)
 
 
-# fla's stages that chain.FUSED_INPUTS replaces by ours (gdn/_kernels/inputs_{fwd,bwd}.py)
+# fla's stages that ours replace (gdn/_kernels/inputs_{fwd,bwd}.py) when the op normalizes q and k
 INPUT_STAGES = {("fla.modules.norm.l2norm", "l2norm_fwd"), ("fla.modules.norm.l2norm", "l2norm_bwd"),
                 ("fla.ops.common.gate", "fused_beta_sigmoid_fwd"), ("fla.ops.common.gate", "fused_beta_sigmoid_bwd"),
                 ("fla.ops.gated_delta_rule.gate", "gdn_gate_chunk_cumsum"),
                 ("fla.ops.gated_delta_rule.gate", "gdn_gate_bwd"), ("fla.ops.utils.cumsum", "chunk_local_cumsum")}
 
 
-@pytest.mark.parametrize("fused_inputs", [False, True], ids=["fla_inputs", "fused_inputs"])
+@pytest.mark.parametrize("l2norm", [True, False], ids=["l2norm_in_op", "no_l2norm"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_chain_against_fp64_recurrence(name, fused_inputs, _standins, monkeypatch):
-    """Both input paths: fla's stages (shipped) and ours in one launch each way (chain.FUSED_INPUTS,
-    prepared for the GPU)."""
-    from kernel_fun.gdn import chain
-
-    monkeypatch.setattr(chain, "FUSED_INPUTS", fused_inputs)
+def test_chain_against_fp64_recurrence(name, l2norm, _standins):
+    """Both input paths: with the l2norm in the op (the layer's call), the inputs' stages are ours in
+    one launch each way; without it, fla's beta sigmoid and gate stages (q, k given unit rows)."""
     c = dict(CASES[name])
     cu, neg = c.pop("cu", None), c.pop("neg", False)
     v_first = c.get("state_v_first", True)
     t = make_inputs(**c, device="cpu", dtype=torch.float16)
+    if not l2norm:
+        for n in ("q", "k"):
+            t[n] = torch.nn.functional.normalize(t[n].detach().float(), dim=-1).half().requires_grad_()
     B, T, HV, V, K = c["B"], c["T"], c["HV"], c["V"], c["K"]
     gen = torch.Generator().manual_seed(1)
     do = torch.randn(B, T, HV, V, generator=gen).half()
     N = len(cu) - 1 if cu else B
     dht = torch.randn(N, HV, *((V, K) if v_first else (K, V)), generator=gen)
-    flags = dict(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=c.get("beta_logits", True),
+    flags = dict(use_qk_l2norm_in_kernel=l2norm, use_beta_sigmoid_in_kernel=c.get("beta_logits", True),
                  allow_neg_eigval=neg, output_final_state=True, state_v_first=v_first,
                  cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.long))
     assert gdn.is_supported(t["q"], t["k"], t["v"], t["g"], t["beta"], **flags,
@@ -81,11 +81,15 @@ def test_chain_against_fp64_recurrence(name, fused_inputs, _standins, monkeypatc
     _standins.clear()
     ours = _run(gdn.chunk_gated_delta_rule, t, do, dht, **flags)
     after = launch_counts()
-    for stage in OURS + (("gdn.inputs_fwd", "gdn.inputs_bwd") if fused_inputs else ()):
+    for stage in OURS + (("gdn.inputs_fwd", "gdn.inputs_bwd") if l2norm else ()):
         assert after.get(stage, 0) > before.get(stage, 0), stage
+    for stage in ("gdn.inputs_fwd", "gdn.inputs_bwd"):
+        assert l2norm or after.get(stage, 0) == before.get(stage, 0), stage
     assert set(_standins) <= FLA_STAGES, set(_standins) - FLA_STAGES
-    if fused_inputs:
+    if l2norm:
         assert not set(_standins) & INPUT_STAGES, set(_standins) & INPUT_STAGES
+    else:
+        assert not {s for s in _standins if s[0] == "fla.modules.norm.l2norm"}, set(_standins)
     ref = _run(chunk_gated_delta_rule_ref, t, do.double(), dht.double(), **flags)
     errs = {n: _rel(ours[n], ref[n]) for n in ref if ref[n] is not None}
     print(name, {n: f"{e:.1e}" for n, e in errs.items()})
@@ -93,15 +97,11 @@ def test_chain_against_fp64_recurrence(name, fused_inputs, _standins, monkeypatc
     assert not bad, bad
 
 
-@pytest.mark.parametrize("fused_inputs", [False, True], ids=["fla_inputs", "fused_inputs"])
-def test_column_slices_of_the_fused_qkv_buffer(fused_inputs, _standins, monkeypatch):
+def test_column_slices_of_the_fused_qkv_buffer(_standins):
     """GatedDeltaNet's fused q/k/v conv returns one [B, T, 2*H*K + HV*V] buffer that the layer
     splits: q, k, v arrive as strided views (fla's l2norm would fail on them; the fused inputs
     kernel reads q, k through their strides); results equal those of contiguous copies, bit for
     bit, with a backward."""
-    from kernel_fun.gdn import chain
-
-    monkeypatch.setattr(chain, "FUSED_INPUTS", fused_inputs)
     B, T, H, HV, K, V = 1, 70, 1, 2, 64, 64
     t = make_inputs(B=B, T=T, H=H, HV=HV, K=K, V=V, device="cpu", dtype=torch.float16)
     buf = torch.cat([t["q"].detach().flatten(2), t["k"].detach().flatten(2), t["v"].detach().flatten(2)], -1)
@@ -113,13 +113,13 @@ def test_column_slices_of_the_fused_qkv_buffer(fused_inputs, _standins, monkeypa
     o_dense, _ = gdn.chunk_gated_delta_rule(q.contiguous(), k.contiguous(), v.contiguous(), t["g"].detach(),
                                             t["beta"].detach(), **flags)
     assert torch.equal(o_strided, o_dense)
-    if fused_inputs:  # and through the backward: the gradient of the buffer
-        do = torch.randn_like(o_dense)
-        views = buf.clone().requires_grad_()
-        qs, ks, vs = (x.view(B, T, -1, d) for x, d in zip(views.split([H * K, H * K, HV * V], -1), (K, K, V)))
-        g_strided, = torch.autograd.grad(gdn.chunk_gated_delta_rule(qs, ks, vs, t["g"].detach(), t["beta"].detach(),
-                                                                    **flags)[0], views, do)
-        dense = [x.contiguous().requires_grad_() for x in (q, k, v)]
-        g_dense = torch.autograd.grad(gdn.chunk_gated_delta_rule(*dense, t["g"].detach(), t["beta"].detach(),
-                                                                 **flags)[0], dense, do)
-        assert torch.equal(g_strided, torch.cat([x.flatten(2) for x in g_dense], -1))
+    # and through the backward: the gradient of the buffer
+    do = torch.randn_like(o_dense)
+    views = buf.clone().requires_grad_()
+    qs, ks, vs = (x.view(B, T, -1, d) for x, d in zip(views.split([H * K, H * K, HV * V], -1), (K, K, V)))
+    g_strided, = torch.autograd.grad(gdn.chunk_gated_delta_rule(qs, ks, vs, t["g"].detach(), t["beta"].detach(),
+                                                                **flags)[0], views, do)
+    dense = [x.contiguous().requires_grad_() for x in (q, k, v)]
+    g_dense = torch.autograd.grad(gdn.chunk_gated_delta_rule(*dense, t["g"].detach(), t["beta"].detach(),
+                                                             **flags)[0], dense, do)
+    assert torch.equal(g_strided, torch.cat([x.flatten(2) for x in g_dense], -1))

@@ -83,7 +83,15 @@ def _one_ulp(t, seed):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_against_fp64_naive_recurrence(name):
+    _against_fp64(name)
+
+
+def _against_fp64(name, l2norm=True):
     t, do, dht, flags = _case(name)
+    if not l2norm:  # q, k handed over as unit rows (what a caller normalizing them itself passes)
+        flags["use_qk_l2norm_in_kernel"] = False
+        for n in ("q", "k"):
+            t[n] = torch.nn.functional.normalize(t[n].detach().float(), dim=-1).bfloat16().requires_grad_()
     ours = _run(gdn.chunk_gated_delta_rule, t, do, dht, **flags)
     ref = _run(chunk_gated_delta_rule_ref, t, do.double(), dht.double(), **flags)
     errs = {n: _rel(ours[n], ref[n]) for n in ref if ref[n] is not None}
@@ -157,11 +165,12 @@ def test_launch_witness_replaced_fla_kernels_did_not_run():
         torch.cuda.synchronize()
     names = {e.key for e in prof.key_averages()}
     for ours in ("state_scan_fwd_kernel", "state_scan_bwd_kernel", "gated_scores_kernel", "wy_dv_bwd_kernel",
-                 "wy_dqk_bwd_kernel"):
+                 "wy_dqk_bwd_kernel", "inputs_fwd_kernel", "inputs_bwd_kernel"):
         assert any(ours in n for n in names), (ours, sorted(names))
     for fla_kernel in ("chunk_bwd_kernel_dqkwg", "prepare_wy_repr_bwd_kernel", "chunk_bwd_kernel_dv_local",
                        "chunk_gated_delta_rule_bwd_kernel_dhu", "chunk_gated_delta_rule_fwd_kernel_h",
-                       "chunk_fwd_kernel_o"):
+                       "chunk_fwd_kernel_o", "l2norm_fwd_kernel", "l2norm_bwd_kernel", "fused_beta_sigmoid",
+                       "gdn_gate_chunk_cumsum", "gdn_gate_bwd_kernel", "chunk_local_cumsum"):
         assert not any(fla_kernel in n for n in names), (fla_kernel, sorted(names))
 
 
@@ -225,19 +234,16 @@ def test_against_fla_forward_at_production_heads():
     assert _rel(o, o_fla) < 5e-3
 
 
-# chain.FUSED_INPUTS (prepared): the inputs' stages in one launch of ours each way. The chain with
-# it on, end to end against fp64 with the same ceilings, in the cases that exercise its branches
-# (grouped with a state, the negative eigenvalues' beta scale, the precomputed gate, packed
-# documents with a one-token one); then each kernel's every config against fla's own stages.
-@pytest.mark.parametrize("name", ["layer_grouped", "strong_decay_negeig", "precomputed_gate", "varlen_1tok"])
-def test_fused_inputs_against_fp64_naive_recurrence(name, monkeypatch):
+# With the l2norm in the op (every case above) the inputs' stages are ours, one launch each way;
+# without it, fla's beta sigmoid and gate stages run around the chain: end to end against fp64 with
+# the same ceilings, with the gate in the op and with the precomputed gate, and ours did not launch.
+@pytest.mark.parametrize("name", ["layer_grouped", "precomputed_gate"])
+def test_without_l2norm_against_fp64_naive_recurrence(name):
     from kernel_fun._common.witness import launch_counts
-    from kernel_fun.gdn import chain
 
-    monkeypatch.setattr(chain, "FUSED_INPUTS", True)
     before = {n: launch_counts().get(n, 0) for n in ("gdn.inputs_fwd", "gdn.inputs_bwd")}
-    test_against_fp64_naive_recurrence(name)
-    assert all(launch_counts().get(n, 0) > c for n, c in before.items()), before
+    _against_fp64(name, l2norm=False)
+    assert {n: launch_counts().get(n, 0) for n in before} == before
 
 
 @pytest.mark.parametrize("config", [None] + __import__("kernel_fun.gdn._kernels.inputs_fwd", fromlist=["x"]).CONFIGS,

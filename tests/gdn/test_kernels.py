@@ -147,7 +147,7 @@ def _chunk_cols(B, T, HV, cu_t):
     return m
 
 
-# The inputs' stages in one launch each way (chain.FUSED_INPUTS, prepared), against autograd of
+# The inputs' stages in one launch each way (taken with the l2norm in the op), against autograd of
 # the plain fp64 functions: the l2norm of q and k (through their strides: the fused q/k/v conv's
 # column slices), beta's sigmoid (times 2: allow_neg_eigval), the in-op gate and its chunk-local
 # cumsum (log2 units), or a precomputed gate; the backward's sums toward dA_log and ddt_bias.

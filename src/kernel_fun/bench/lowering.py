@@ -355,7 +355,7 @@ def gdn_wy_dqk(full):
 
 
 def gdn_inputs(full):
-    """The inputs' kernels (chain.FUSED_INPUTS, prepared) at the layer's call: H = 16, HV = 32,
+    """The inputs' kernels (``gdn.chain.inputs_forward`` / ``inputs_backward``) at the layer's call: H = 16, HV = 32,
     K = 128, bf16 q/k/g/beta, fp32 A_log/dt_bias/rstd/gc/beta/dbeta/dg; full: packed documents, the
     precomputed gate without the sigmoid."""
     from kernel_fun.gdn._kernels import inputs_bwd as b

@@ -22,9 +22,9 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
                 use_qk_l2norm, use_gate_in_kernel, use_beta_sigmoid, allow_neg_eigval,
                 cu_seqlens, cu_seqlens_cpu, chunk_indices, signature):
         dtype, dev = q.dtype, q.device
-        fused = chain.FUSED_INPUTS and use_qk_l2norm
+        fused = bool(use_qk_l2norm)  # the inputs' stages in one launch of ours (chain.inputs_forward)
         with D.on_device(dev):
-            if fused:  # the inputs' stages in one launch of ours (prepared: chain.FUSED_INPUTS)
+            if fused:
                 q, q_rstd, k, k_rstd, v, g, beta_raw, beta, beta_scale, *prepared = chain.inputs_forward(
                     q, k, v, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid, allow_neg_eigval,
                     cu_seqlens, cu_seqlens_cpu, chunk_indices)

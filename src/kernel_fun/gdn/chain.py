@@ -7,8 +7,7 @@ chain). The gate is kept as its chunk-local cumulative sum in log2 units (fla's 
 
 | stage | forward | backward |
 |---|---|---|
-| l2norm of q, k; beta sigmoid | fla (``FUSED_INPUTS``, prepared: ours, one launch with the gate) | fla (prepared: ours, one launch) |
-| gate (+ in-op activation) cumsum | fla ``gdn_gate_chunk_cumsum`` / ``chunk_local_cumsum`` | fla ``gdn_gate_bwd`` |
+| l2norm of q, k; beta sigmoid; gate (+ in-op activation) cumsum | ours, one launch (``_kernels/inputs_fwd.py``); without the l2norm in the op: fla's ``fused_beta_sigmoid_fwd`` and ``gdn_gate_chunk_cumsum`` / ``chunk_local_cumsum`` | ours, one launch (``_kernels/inputs_bwd.py``); without the l2norm: fla's ``fused_beta_sigmoid_bwd``, ``gdn_gate_bwd`` |
 | kkt + solve | fla's ``chunk_gated_delta_rule_fwd_kkt_solve_kernel`` (A only) | (A kept from the forward) |
 | w, u | never formed: the scan makes v_new from A, v, beta | never formed: the recompute scan as the forward; the backward scan makes dv2^T w from A, beta |
 | state scan | ours (``_delta`` state_scan_fwd, o made inside, h never written) | ours: the forward scan again writing h and v_new; the gated scores (``gdn/_kernels/scores.py``); ``_delta`` state_scan_bwd making dv from them |
@@ -59,13 +58,12 @@ def gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices
         g=g, chunk_size=BT, scale=RCP_LN2, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
 
 
-# The inputs' stages (l2norm of q and k, beta sigmoid, the gate and its chunk cumsum; their
-# backward) in one launch each direction, ours (``_kernels/inputs_fwd.py``, ``inputs_bwd.py``), in
-# place of fla's four kernels and four wrappers each way and the copies of strided q, k: fewer host
-# launches (the model step idles on the host: docs/model.md). CPU-tested end to end
-# (tests/gdn/test_chain_cpu.py runs both settings); off until the GPU tests and the op bench and
-# the model have run it (2026-12-02: prepared when the session's device time was spent).
-FUSED_INPUTS = False
+# With the l2norm in the op (the layer's call), the inputs' stages (l2norm of q and k, beta
+# sigmoid, the gate and its chunk cumsum; their backward) run in one launch of ours each way
+# (``_kernels/inputs_fwd.py``, ``inputs_bwd.py``), in place of fla's four kernels and four wrappers
+# each way and the copies of strided q, k: fewer host launches (the model step idled on the host:
+# docs/model.md; the model A/B went 1.119x -> 1.161x with it, docs/gdn.md). Without the l2norm,
+# fla's stages (``inputs.prepare``, ``gate_cumsum``, ``gate_bwd``).
 
 
 def inputs_forward(q, k, v, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid, allow_neg_eigval,

@@ -12,7 +12,7 @@ Per chunk (BT = 64 tokens) and value head (grid (NT, B x HV)), as fla's kernels 
 dA_log and ddt_bias are written per program, ``[chunks, 2, HV]`` fp32, and summed by one
 ``sum(0)`` (a fixed order: no atomics). The group's first value head also makes its qk head's
 ``dx = rstd (dy - y sum(dy y))`` for q and k (y the normalized rows), as fla's ``l2norm_bwd``.
-Prepared behind ``gdn.chain.FUSED_INPUTS`` (off) with ``inputs_fwd.py``.
+Taken with ``inputs_fwd.py`` (``gdn.chain.inputs_backward``).
 """
 from __future__ import annotations
 

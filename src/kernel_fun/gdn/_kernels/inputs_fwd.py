@@ -13,7 +13,7 @@ Per chunk (BT = 64 tokens) and value head (grid (NT, B x HV), ``_delta.chunking.
 and the first value head of each qk head's group also normalizes that head's q and k rows:
 ``y = x / sqrt(sum(x^2) + eps)`` in x's dtype, ``rstd`` fp32, as fla's ``l2norm_fwd``. softplus as
 fla's (``_delta.gate``).
-Prepared behind ``gdn.chain.FUSED_INPUTS`` (off) until the GPU tests and the op bench have run it.
+Taken whenever the op normalizes q and k (``gdn.chain.inputs_forward``).
 """
 from __future__ import annotations
 
