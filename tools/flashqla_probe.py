@@ -66,7 +66,10 @@ def main() -> int:
 
     names = ("o", "dq", "dk", "dv", "dg", "dbeta")
     ref = run(chunk_gated_delta_rule_ref, torch.float64)
+    # with flash_qla installed our op routes this call to fla, i.e. to FlashQLA: =0 makes it ours
+    os.environ["FLA_FLASH_QLA"] = "0"
     ours = run(gdn.chunk_gated_delta_rule)
+    del os.environ["FLA_FLASH_QLA"]
     t0 = time.time()
     try:
         fq = run(flash_qla.chunk_gated_delta_rule)

@@ -156,7 +156,10 @@ for step in "$@"; do
       # fla's own dispatch hands it the calls it takes and ours routes those to fla (docs/gdn.md),
       # which would change what other steps' tests and benches run
       python3 -m pip install -q --no-index --no-deps --target /tmp/site_fq .whl_fq/*.whl 2>&1 | tail -3
-      ( export PYTHONPATH=/tmp/site_fq:$PYTHONPATH
+      # TileLang's TVM links libz3.so.4.15 (z3-solver 4.15): the carried z3 wheel is slimmed to one
+      # copy of the library (libz3.so, what z3's Python loads; the carry's limit is 64 MiB), linked here
+      [ -f /tmp/site_fq/z3/lib/libz3.so ] && ln -sf libz3.so /tmp/site_fq/z3/lib/libz3.so.4.15
+      ( export PYTHONPATH=/tmp/site_fq:$PYTHONPATH LD_LIBRARY_PATH=/tmp/site_fq/z3/lib:${LD_LIBRARY_PATH:-}
         timeout "$T" python3 tools/flashqla_probe.py 2>&1 | tee "$OUT/flashqla.log"
         timeout "$T" python3 -m kernel_fun bench --family gdn ${FLASHQLA_CASES:---case prod_b8_vs_flashqla --case grouped_h16_hv32_b4_vs_flashqla} \
           --json "$OUT/gdn_flashqla.json" 2>&1 | tee "$OUT/gdn_flashqla.log" ) ;;

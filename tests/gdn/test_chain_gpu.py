@@ -260,11 +260,14 @@ def test_fused_inputs_every_config_against_fla_stages(config):
     B, T, H, HV, K = 2, 1000, 2, 4, 128
     gen = torch.Generator(device="cuda").manual_seed(0)
     r = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
-    buf = r(B, T, 3 * H * K).bfloat16()
+    buf = r(B, T, 2 * H * K + HV * K).bfloat16()
     q, k = (buf[..., i * H * K:(i + 1) * H * K].view(B, T, H, K) for i in (0, 1))
+    v = buf[..., 2 * H * K:].view(B, T, HV, K)
     g, beta = r(B, T, HV).bfloat16(), r(B, T, HV).bfloat16()
     A_log, dt = torch.rand(HV, device="cuda", generator=gen), r(HV)
-    ours = inputs_fwd(q, k, g, beta, A_log, dt, True, True, 2.0, chain.RCP_LN2, config=config)
+    ours = list(inputs_fwd(q, k, v, g, beta, A_log, dt, True, True, 2.0, chain.RCP_LN2, config=config))
+    v_out = ours.pop(4)  # ours: (q, q_rstd, k, k_rstd, gc, beta)
+    assert v_out.is_contiguous() and torch.equal(v_out, v)
     l2 = fla_symbol("fla.modules.norm.l2norm", "l2norm_fwd")
     (qf, qr), (kf, kr) = l2(q.contiguous()), l2(k.contiguous())
     gf = fla_symbol("fla.ops.gated_delta_rule.gate", "gdn_gate_chunk_cumsum")(

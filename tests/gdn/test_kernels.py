@@ -164,10 +164,13 @@ def _inputs_case(name, dtype):
 
     B, T, H, HV, K, cu, gate_in, strided = INPUT_CASES[name]
     torch.manual_seed(0)
+    V = 64  # v is copied where strided (a V unlike K in the column-slice case)
     if strided:
-        buf = torch.randn(B, T, 3 * H * K, dtype=torch.float64)
+        buf = torch.randn(B, T, 2 * H * K + HV * V, dtype=torch.float64)
         q64, k64 = (buf[..., i * H * K:(i + 1) * H * K].view(B, T, H, K) for i in (0, 1))
+        v64 = buf[..., 2 * H * K:].view(B, T, HV, V)
     else:
+        v64 = torch.randn(B, T, HV, V, dtype=torch.float64)
         q64, k64 = torch.randn(B, T, H, K, dtype=torch.float64), torch.randn(B, T, H, K, dtype=torch.float64)
     q64, k64 = q64.to(dtype).double(), k64.to(dtype).double()  # the values the kernel sees
     g64 = torch.randn(B, T, HV).to(dtype).double() if gate_in else -torch.rand(B, T, HV, dtype=torch.float64)
@@ -177,8 +180,10 @@ def _inputs_case(name, dtype):
     idx = None if cu_t is None else chunking.chunk_meta(cu_t, 64, None)[0]
     low = dict(q=(buf.to(dtype)[..., :H * K].view(B, T, H, K) if strided else q64.to(dtype)),
                k=(buf.to(dtype)[..., H * K:2 * H * K].view(B, T, H, K) if strided else k64.to(dtype)),
+               v=(buf.to(dtype)[..., 2 * H * K:].view(B, T, HV, V) if strided else v64.to(dtype)),
                g=g64.to(dtype) if gate_in else g64.float(), beta=b64.to(dtype), A_log=A_log.float(), dt_bias=dt.float())
-    return (B, T, H, HV, K, cu_t, idx, gate_in), dict(q=q64, k=k64, g=g64, beta=b64, A_log=A_log, dt_bias=dt), low
+    v64 = v64.to(dtype).double()
+    return (B, T, H, HV, K, cu_t, idx, gate_in), dict(q=q64, k=k64, v=v64, g=g64, beta=b64, A_log=A_log, dt_bias=dt), low
 
 
 def _inputs_ref(x, gate_in, cu_t):
@@ -201,11 +206,13 @@ def test_inputs_fwd(name, dtype, tol):
 
     (B, T, H, HV, K, cu_t, idx, gate_in), x, low = _inputs_case(name, dtype)
     before = launch_counts().get("gdn.inputs_fwd", 0)
-    q, q_rstd, k, k_rstd, gc, beta = inputs_fwd(low["q"], low["k"], low["g"], low["beta"], low["A_log"],
-                                                low["dt_bias"], gate_in, True, 2.0, 1 / math.log(2.0), cu_t, idx)
+    q, q_rstd, k, k_rstd, v, gc, beta = inputs_fwd(low["q"], low["k"], low["v"], low["g"], low["beta"], low["A_log"],
+                                                   low["dt_bias"], gate_in, True, 2.0, 1 / math.log(2.0), cu_t, idx)
     assert launch_counts()["gdn.inputs_fwd"] == before + 1
+    # v: the same tensor where contiguous, else a bitwise copy
+    assert (v is low["v"]) == low["v"].is_contiguous() and torch.equal(v, low["v"])
     qn, kn, b, g = _inputs_ref(x, gate_in, cu_t)
-    for n, got, want in (("q", q, qn), ("k", k, kn), ("beta", beta, b), ("gc", gc, g),
+    for n, got, want in (("q", q, qn), ("k", k, kn), ("v", v, x["v"]), ("beta", beta, b), ("gc", gc, g),
                          ("q_rstd", q_rstd, qn[..., 0] / x["q"][..., 0]), ("k_rstd", k_rstd, kn[..., 0] / x["k"][..., 0])):
         assert got.is_contiguous() and torch.isfinite(got).all(), n
         assert rel_rms(got.double(), want) < tol, (n, rel_rms(got.double(), want))

@@ -61,7 +61,7 @@ def gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices
 # With the l2norm in the op (the layer's call), the inputs' stages (l2norm of q and k, beta
 # sigmoid, the gate and its chunk cumsum; their backward) run in one launch of ours each way
 # (``_kernels/inputs_fwd.py``, ``inputs_bwd.py``), in place of fla's four kernels and four wrappers
-# each way and the copies of strided q, k: fewer host launches (the model step idled on the host:
+# each way and the copies of strided q, k, v: fewer host launches (the model step idled on the host:
 # docs/model.md; the model A/B went 1.119x -> 1.161x with it, docs/gdn.md). Without the l2norm,
 # fla's stages (``inputs.prepare``, ``gate_cumsum``, ``gate_bwd``).
 
@@ -75,10 +75,10 @@ def inputs_forward(q, k, v, g, beta, A_log, dt_bias, use_gate_in_kernel, use_bet
     chunk_indices, chunk_offsets = chunk_meta(cu_seqlens, cu_seqlens_cpu, chunk_indices)
     beta_scale = 2.0 if allow_neg_eigval else 1.0
     g, beta = g.contiguous(), beta.contiguous()  # saved raw for the backward (the kernel reads them so)
-    q, q_rstd, k, k_rstd, gc, beta_act = inputs_fwd(
-        q, k, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid, beta_scale, RCP_LN2,
+    q, q_rstd, k, k_rstd, v, gc, beta_act = inputs_fwd(
+        q, k, v, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid, beta_scale, RCP_LN2,
         cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
-    return q, q_rstd, k, k_rstd, v.contiguous(), g, beta, beta_act, beta_scale, gc, chunk_indices, chunk_offsets
+    return q, q_rstd, k, k_rstd, v, g, beta, beta_act, beta_scale, gc, chunk_indices, chunk_offsets
 
 
 def inputs_backward(q, q_rstd, dq, k, k_rstd, dk, beta_raw, dbeta, use_beta_sigmoid, beta_scale, g, A_log, dt_bias,

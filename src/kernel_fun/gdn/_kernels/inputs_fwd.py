@@ -1,8 +1,8 @@
 """GDN's inputs, forward, in one launch: the l2norm of q and k, beta's sigmoid and the gate with its
 chunk-local cumulative sum, where fla's entry runs four kernels (``l2norm_fwd`` twice,
 ``fused_beta_sigmoid_fwd``, ``gdn_gate_chunk_cumsum``) behind four Python wrappers, after
-``.contiguous()`` copies of q and k (GatedDeltaNet's fused q/k/v conv hands over column slices of
-one buffer; here q and k are read through their strides).
+``.contiguous()`` copies of q, k and v (GatedDeltaNet's fused q/k/v conv hands over column
+slices of one buffer; here they are read through their strides).
 
 Per chunk (BT = 64 tokens) and value head (grid (NT, B x HV), ``_delta.chunking.chunk_program``):
 
@@ -12,7 +12,10 @@ Per chunk (BT = 64 tokens) and value head (grid (NT, B x HV), ``_delta.chunking.
 
 and the first value head of each qk head's group also normalizes that head's q and k rows:
 ``y = x / sqrt(sum(x^2) + eps)`` in x's dtype, ``rstd`` fp32, as fla's ``l2norm_fwd``. softplus as
-fla's (``_delta.gate``).
+fla's (``_delta.gate``). A strided v (the buffer's column slice) is copied, each program its value
+head's rows, into the contiguous tensor the chain's kernels read and the backward keeps (in place
+of torch's strided copy, 0.16 ms a call in the model A/B at B=4, T=4096, HV=32, V=128); a
+contiguous v is not copied.
 Taken whenever the op normalizes q and k (``gdn.chain.inputs_forward``).
 """
 from __future__ import annotations
@@ -30,7 +33,8 @@ from kernel_fun._delta.gate import gate_value
 install_interpreter_shims()
 
 # The first is the interpreter's. Not yet timed on a GPU. sm_90a (Triton 3.6, H=16 HV=32 K=128, the
-# layer's flags, 2026-12-02): registers w4 117, w2 255, w8 63; no stack, dense and packed alike.
+# layer's flags, 2026-12-02): registers w4 117, w2 255, w8 63; no stack, dense and packed alike
+# (2026-12-03, with the v copy: w4 117, w2 255, w8 64, no stack).
 CONFIGS = [triton.Config({}, num_warps=nw) for nw in (4, 2, 8)]
 CANDIDATES: list = []
 
@@ -51,9 +55,24 @@ def _l2norm_rows(x, y, rstd, row0, t_local, i_h, s_t, s_h, s_b, i_b, eps, n_vali
     tl.store(rstd + (row0 + o_i) * H + i_h, b_r, mask=o_i < n_valid)
 
 
+@triton.jit
+def _copy_rows(x, y, row0, t_local, i_h, s_t, s_h, s_b, i_b, n_valid,
+               H: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr):
+    """Rows ``t_local .. + BT`` of head ``i_h`` of x (strides ``s_b, s_t, s_h``; the last is 1)
+    copied into the contiguous ``y [B, T, H, D]``, BD columns at a time."""
+    o_i = tl.arange(0, BT)
+    m_t = o_i < n_valid
+    for d0 in tl.static_range(0, DP, BD):
+        o_d = d0 + tl.arange(0, BD)
+        m = m_t[:, None] & (o_d < D)[None, :]
+        b_x = tl.load(x + i_b * s_b + (t_local + o_i)[:, None] * s_t + i_h * s_h + o_d[None, :], mask=m, other=0.0)
+        tl.store(y + (row0 + o_i)[:, None] * (H * D) + i_h * D + o_d[None, :], b_x, mask=m)
+
+
 @triton.jit(do_not_specialize=["T"])
 def inputs_fwd_kernel(
     q, k,  # [B, T, H, K], any strides with the last 1
+    v, v_out,  # [B, T, HV, V], any strides with the last 1; its contiguous copy (COPY_V)
     g,  # [B, T, HV]: the raw gate input (GATE_IN_KERNEL) or the per-token log gate
     beta,  # [B, T, HV]: raw (BETA_SIGMOID) or as given (then not read)
     A_log, dt_bias,  # [HV] fp32 (GATE_IN_KERNEL; dt_bias when HAS_DT_BIAS)
@@ -62,10 +81,11 @@ def inputs_fwd_kernel(
     beta_out,  # [B, T, HV] fp32 out (BETA_SIGMOID)
     cu_seqlens, chunk_indices,
     T,
-    s_qb, s_qt, s_qh, s_kb, s_kt, s_kh,
+    s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
     gate_scale, beta_scale, eps,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr,
     GATE_IN_KERNEL: tl.constexpr, HAS_DT_BIAS: tl.constexpr, BETA_SIGMOID: tl.constexpr, IS_VARLEN: tl.constexpr,
+    COPY_V: tl.constexpr = False, V: tl.constexpr = 64, VP: tl.constexpr = 64,
 ):
     i_b, i_hv, i_h, _, row0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     o_i = tl.arange(0, BT)
@@ -81,33 +101,39 @@ def inputs_fwd_kernel(
     if BETA_SIGMOID:
         b_b = tl.load(beta + p, mask=m_t, other=0.0).to(tl.float32)
         tl.store(beta_out + p, beta_scale * tl.sigmoid(b_b), mask=m_t)
+    t_local = row0 - i_b * T  # the token within its batch row (varlen: B == 1, so row0)
+    if COPY_V:
+        _copy_rows(v, v_out, row0, t_local, i_hv, s_vt, s_vh, s_vb, i_b, n_valid, HV, V, VP, min(VP, 64), BT)
     if i_hv % (HV // H) == 0:  # the group's first value head normalizes its qk head's rows
-        t_local = row0 - i_b * T  # the token within its batch row (varlen: B == 1, so row0)
         _l2norm_rows(q, q_out, q_rstd, row0, t_local, i_h, s_qt, s_qh, s_qb, i_b, eps, n_valid, H, K, KP, BT)
         _l2norm_rows(k, k_out, k_rstd, row0, t_local, i_h, s_kt, s_kh, s_kb, i_b, eps, n_valid, H, K, KP, BT)
 
 
 inputs_fwd_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(),
-    key=["H", "HV", "K", "BT", "GATE_IN_KERNEL", "HAS_DT_BIAS", "BETA_SIGMOID", "IS_VARLEN"],
+    key=["H", "HV", "K", "BT", "GATE_IN_KERNEL", "HAS_DT_BIAS", "BETA_SIGMOID", "IS_VARLEN", "COPY_V", "V"],
 )(inputs_fwd_kernel)
 
 
-def inputs_fwd(q, k, g, beta, A_log, dt_bias, gate_in_kernel: bool, beta_sigmoid: bool, beta_scale: float,
+def inputs_fwd(q, k, v, g, beta, A_log, dt_bias, gate_in_kernel: bool, beta_sigmoid: bool, beta_scale: float,
                gate_scale: float, cu_seqlens=None, chunk_indices=None, chunk_size: int = 64, eps: float = 1e-6,
                *, config: triton.Config | None = None):
-    """``(q, q_rstd, k, k_rstd, gc, beta)``: q, k ``[B, T, H, K]`` (any strides, the last 1)
-    l2-normalized into contiguous tensors of their dtype with fp32 rstd ``[B, T, H]``; gc ``[B, T,
-    HV]`` fp32, the chunk-local cumulative sum of the gate (``-exp(A_log) softplus(g + dt_bias)``
-    with ``gate_in_kernel``, else g itself) times ``gate_scale``; beta ``beta_scale *
-    sigmoid(beta)`` in fp32 with ``beta_sigmoid``, else beta as given. One launch."""
+    """``(q, q_rstd, k, k_rstd, v, gc, beta)``: q, k ``[B, T, H, K]`` (any strides, the last 1)
+    l2-normalized into contiguous tensors of their dtype with fp32 rstd ``[B, T, H]``; v ``[B, T,
+    HV, V]`` contiguous (copied in the launch where it is strided); gc ``[B, T, HV]`` fp32, the
+    chunk-local cumulative sum of the gate (``-exp(A_log) softplus(g + dt_bias)`` with
+    ``gate_in_kernel``, else g itself) times ``gate_scale``; beta ``beta_scale * sigmoid(beta)``
+    in fp32 with ``beta_sigmoid``, else beta as given. One launch."""
     B, T, H, K = q.shape
-    HV = g.shape[2]
+    HV, V = v.shape[2], v.shape[3]
     BT = chunk_size
-    if tuple(k.shape) != (B, T, H, K) or tuple(g.shape) != (B, T, HV) or tuple(beta.shape) != (B, T, HV) or HV % H:
-        raise ValueError(f"inputs_fwd: q {tuple(q.shape)} k {tuple(k.shape)} g {tuple(g.shape)} "
+    if (tuple(k.shape) != (B, T, H, K) or v.shape[:2] != (B, T) or tuple(g.shape) != (B, T, HV)
+            or tuple(beta.shape) != (B, T, HV) or HV % H):
+        raise ValueError(f"inputs_fwd: q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} g {tuple(g.shape)} "
                          f"beta {tuple(beta.shape)}")
-    q, k = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k))
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    copy_v = not v.is_contiguous()
+    v_out = alloc(tuple(v.shape), dtype=v.dtype, device=v.device) if copy_v else v
     g, beta = g.contiguous(), beta.contiguous()
     is_varlen = cu_seqlens is not None
     NT = len(chunk_indices) if is_varlen else cdiv(T, BT)
@@ -118,14 +144,15 @@ def inputs_fwd(q, k, g, beta, A_log, dt_bias, gate_in_kernel: bool, beta_sigmoid
     beta_out = alloc((B, T, HV), dtype=torch.float32, device=q.device) if beta_sigmoid else beta
     dummy = gc
     launch(inputs_fwd_kernel_tuned, (NT, B * HV), config,
-           q=q, k=k, g=g, beta=beta, A_log=A_log if gate_in_kernel else dummy,
+           q=q, k=k, v=v, v_out=v_out, g=g, beta=beta, A_log=A_log if gate_in_kernel else dummy,
            dt_bias=dt_bias if (gate_in_kernel and dt_bias is not None) else dummy,
            q_out=q_out, q_rstd=q_rstd, k_out=k_out, k_rstd=k_rstd, gc=gc, beta_out=beta_out,
            cu_seqlens=cu_seqlens if is_varlen else dummy, chunk_indices=chunk_indices if is_varlen else dummy, T=T,
            s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2),
+           s_vb=v.stride(0), s_vt=v.stride(1), s_vh=v.stride(2),
            gate_scale=float(gate_scale), beta_scale=float(beta_scale), eps=float(eps),
            H=H, HV=HV, K=K, KP=max(16, next_pow2(K)), BT=BT, GATE_IN_KERNEL=bool(gate_in_kernel),
            HAS_DT_BIAS=bool(gate_in_kernel and dt_bias is not None), BETA_SIGMOID=bool(beta_sigmoid),
-           IS_VARLEN=is_varlen)
+           IS_VARLEN=is_varlen, COPY_V=copy_v, V=V, VP=max(16, next_pow2(V)))
     record_launch("gdn.inputs_fwd")
-    return q_out, q_rstd, k_out, k_rstd, gc, beta_out
+    return q_out, q_rstd, k_out, k_rstd, v_out, gc, beta_out
