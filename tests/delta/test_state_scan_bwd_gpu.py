@@ -138,31 +138,22 @@ def test_dv_from_A_against_fla_dAv_and_dhu(name, config):
 
 
 @pytest.mark.parametrize("config", [None] + CONFIGS + CANDIDATES, ids=lambda c: "autotuned" if c is None else config_name(c))
-@pytest.mark.parametrize("name", ["gdn", "gdn_varlen_scores", "gdn_qk", "gdn_varlen_qk"])
+@pytest.mark.parametrize("name", ["gdn", "gdn_varlen_scores"])
 def test_wy_every_config(name, config):
     """GDN's form without fla's recompute_w_u (``wy=(A_wy, beta)``: dv2^T w made as ((dv2^T A_wy)
     diag(beta gamma)) K): against fla's dhu fed fla's bf16 w (the rounding points differ: 5e-3),
     and against the fp64 reference fed the exact w of the same A_wy, beta, k, no worse than fla.
     ``_scores``: with the intra-chunk dv made inside from a score matrix (``A=``, as the GDN chain
-    calls it until 2026-12-03), packed documents. ``_qk``: neither dv nor a score matrix (the GDN chain's
-    call since): the scan forms the gated scores from q, k itself; the references are fed the dv of
-    the fp64 gated scores (gdn.reference_stages.gated_scores_ref)."""
+    calls it), packed documents."""
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu
 
     from kernel_fun.kda.reference_stages import dAv_reference
 
     c = _case(gate="g", V=128, cu_seqlens=CU if "varlen" in name else None)
     scores = None
-    if name.endswith("scores") or name.endswith("qk"):
-        from kernel_fun.gdn.reference_stages import gated_scores_ref
-
+    if name.endswith("scores"):
         B, T, HV, _ = c["do"].shape
-        if name.endswith("qk"):
-            cu_cpu = None if c["cu_seqlens"] is None else c["cu_seqlens"].cpu()
-            scores = gated_scores_ref(c["q"].cpu(), c["k"].cpu(), c["g"].cpu(), c["scale"], cu_seqlens=cu_cpu)
-            scores = scores.to(device="cuda", dtype=torch.bfloat16)
-        else:
-            scores = (torch.randn(B, T, HV, BT, device="cuda") * 0.2).to(torch.bfloat16)
+        scores = (torch.randn(B, T, HV, BT, device="cuda") * 0.2).to(torch.bfloat16)
         _, dv_local = dAv_reference(c["do"], c["do"], scores, c["scale"], cu_seqlens=c["cu_seqlens"], chunk_size=BT)
         c["dv"] = dv_local.to(torch.bfloat16)  # fla's dhu reads it in bf16; the reference below in fp64
     fla = chunk_gated_delta_rule_bwd_dhu(**_args(c))
@@ -175,7 +166,7 @@ def test_wy_every_config(name, config):
                                cu_seqlens=c["cu_seqlens"], chunk_size=BT)
     args = {**_args(c), "w": None}
     if scores is not None:
-        args.update(dv=None, A=None if name.endswith("qk") else scores)
+        args.update(dv=None, A=scores)
     ours = state_scan_bwd(**args, wy=c["wy"], config=config)
     for n, o, f, e in zip(("dh", "dh0", "dv2"), ours, fla, r):
         assert torch.isfinite(o).all(), n

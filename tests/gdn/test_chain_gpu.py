@@ -164,7 +164,7 @@ def test_launch_witness_replaced_fla_kernels_did_not_run():
         _run(gdn.chunk_gated_delta_rule, t, do, dht, **flags)
         torch.cuda.synchronize()
     names = {e.key for e in prof.key_averages()}
-    for ours in ("state_scan_fwd_kernel", "state_scan_bwd_kernel", "wy_dv_bwd_kernel",
+    for ours in ("state_scan_fwd_kernel", "state_scan_bwd_kernel", "gated_scores_kernel", "wy_dv_bwd_kernel",
                  "wy_dqk_bwd_kernel", "inputs_fwd_kernel", "inputs_bwd_kernel"):
         assert any(ours in n for n in names), (ours, sorted(names))
     for fla_kernel in ("chunk_bwd_kernel_dqkwg", "prepare_wy_repr_bwd_kernel", "chunk_bwd_kernel_dv_local",

@@ -10,7 +10,7 @@ chain). The gate is kept as its chunk-local cumulative sum in log2 units (fla's 
 | l2norm of q, k; beta sigmoid; gate (+ in-op activation) cumsum | ours, one launch (``_kernels/inputs_fwd.py``); without the l2norm in the op: fla's ``fused_beta_sigmoid_fwd`` and ``gdn_gate_chunk_cumsum`` / ``chunk_local_cumsum`` | ours, one launch (``_kernels/inputs_bwd.py``); without the l2norm: fla's ``fused_beta_sigmoid_bwd``, ``gdn_gate_bwd`` |
 | kkt + solve | fla's ``chunk_gated_delta_rule_fwd_kkt_solve_kernel`` (A only) | (A kept from the forward) |
 | w, u | never formed: the scan makes v_new from A, v, beta | never formed: the recompute scan as the forward; the backward scan makes dv2^T w from A, beta |
-| state scan | ours (``_delta`` state_scan_fwd, o made inside, h never written) | ours: the forward scan again writing h and v_new; ``_delta`` state_scan_bwd making the intra-chunk dv from the gated scores it forms per chunk from q, k |
+| state scan | ours (``_delta`` state_scan_fwd, o made inside, h never written) | ours: the forward scan again writing h and v_new; the gated scores (``gdn/_kernels/scores.py``); ``_delta`` state_scan_bwd making dv from them |
 | dq, dk, dw, dg + WY backward + reverse cumsum + group sum | | ours, two kernels (``gdn/_kernels/wy_dqkwg_bwd.py``: ``wy_dv_bwd`` then ``wy_dqk_bwd``) |
 
 fla's ``chunk_bwd_dqkwg`` (refused by fla on Hopper with Triton 3.4-3.7.0), ``prepare_wy_repr_bwd``,
@@ -29,6 +29,7 @@ from .._delta._kernels.state_scan_bwd import state_scan_bwd
 from .._delta._kernels.state_scan_fwd import state_scan_fwd
 from ._kernels.inputs_bwd import inputs_bwd
 from ._kernels.inputs_fwd import inputs_fwd
+from ._kernels.scores import gated_scores
 from ._kernels.wy_dqkwg_bwd import wy_dqkwg_bwd
 
 RCP_LN2 = 1.4426950408889634  # log2(e): fla's gates are cumsummed in log2 space
@@ -133,11 +134,12 @@ def backward(q, k, v, gc, beta, A, scale, initial_state, do, dht, cu_seqlens, ch
         q, k, None, None, g=gc, wy=(A, v, beta), scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
         chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT, save_h=True, save_v_new=True,
         store_o=False)
-    # dv2^T w made from A and beta in the scan (w = A diag(beta gamma) K); the intra-chunk dv from
-    # the gated scores the scan makes from q, k per chunk (neither dv nor A= passed)
+    Aqk = gated_scores(q, k, gc, scale, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
+    # dv2^T w made from A and beta in the scan (w = A diag(beta gamma) K)
     dh, dh0, dv2 = state_scan_bwd(
         q, k, None, do, None, g=gc, h0=initial_state, dht=dht, scale=scale, cu_seqlens=cu_seqlens,
-        chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, wy=(A, beta))
+        chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, A=Aqk, wy=(A, beta))
+    del Aqk
     dq, dk, dv, db, dg = wy_dqkwg_bwd(q, k, v, v_new, gc, beta, A, h, dh, do, dv2, scale, cu_seqlens=cu_seqlens,
                                       chunk_indices=chunk_indices, chunk_size=BT)
     return dq, dk, dv, db, dg, dh0

@@ -88,7 +88,6 @@ def state_scan_bwd_kernel(
     BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     GATE: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DV_FROM_A: tl.constexpr = False, WY_FROM_A: tl.constexpr = False,
-    DV_FROM_QK: tl.constexpr = False,
 ):
     i_v, i_nh, i_n, i_hv, i_hq, i_hk, bos, _, T, boh = scan_program(
         cu_seqlens, chunk_offsets, seq_order, T, V, HQ, HK, HV, BT, BV, IS_VARLEN, True)
@@ -143,18 +142,7 @@ def state_scan_bwd_kernel(
             b_gl = tl.load(g + (t0 + last) * HV).to(tl.float32)
             b_dv2 *= tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)[None, :]
         b_dot = tl.load(do + (t0 + o_i)[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0)
-        b_q = tl.load(q + (t0 + o_i)[:, None] * (HQ * K) + o_k[None, :], mask=m_tk, other=0.0)
-        if DV_FROM_QK:
-            # the intra-chunk dv^T = do^T Aqk, Aqk = scale (q k^T) * Gamma (i >= j) made from the q
-            # and k^T tiles this chunk loads anyway, rounded to q's dtype as gdn's gated_scores
-            # stage would write it (the scalar gate or none; off the dS chain)
-            m_c = (o_i[:, None] >= o_i[None, :]) & m_t[:, None] & m_t[None, :]
-            b_a = tl.dot(b_q, b_kt, input_precision=DOT_PRECISION)
-            if GATE == 1:
-                b_a = b_a * tl.exp2(tl.where(m_c, b_g[:, None] - b_g[None, :], 0.0))
-            b_a = tl.where(m_c, b_a * scale, 0.0).to(b_q.dtype)
-            b_dv2 += tl.dot(b_dot, b_a.to(b_dot.dtype), input_precision=DOT_PRECISION)
-        elif DV_FROM_A:  # the intra-chunk dv^T = do^T tril(A), A's rows (tokens) valid, i >= j
+        if DV_FROM_A:  # the intra-chunk dv^T = do^T tril(A), A's rows (tokens) valid, i >= j
             m_a = m_t[:, None] & (o_i[:, None] >= o_i[None, :])
             b_a = tl.load(A + (t0 + o_i)[:, None] * (HV * BT) + o_i[None, :], mask=m_a, other=0.0)
             b_dv2 += tl.dot(b_dot, b_a.to(b_dot.dtype), input_precision=DOT_PRECISION)
@@ -163,6 +151,7 @@ def state_scan_bwd_kernel(
         tl.store(dv2 + (t0 + o_i)[None, :] * (HV * V) + o_v[:, None], b_dv2.to(dv2.dtype.element_ty), mask=m_vt)
 
         # dS^T = dS^T decay + scale do^T q - dv2^T w
+        b_q = tl.load(q + (t0 + o_i)[:, None] * (HQ * K) + o_k[None, :], mask=m_tk, other=0.0)
         if WY_FROM_A:
             # dv2^T w = ((dv2^T A_wy) diag(beta gamma)) K: A_wy [BT, BT] and k loaded as they lie
             # (A_wy's upper triangle dropped with where)
@@ -195,8 +184,7 @@ def state_scan_bwd_kernel(
 
 state_scan_bwd_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(),
-    key=["HQ", "HK", "HV", "K", "V", "BT", "GATE", "USE_DHT", "STORE_DH0", "IS_VARLEN", "DV_FROM_A", "WY_FROM_A",
-         "DV_FROM_QK"],
+    key=["HQ", "HK", "HV", "K", "V", "BT", "GATE", "USE_DHT", "STORE_DH0", "IS_VARLEN", "DV_FROM_A", "WY_FROM_A"],
     prune_configs_by={"early_config_prune": _prune},
 )(state_scan_bwd_kernel)
 
@@ -233,10 +221,6 @@ def state_scan_bwd(
     h0: only whether dh0 is wanted (its values are not read). scale: required.
     A ``[B, T, HV, BT]`` (KDA's Aqk; with ``dv=None``): the intra-chunk dv = tril(A)^T do is
     made here per chunk instead of read (fla's chunk_kda_bwd_dAv writes it for dhu to read).
-    Neither dv nor A (the scalar gate or none: GDN): the scores are made here too, per chunk,
-    Aqk = scale (q k^T) * exp2(G_i - G_j) for i >= j from the q and k^T tiles the chunk loads anyway
-    (one more [BT, K] x [K, BT] product, off the dS chain), rounded to q's dtype, so that GDN's
-    separate scores stage (a launch, Aqk written and read back) need not run.
     ``wy=(A_wy, beta)`` in place of w (pass ``w=None``; the scalar gate or none): A_wy
     ``[B, T, HV, BT]`` the WY inverse (only its lower triangle, diagonal included, is read),
     beta ``[B, T, HV]``; ``dv2^T w`` is made as ``((dv2^T A_wy) diag(beta gamma)) K`` (one more
@@ -255,12 +239,8 @@ def state_scan_bwd(
     HK = k.shape[2]
     HV, V = do.shape[2], do.shape[3]
     BT = chunk_size
-    if A is not None and dv is not None:
-        raise ValueError("state_scan_bwd: pass dv (the intra-chunk dv) or A (to make it here), not both")
-    dv_from_qk = A is None and dv is None
-    if dv_from_qk and gk is not None:
-        raise ValueError("state_scan_bwd: dv or A is required with the per-channel gate (the scores are made "
-                         "here only for the scalar gate or none)")
+    if (A is None) == (dv is None):
+        raise ValueError("state_scan_bwd: pass dv (the intra-chunk dv) or A (to make it here), one of them")
     if A is not None and tuple(A.shape) != (B, T, HV, BT):
         raise ValueError(f"state_scan_bwd: A {tuple(A.shape)} must be {(B, T, HV, BT)}")
     dv_like = do if dv is None else dv
@@ -309,7 +289,7 @@ def state_scan_bwd(
         KP=max(16, next_pow2(K)), GATE=gate_kind, USE_DHT=dht is not None,
         STORE_DH0=dh0 is not None, IS_VARLEN=is_varlen,
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32", DV_FROM_A=A is not None,
-        WY_FROM_A=beta is not None, DV_FROM_QK=dv_from_qk,
+        WY_FROM_A=beta is not None,
     )
     launch(state_scan_bwd_kernel_tuned, scan_grid(V, N * HV), config, **args)
     record_launch("delta.state_scan_bwd")
