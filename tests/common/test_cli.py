@@ -134,6 +134,7 @@ def test_run_case_hands_each_row_over_as_it_is_made(monkeypatch):
     first row to ``on_row``, which the CLI uses to rewrite the record."""
     monkeypatch.setattr(harness, "median_ms", lambda fn: 2.0)
     monkeypatch.setattr(harness, "host_us", lambda fn, bursts=None: 50.0)
+    monkeypatch.setattr(harness, "kernel_ms", lambda fn: 1.5)
 
     def cut():
         raise KeyboardInterrupt
@@ -144,3 +145,16 @@ def test_run_case_hands_each_row_over_as_it_is_made(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         harness.run_case(case, {"copy_TBps": 4.0}, on_row=seen.append)
     assert [r["direction"] for r in seen] == ["fwd"] and seen[0]["ours_host_us"] == 50.0
+    assert seen[0]["ours_kernel_ms"] == seen[0]["fla_kernel_ms"] == 1.5 and seen[0]["host_bound"] is False
+
+
+def test_a_row_whose_host_time_reaches_its_median_is_marked_host_bound(monkeypatch, capsys):
+    """The timed median of a call whose host time per call is at least 90% of it measures the
+    host: the row says so (``host_bound``, and the printed line), beside its kernels' own time."""
+    monkeypatch.setattr(harness, "median_ms", lambda fn: 0.30)
+    monkeypatch.setattr(harness, "host_us", lambda fn, bursts=None: 290.0)
+    monkeypatch.setattr(harness, "kernel_ms", lambda fn: 0.21)
+    case = harness.Case("cconv", "c", {}, [harness.Direction("bwd", lambda: None, lambda: None)], witness=("cconv.",))
+    row, = harness.run_case(case, {"copy_TBps": 4.0})
+    assert row["host_bound"] is True and row["ours_kernel_ms"] == 0.21
+    assert "host-bound" in capsys.readouterr().out

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 
-from .harness import Case, Direction
-from .kda import _peak_mb, stage_profile
+from .harness import Case, Direction, stage_profile
+from .kda import _peak_mb
 
 PROD = dict(T=8192, H=16, HV=16, K=128, V=128)
 

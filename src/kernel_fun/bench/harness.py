@@ -13,8 +13,9 @@ A family module (``kernel_fun.bench.<family>``) declares:
   inside another's probe), what ``bench --stages`` forces every config of (``stages.py``) and,
   for kda, gdn and gnorm, what ``check`` runs.
 
-The harness times each direction (median of ``triton.testing.do_bench``) and its host time per
-call (``host_us``), observes that our kernels ran (the package's launch counter), measures the
+The harness times each direction (median of ``triton.testing.do_bench``), its host time per
+call (``host_us``) and its kernels' own GPU time (``kernel_ms``, from torch.profiler; a row whose
+host time reaches its median is marked host-bound), observes that our kernels ran (the package's launch counter), measures the
 card's ceilings in the same run, prints a table and writes one JSON record.
 """
 from __future__ import annotations
@@ -33,6 +34,7 @@ HOST_CALLS = 10  # calls per burst: few enough that the launch queue never fills
 HOST_BURSTS = 30
 HOST_MIN_BURSTS = 5
 HOST_BUDGET_MS = 3000  # GPU time the bursts of one host column may take: a 30 ms call gets 10
+HOST_BOUND_FRACTION = 0.9  # a row whose host time a call is at least this much of its timed median
 
 
 class UsageError(ValueError):
@@ -66,6 +68,31 @@ def median_ms(fn) -> float:
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"))
+
+
+def stage_profile(fn, reps: int = 3) -> dict:
+    """Kernel time per kernel name (ms per call) over ``reps`` calls, from torch.profiler."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    table = {}
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t:
+            table[e.key] = round(t / 1e3 / reps, 4)
+    return dict(sorted(table.items(), key=lambda kv: -kv[1]))
+
+
+def kernel_ms(fn) -> float:
+    """The GPU time of the kernels one call of ``fn`` launches (ms, from ``stage_profile``): beside a
+    row's timed median, what of it is kernels; the rest is the GPU waiting, for the host or between
+    launches (a host-bound row's timed median is its host's time, not its kernels')."""
+    return round(sum(stage_profile(fn).values()), 4)
 
 
 def _copy_ms(n: int) -> float:
@@ -310,7 +337,12 @@ def run_case(case: Case, ceilings: dict, on_row: Callable[[dict], None] | None =
                "ours_ms": round(ours_ms, 4), "fla_ms": None if fla_ms is None else round(fla_ms, 4),
                "speedup": None if fla_ms is None else round(fla_ms / ours_ms, 3), "engaged": engaged,
                "ours_host_us": round(ours_host, 1),
-               "fla_host_us": None if fla_host is None else round(fla_host, 1)}
+               "fla_host_us": None if fla_host is None else round(fla_host, 1),
+               # the kernels' own time, and whether the timed median is the host's (its time a call
+               # at least 90% of the median): such a row moves with the lent machine's host
+               "ours_kernel_ms": kernel_ms(d.ours),
+               "fla_kernel_ms": kernel_ms(d.fla) if d.fla is not None else None,
+               "host_bound": ours_host / 1e3 >= HOST_BOUND_FRACTION * ours_ms}
         if d.nbytes:
             tbps = d.nbytes / ours_ms / 1e9
             row["TBps"] = round(tbps, 3)
@@ -338,7 +370,7 @@ def _format_row(r: dict) -> str:
         rate = f"{r['TBps']:6.2f} TB/s ({r['pct_of_copy']:5.1f}% of copy)"
     elif "TFLOPs" in r:
         rate = f"{r['TFLOPs']:6.1f} TFLOP/s ({r['pct_of_matmul']:5.1f}% of matmul)"
-    eng = "" if r["engaged"] else "  NOT ENGAGED"
+    eng = ("" if r["engaged"] else "  NOT ENGAGED") + ("  host-bound" if r.get("host_bound") else "")
     host = f"{r['ours_host_us']:7.1f} " + (f"{r['fla_host_us']:7.1f}" if r.get("fla_host_us") is not None else "      -")
     return (f"{r['family']:6s} {r['case']:22s} {r['direction']:7s} {r['ours_ms']:8.3f} {fla} {sp} {host}"
             f"  {rate}{eng}")
@@ -362,7 +394,9 @@ def record(rows: list[dict], ceilings: dict, extra: dict | None = None) -> dict:
         "timing": {"method": "triton.testing.do_bench median", "warmup_ms": WARMUP_MS, "rep_ms": REP_MS,
                    "host_us": f"median over {HOST_BURSTS} bursts (fewer, down to {HOST_MIN_BURSTS}, where they "
                               f"would keep the GPU busy over {HOST_BUDGET_MS} ms) of the wall time of "
-                              f"{HOST_CALLS} calls without sync (from an idle GPU) per call"},
+                              f"{HOST_CALLS} calls without sync (from an idle GPU) per call",
+                   "kernel_ms": "the kernels' own GPU time a call (torch.profiler, 3 calls); host_bound: the "
+                                f"host time a call is at least {HOST_BOUND_FRACTION:.0%} of the timed median"},
         "ceilings": ceilings,
         "rows": rows,
     }

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 
-from .harness import Case, Direction
+from .harness import Case, Direction, stage_profile
 
 PROD = dict(T=8192, H=16, HV=16, K=128, V=256)
 # `--shape` keys (a custom case: the production shape at B=8 with these replaced)
@@ -43,24 +43,6 @@ def _peak_mb(fn) -> float:
     fn()
     torch.cuda.synchronize()
     return round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
-
-
-def stage_profile(fn, reps: int = 3) -> dict:
-    """Kernel time per kernel name (ms per call) over ``reps`` calls, from torch.profiler."""
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    table = {}
-    for e in prof.key_averages():
-        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if t:
-            table[e.key] = round(t / 1e3 / reps, 4)
-    return dict(sorted(table.items(), key=lambda kv: -kv[1]))
 
 
 # The stages of the shipped KDA chain that are ours (kda/chain.py), so a record says what it measured.
