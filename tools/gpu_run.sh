@@ -13,7 +13,8 @@
 #        gdn_host (where gdn's host time per call goes: tools/gdn_host.py; GDN_HOST_SHAPE="B=4,T=4096,HV=32"),
 #        flashqla (installs the FlashQLA wheels carried in .whl_fq/ into /tmp/site_fq, on this step's
 #        path only; runs tools/flashqla_probe.py, then the gdn bench's *_vs_flashqla cases:
-#        FLASHQLA_CASES replaces the --case list; STEP_TIMEOUT applies to each of the two),
+#        FLASHQLA_CASES replaces the --case list; FLASHQLA_PROBE=0 skips the probe; STEP_TIMEOUT
+#        applies to each of the two),
 #        ncu_kda, ncu_gdn (Nsight Compute on the backward stage kernels, tools/stage_ncu.py;
 #        NCU_ARGS replaces its arguments), kda_variants (the
 #        shipped chain against fla's own chunk_kda and fp64; the one-anchor, score-gradient
@@ -160,7 +161,8 @@ for step in "$@"; do
       # copy of the library (libz3.so, what z3's Python loads; the carry's limit is 64 MiB), linked here
       [ -f /tmp/site_fq/z3/lib/libz3.so ] && ln -sf libz3.so /tmp/site_fq/z3/lib/libz3.so.4.15
       ( export PYTHONPATH=/tmp/site_fq:$PYTHONPATH LD_LIBRARY_PATH=/tmp/site_fq/z3/lib:${LD_LIBRARY_PATH:-}
-        timeout "$T" python3 tools/flashqla_probe.py 2>&1 | tee "$OUT/flashqla.log"
+        # FLASHQLA_PROBE=0 skips the probe (FlashQLA compiles its kernels anew in each process, ~90 s)
+        [ "${FLASHQLA_PROBE:-1}" = 0 ] || timeout "$T" python3 tools/flashqla_probe.py 2>&1 | tee "$OUT/flashqla.log"
         timeout "$T" python3 -m kernel_fun bench --family gdn ${FLASHQLA_CASES:---case prod_b8_vs_flashqla --case grouped_h16_hv32_b4_vs_flashqla} \
           --json "$OUT/gdn_flashqla.json" 2>&1 | tee "$OUT/gdn_flashqla.log" ) ;;
     gdn_host) timeout "$T" python3 tools/gdn_host.py "$OUT/gdn_host.json" ${GDN_HOST_SHAPE:-} 2>&1 | tee "$OUT/gdn_host.log" | tail -60 ;;
