@@ -15,8 +15,9 @@ A family module (``kernel_fun.bench.<family>``) declares:
 
 The harness times each direction (median of ``triton.testing.do_bench``), its host time per
 call (``host_us``) and its kernels' own GPU time (``kernel_ms``, from torch.profiler; a row whose
-host time reaches its median is marked host-bound), observes that our kernels ran (the package's launch counter), measures the
-card's ceilings in the same run, prints a table and writes one JSON record.
+host time reaches its median is marked host-bound), observes that our kernels ran (the package's
+launch counter), measures the card's ceilings in the same run, prints a table and writes one JSON
+record.
 """
 from __future__ import annotations
 
@@ -338,8 +339,8 @@ def run_case(case: Case, ceilings: dict, on_row: Callable[[dict], None] | None =
                "speedup": None if fla_ms is None else round(fla_ms / ours_ms, 3), "engaged": engaged,
                "ours_host_us": round(ours_host, 1),
                "fla_host_us": None if fla_host is None else round(fla_host, 1),
-               # the kernels' own time, and whether the timed median is the host's (its time a call
-               # at least 90% of the median): such a row moves with the lent machine's host
+               # the kernels' own time, and whether the timed median is the host's: such a row
+               # moves with the lent machine's host
                "ours_kernel_ms": kernel_ms(d.ours),
                "fla_kernel_ms": kernel_ms(d.fla) if d.fla is not None else None,
                "host_bound": ours_host / 1e3 >= HOST_BOUND_FRACTION * ours_ms}

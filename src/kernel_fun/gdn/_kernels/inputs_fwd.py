@@ -32,9 +32,9 @@ from kernel_fun._delta.gate import gate_value
 
 install_interpreter_shims()
 
-# The first is the interpreter's. Not yet timed on a GPU. sm_90a (Triton 3.6, H=16 HV=32 K=128, the
-# layer's flags, 2026-12-02): registers w4 117, w2 255, w8 63; no stack, dense and packed alike
-# (2026-12-03, with the v copy: w4 117, w2 255, w8 64, no stack).
+# The first is the interpreter's. Timed only inside the chain (the autotuner's pick; docs/gdn.md).
+# sm_90a (Triton 3.6, H=16 HV=32 K=128, the layer's flags, v copied, 2026-12-03): registers w4 117,
+# w2 255, w8 64; no stack, dense and packed alike.
 CONFIGS = [triton.Config({}, num_warps=nw) for nw in (4, 2, 8)]
 CANDIDATES: list = []
 
