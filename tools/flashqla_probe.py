@@ -45,6 +45,7 @@ def main() -> int:
 
     from kernel_fun import gdn
     from kernel_fun._common.numerics import rel_rms as rel
+    from kernel_fun.bench.gdn import flashqla_off
     from kernel_fun.gdn.reference import chunk_gated_delta_rule_ref
 
     B, T, H, HV, K, V = 1, 256, 2, 4, 128, 128
@@ -66,10 +67,9 @@ def main() -> int:
 
     names = ("o", "dq", "dk", "dv", "dg", "dbeta")
     ref = run(chunk_gated_delta_rule_ref, torch.float64)
-    # with flash_qla installed our op routes this call to fla, i.e. to FlashQLA: =0 makes it ours
-    os.environ["FLA_FLASH_QLA"] = "0"
-    ours = run(gdn.chunk_gated_delta_rule)
-    del os.environ["FLA_FLASH_QLA"]
+    # with flash_qla installed our op routes this call to fla, i.e. to FlashQLA: off, it is ours
+    with flashqla_off():
+        ours = run(gdn.chunk_gated_delta_rule)
     t0 = time.time()
     try:
         fq = run(flash_qla.chunk_gated_delta_rule)

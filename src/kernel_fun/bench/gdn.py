@@ -118,6 +118,23 @@ def _case(name, B, T, H, HV, K, V, cu_seqlens=None, profile=False):
     return Case("gdn", name, shape, dirs, witness=("gdn.", "delta."))
 
 
+@contextlib.contextmanager
+def flashqla_off():
+    """``FLA_FLASH_QLA=0`` inside the block: fla's dispatch (and so ours, ops.py's box) leaves
+    FlashQLA's calls alone, so that our op runs our chain beside an installed FlashQLA."""
+    import os
+
+    before = os.environ.get("FLA_FLASH_QLA")
+    os.environ["FLA_FLASH_QLA"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["FLA_FLASH_QLA"]
+        else:
+            os.environ["FLA_FLASH_QLA"] = before
+
+
 def _flashqla_case(name, B, T, H, HV, K, V):
     """Ours against FlashQLA (QwenLM's TileLang GDN, the ``flash_qla`` package; in the record's
     ``fla`` column) on the call FlashQLA supports: the gate precomputed in log space and beta
@@ -129,7 +146,6 @@ def _flashqla_case(name, B, T, H, HV, K, V):
     (two environment writes, ~1 us of its host time) so it runs our chain; FlashQLA's column
     calls ``flash_qla`` directly."""
     import importlib.metadata
-    import os
 
     import flash_qla
     import torch
@@ -154,15 +170,8 @@ def _flashqla_case(name, B, T, H, HV, K, V):
         return lambda: torch.autograd.grad(call(fn), leaves, do)
 
     def ours(*args, **kwargs):
-        before = os.environ.get("FLA_FLASH_QLA")
-        os.environ["FLA_FLASH_QLA"] = "0"
-        try:
+        with flashqla_off():
             return gdn.chunk_gated_delta_rule(*args, **kwargs)
-        finally:
-            if before is None:
-                del os.environ["FLA_FLASH_QLA"]
-            else:
-                os.environ["FLA_FLASH_QLA"] = before
 
     fq = flash_qla.chunk_gated_delta_rule
     o_ours, o_fq = call(ours), call(fq)
