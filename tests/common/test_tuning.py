@@ -65,3 +65,23 @@ def test_host_cdiv_and_next_pow2_equal_tritons():
     assert all(next_pow2(n) == triton.next_power_of_2(n) for n in range(-3, 5000))
     assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 300) for b in range(1, 70))
     assert cdiv(2**40 + 1, 64) == triton.cdiv(2**40 + 1, 64)
+
+
+def test_row_stride():
+    """The row stride of an output a launcher writes into: a contiguous tensor, a column slice
+    of one (the fused q/k/v gradient's parts), size-1 batch or time; not rows unevenly spaced or
+    inner dimensions strided."""
+    import pytest
+    import torch
+
+    from kernel_fun._common.tuning import row_stride
+
+    assert row_stride(torch.empty(2, 5, 3, 4), "x") == 12
+    base = torch.empty(2, 5, 40)
+    assert row_stride(base[..., 8:20].unflatten(-1, (3, 4)), "x") == 40
+    assert row_stride(base[:1, :, 8:20].unflatten(-1, (3, 4)), "x") == 40
+    assert row_stride(base[:, :1, 8:20].unflatten(-1, (3, 4)), "x") == 200
+    with pytest.raises(ValueError, match="not contiguous"):
+        row_stride(torch.empty(2, 5, 4, 3).transpose(2, 3), "x")
+    with pytest.raises(ValueError, match="evenly spaced"):
+        row_stride(torch.empty(2, 6, 12)[:, :5].unflatten(-1, (3, 4)), "x")

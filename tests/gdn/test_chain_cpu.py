@@ -123,3 +123,45 @@ def test_column_slices_of_the_fused_qkv_buffer(_standins):
     g_dense = torch.autograd.grad(gdn.chunk_gated_delta_rule(*dense, t["g"].detach(), t["beta"].detach(),
                                                              **flags)[0], dense, do)
     assert torch.equal(g_strided, torch.cat([x.flatten(2) for x in g_dense], -1))
+
+
+class _CountOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the aten ops run under it (by name)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        self.seen[name] = self.seen.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("extra", [0, 16], ids=["exact", "extra_columns"])
+def test_fused_qkv_gradient_written_whole(extra, _standins):
+    """Where q, k, v are the three column slices of one tensor (the layer's split of its fused
+    conv output), the backward writes the tensor's gradient whole (dq, dk, dv into its three
+    parts, every element written: outputs start as NaN here) and autograd's split backward (a
+    cat of three gradients) never runs; bit for bit the gradients of three separate tensors. A
+    tensor with columns beyond q, k, v (``extra``) takes the three-gradient path, also exact."""
+    B, T, H, HV, K, V = 2, 70, 1, 2, 64, 64
+    t = make_inputs(B=B, T=T, H=H, HV=HV, K=K, V=V, device="cpu", dtype=torch.float16)
+    parts = [t["q"].detach().flatten(2), t["k"].detach().flatten(2), t["v"].detach().flatten(2)]
+    base = torch.cat(parts + [torch.randn(B, T, extra).half()], -1).requires_grad_()
+    q, k, v, _ = (x.view(B, T, -1, d) for x, d in zip(base.split([H * K, H * K, HV * V, extra], -1), (K, K, V, 1)))
+    flags = dict(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, use_gate_in_kernel=True,
+                 A_log=t["A_log"].detach(), dt_bias=t["dt_bias"].detach(), state_v_first=True)
+    from kernel_fun.gdn.ops import _fused_qkv
+
+    assert (_fused_qkv(q, k, v, True) is base) == (extra == 0)
+    o, _ = gdn.chunk_gated_delta_rule(q, k, v, t["g"].detach(), t["beta"].detach(), **flags)
+    do = torch.randn_like(o)
+    with _CountOps() as ops:
+        d_base, = torch.autograd.grad(o, base, do)
+    assert ("aten.cat" in ops.seen) == (extra > 0), ops.seen
+    dense = [x.detach().contiguous().requires_grad_() for x in (q, k, v)]
+    d_dense = torch.autograd.grad(gdn.chunk_gated_delta_rule(*dense, t["g"].detach(), t["beta"].detach(),
+                                                             **flags)[0], dense, do)
+    want = torch.cat([x.flatten(2) for x in d_dense] + [torch.zeros(B, T, extra).half()], -1)
+    assert torch.equal(d_base, want)

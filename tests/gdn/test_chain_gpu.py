@@ -282,3 +282,45 @@ def test_fused_inputs_every_config_against_fla_stages(config):
             *fla_symbol("fla.ops.gated_delta_rule.gate", "gdn_gate_bwd")(g=g, A_log=A_log, dt_bias=dt, dyg=dg))
     for n, a, b in zip(("dq", "dk", "dbeta", "dg", "dA_log", "ddt_bias"), got, want):
         assert _rel(a.float(), b.float()) < 2e-3, (n, _rel(a.float(), b.float()))
+
+
+def test_fused_qkv_gradient_written_whole_at_the_layers_heads():
+    """The layer's q, k, v (three column slices of its fused conv output) at the layer's heads in
+    bf16: the backward writes the fused tensor's gradient whole, bit for bit the three separate
+    gradients concatenated, with no concatenation kernel in the step (autograd's split backward did
+    not run), and a CUDA graph of the step replays it bit for bit."""
+    B, T, H, HV, K, V = 2, 2048, 16, 32, 128, 128
+    t = make_inputs(B=B, T=T, H=H, HV=HV, K=K, V=V, device="cuda")
+    flags = dict(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, state_v_first=True,
+                 use_gate_in_kernel=True, A_log=t["A_log"].detach(), dt_bias=t["dt_bias"].detach())
+    g, beta = t["g"].detach(), t["beta"].detach()
+    base = torch.cat([t[n].detach().flatten(2) for n in ("q", "k", "v")], -1).requires_grad_()
+    do = torch.randn(B, T, HV, V, device="cuda").bfloat16()
+
+    def step():
+        q, k, v = (x.unflatten(-1, (-1, d)) for x, d in zip(base.split([H * K, H * K, HV * V], -1), (K, K, V)))
+        o, _ = gdn.chunk_gated_delta_rule(q, k, v, g, beta, **flags)
+        return torch.autograd.grad(o, base, do)[0]
+
+    dense = [t[n].detach().contiguous().requires_grad_() for n in ("q", "k", "v")]
+    want = torch.cat([x.flatten(2) for x in torch.autograd.grad(
+        gdn.chunk_gated_delta_rule(*dense, g, beta, **flags)[0], dense, do)], -1)
+    eager = step()
+    assert torch.equal(eager, want)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    names = {e.key for e in prof.key_averages()}
+    assert not any("CatArray" in n for n in names), sorted(names)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static, eager)

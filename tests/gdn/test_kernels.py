@@ -250,3 +250,59 @@ def test_inputs_bwd(name, dtype, tol):
             continue
         assert torch.isfinite(g_).all(), n
         assert rel_rms(g_.double(), want[n]) < tol, (n, rel_rms(g_.double(), want[n]))
+
+
+def _strided_out(B, T, parts, dtype, pad=(8, 24)):
+    """A NaN ``[B, T, pad0 + sum(parts) + pad1]`` buffer and ``[B, T, n, d]`` views of its column
+    ranges (n, d in ``parts``), as the fused q/k/v gradient's parts are laid out."""
+    buf = torch.full((B, T, pad[0] + sum(n * d for n, d in parts) + pad[1]), float("nan"), dtype=dtype)
+    views, c = [], pad[0]
+    for n, d in parts:
+        views.append(buf[..., c:c + n * d].unflatten(-1, (n, d)))
+        c += n * d
+    return buf, views
+
+
+@pytest.mark.parametrize("name", ["grouped", "varlen_1tok"])
+def test_wy_dqkwg_bwd_dv_into_strided_rows(name):
+    """dv written into a column slice of a wider tensor (the fused q/k/v gradient's v part) and
+    read back from there by the second half: every output bit for bit as into a tensor of its
+    own, and no column outside the slice touched (they stay NaN)."""
+    B, T, H, HV, K, V, cu = CASES[name]
+    t, cu_t = _inputs(B, T, H, HV, K, V, cu, torch.float16)
+    idx = None
+    if cu_t is not None:
+        from fla.ops.utils.index import prepare_chunk_indices
+        idx = prepare_chunk_indices(cu_t, 64)
+    kw = dict(scale=K ** -0.5, cu_seqlens=cu_t, chunk_indices=idx, out_dtype=torch.float32)
+    want = bwd_mod.wy_dqkwg_bwd(**t, **kw)
+    buf, (dv_out,) = _strided_out(B, T, [(HV, V)], torch.float16)
+    got = bwd_mod.wy_dqkwg_bwd(**t, **kw, dv_out=dv_out)
+    assert got[2] is dv_out
+    for n, a, b in zip(("dq", "dk", "dv", "dbeta", "dg"), got, want):
+        assert torch.equal(a, b), n
+    assert buf[..., :8].isnan().all() and buf[..., 8 + HV * V:].isnan().all()
+
+
+def test_inputs_bwd_into_strided_rows():
+    """dq, dk written into two column slices of one wider tensor (the fused q/k/v gradient's q
+    and k parts): bit for bit as into tensors of their own, nothing outside them touched."""
+    from kernel_fun.gdn._kernels.inputs_bwd import inputs_bwd
+
+    (B, T, H, HV, K, cu_t, idx, gate_in), x, low = _inputs_case("grouped", torch.float16)
+    torch.manual_seed(2)
+    qn = torch.nn.functional.normalize(x["q"], dim=-1).half()
+    kn = torch.nn.functional.normalize(x["k"], dim=-1).half()
+    rq, rk = (torch.rand(B, T, H) + 0.5 for _ in range(2))
+    dq, dk = torch.randn(B, T, H, K).half(), torch.randn(B, T, H, K).half()
+    args = (qn, rq, dq, kn, rk, dk, low["beta"], torch.randn(B, T, HV), True, 2.0, low["g"], low["A_log"],
+            low["dt_bias"], torch.randn(B, T, HV), gate_in, cu_t, idx)
+    want = inputs_bwd(*args)
+    buf, (dq_out, dk_out) = _strided_out(B, T, [(H, K), (H, K)], torch.float16)
+    got = inputs_bwd(*args, dq_out=dq_out, dk_out=dk_out)
+    assert got[0] is dq_out and got[1] is dk_out
+    for a, b in zip(got, want):
+        assert (a is None and b is None) or torch.equal(a, b)
+    assert buf[..., :8].isnan().all() and buf[..., 8 + 2 * H * K:].isnan().all()
+    with pytest.raises(ValueError, match="one stride"):
+        inputs_bwd(*args, dq_out=dq_out, dk_out=torch.empty(B, T, H, K).half())

@@ -51,6 +51,23 @@ def alloc(size, dtype=None, device=None):
     return torch.empty(size, dtype=dtype, device=device)
 
 
+def row_stride(t, name: str) -> int:
+    """The token-row stride (elements) of a ``[B, T, *inner]`` output a launcher is handed to
+    write into: its inner dimensions contiguous and its B x T rows evenly spaced (a contiguous
+    tensor, or a column slice of one, as a fused q/k/v gradient's parts are); ValueError else."""
+    inner = 1
+    for d in range(t.dim() - 1, 1, -1):
+        if t.shape[d] > 1 and t.stride(d) != inner:
+            raise ValueError(f"{name}: inner dimensions not contiguous (shape {tuple(t.shape)}, "
+                             f"strides {t.stride()})")
+        inner *= t.shape[d]
+    B, T = t.shape[0], t.shape[1]
+    s = t.stride(1) if T > 1 else (t.stride(0) if B > 1 else inner)
+    if s < inner or (B > 1 and T > 1 and t.stride(0) != T * s):
+        raise ValueError(f"{name}: rows not evenly spaced (shape {tuple(t.shape)}, strides {t.stride()})")
+    return s
+
+
 def launch(kernel, grid, config, *args, **kwargs):
     """Launch an autotuned kernel, or, with ``config`` (a ``triton.Config`` from its module's
     ``CONFIGS`` or ``CANDIDATES``), the underlying jit function with exactly that

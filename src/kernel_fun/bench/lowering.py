@@ -326,6 +326,8 @@ def _gdn_specs(name, m, kernel, full, grouped=False):
     fn = _jit_fn(kernel)
     ptr = {n: "*fp32" if n in _GDN_FP32 else "*bf16" for n in fn.arg_names}
     ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
+    if "s_dv" in ptr:  # dv's row stride: HV * V, or the fused q/k/v gradient's row (multiples of 16)
+        ptr["s_dv"] = "i32:16"
     # HV = 32 changes code only where G = HV / H is a loop bound (``grouped``: wy_dqk_bwd's
     # group loop); elsewhere it is one more stride constant, compiled only in the full list
     hvs = (16, 32) if full or grouped else (16,)
@@ -370,6 +372,7 @@ def gdn_inputs(full):
         fn = _jit_fn(kernel)
         ptr = {n: ("*fp32" if n in fp32 else "*bf16") for n in fn.arg_names}
         ptr.update({n: "i32" for n in ptr if n == "T" or n.startswith("s_")},
+                   **{n: "i32:16" for n in ("s_dqk",) if n in ptr},  # H * K or the fused q/k/v row
                    **{n: "fp32" for n in ("gate_scale", "beta_scale", "eps") if n in ptr},
                    cu_seqlens="*i64", chunk_indices="*i64")
         for cfg, fl in itertools.product(m.CONFIGS + (m.CANDIDATES if full else []), flags):

@@ -82,10 +82,12 @@ def inputs_forward(q, k, v, g, beta, A_log, dt_bias, use_gate_in_kernel, use_bet
 
 
 def inputs_backward(q, q_rstd, dq, k, k_rstd, dk, beta_raw, dbeta, use_beta_sigmoid, beta_scale, g, A_log, dt_bias,
-                    dg, use_gate_in_kernel, cu_seqlens, chunk_indices):
-    """``(dq, dk, dbeta, dg, dA_log, ddt_bias)`` through the stages ``inputs_forward`` ran."""
+                    dg, use_gate_in_kernel, cu_seqlens, chunk_indices, dq_out=None, dk_out=None):
+    """``(dq, dk, dbeta, dg, dA_log, ddt_bias)`` through the stages ``inputs_forward`` ran (dq, dk
+    written into ``dq_out``, ``dk_out`` where given)."""
     return inputs_bwd(q, q_rstd, dq, k, k_rstd, dk, beta_raw, dbeta, use_beta_sigmoid, beta_scale, g, A_log, dt_bias,
-                      dg, use_gate_in_kernel, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
+                      dg, use_gate_in_kernel, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT,
+                      dq_out=dq_out, dk_out=dk_out)
 
 
 def wy_inverse(k, gc, beta, cu_seqlens, chunk_indices):
@@ -123,10 +125,11 @@ def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final
     return o, final_state, gc, A, chunk_indices, chunk_offsets
 
 
-def backward(q, k, v, gc, beta, A, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets):
+def backward(q, k, v, gc, beta, A, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets,
+             dv_out=None):
     """Gradients w.r.t. q, k (the ones the chain saw: normalized where the op normalizes), v,
     the (activated) beta, the per-token natural-log gate, and the initial state:
-    ``(dq, dk, dv, dbeta fp32, dg fp32, dh0 or None)``."""
+    ``(dq, dk, dv, dbeta fp32, dg fp32, dh0 or None)``; dv written into ``dv_out`` where given."""
     # The forward scan again, now writing h (the state before each chunk) and v_new, and no
     # output (store_o=False: no q read, half the products, no o written); v_new from A, v, beta
     # as in the forward, so w and u are never formed.
@@ -141,7 +144,7 @@ def backward(q, k, v, gc, beta, A, scale, initial_state, do, dht, cu_seqlens, ch
         chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, A=Aqk, wy=(A, beta))
     del Aqk
     dq, dk, dv, db, dg = wy_dqkwg_bwd(q, k, v, v_new, gc, beta, A, h, dh, do, dv2, scale, cu_seqlens=cu_seqlens,
-                                      chunk_indices=chunk_indices, chunk_size=BT)
+                                      chunk_indices=chunk_indices, chunk_size=BT, dv_out=dv_out)
     return dq, dk, dv, db, dg, dh0
 
 

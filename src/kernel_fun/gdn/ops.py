@@ -54,6 +54,28 @@ def _signature(call: dict, extra: dict):
             frontend.state_v_first(call, extra))
 
 
+def _fused_qkv(q, k, v, use_qk_l2norm: bool):
+    """The tensor q, k and v are column slices of, ``[B, T, H*K | H*K | HV*V]`` in that order (fla's
+    ``GatedDeltaNet`` splits its fused q/k/v conv output so), when the backward can write its
+    gradient whole: the backward then writes dq, dk and dv into one tensor of the base's shape, and
+    autograd's split backward (a copy of all three into a new tensor) never runs. None otherwise
+    (the gradients of q, k, v as three tensors, as before)."""
+    base = q._base
+    if (base is None or k._base is not base or v._base is not base or not use_qk_l2norm
+            or not torch.is_grad_enabled() or not base.requires_grad or base.dim() != 3
+            or base.dtype != q.dtype or not base.is_contiguous()):
+        return None
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    C, o = base.shape[2], base.storage_offset()
+    if tuple(base.shape[:2]) != (B, T) or C != 2 * H * K + HV * V:
+        return None
+    for x, col, d in ((q, 0, K), (k, H * K, K), (v, 2 * H * K, V)):
+        if x.storage_offset() - o != col or x.stride() != (T * C, C, d, 1):
+            return None
+    return base
+
+
 def _tensors(call: dict, extra: dict) -> list:
     out = [call[n] for n in ("q", "k", "v", "g", "beta", "initial_state")]
     return out + [extra.get("A_log"), extra.get("dt_bias")]
@@ -164,9 +186,12 @@ def chunk_gated_delta_rule(
     v_first, initial_state = frontend.states_in(call, kwargs, initial_state)
     gate_in = bool(kwargs.get("use_gate_in_kernel", False))
     K = q.shape[-1]
+    qkv = _fused_qkv(q, k, v, use_qk_l2norm_in_kernel)
+    if qkv is not None:  # autograd's edge goes to the fused tensor; q, k, v are read through it
+        q, k, v = q.detach(), k.detach(), v.detach()
     o, final_state = ChunkGatedDeltaRuleFunction.apply(
         q, k, v, g, beta, kwargs.get("A_log") if gate_in else None, kwargs.get("dt_bias") if gate_in else None,
         initial_state, K ** -0.5 if scale is None else scale, output_final_state, use_qk_l2norm_in_kernel,
         gate_in, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, cu_seqlens_cpu,
-        chunk_indices if cu_seqlens is not None else None, _signature(call, kwargs))
+        chunk_indices if cu_seqlens is not None else None, (*_signature(call, kwargs), qkv is not None), qkv)
     return o, frontend.states_out(v_first, final_state)

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
-    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch, next_pow2)
+    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch, next_pow2, row_stride)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_program
 from kernel_fun._delta.gate import gate_grad
@@ -35,9 +35,10 @@ CANDIDATES: list = []
 
 
 @triton.jit
-def _l2norm_bwd_rows(y, rstd, dy, dx, row0, i_h, n_valid, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
-                     BT: tl.constexpr):
-    """dx of rows ``row0 .. + BT`` of head ``i_h`` (all ``[B, T, H, K]`` contiguous)."""
+def _l2norm_bwd_rows(y, rstd, dy, dx, s_dx, row0, i_h, n_valid, H: tl.constexpr, K: tl.constexpr,
+                     KP: tl.constexpr, BT: tl.constexpr):
+    """dx of rows ``row0 .. + BT`` of head ``i_h`` (y, dy ``[B, T, H, K]`` contiguous; dx's rows
+    ``s_dx`` elements apart)."""
     o_i = tl.arange(0, BT)
     o_k = tl.arange(0, KP)
     m_t = o_i < n_valid
@@ -47,7 +48,7 @@ def _l2norm_bwd_rows(y, rstd, dy, dx, row0, i_h, n_valid, H: tl.constexpr, K: tl
     b_dy = tl.load(dy + p, mask=m, other=0.0).to(tl.float32)
     b_r = tl.load(rstd + (row0 + o_i) * H + i_h, mask=m_t, other=0.0)
     b_dx = (b_dy - b_y * tl.sum(b_dy * b_y, axis=1)[:, None]) * b_r[:, None]
-    tl.store(dx + p, b_dx.to(dx.dtype.element_ty), mask=m)
+    tl.store(dx + (row0 + o_i)[:, None] * s_dx + i_h * K + o_k[None, :], b_dx.to(dx.dtype.element_ty), mask=m)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -58,6 +59,7 @@ def inputs_bwd_kernel(
     part,  # [chunks, 2, HV] fp32 out: per program, the sums toward dA_log and ddt_bias
     cu_seqlens, chunk_indices,
     T,
+    s_dqk,  # the row stride of dq_out and dk_out (H * K, or a fused q/k/v gradient's row)
     beta_scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr,
     GATE_IN_KERNEL: tl.constexpr, HAS_DT_BIAS: tl.constexpr, BETA_SIGMOID: tl.constexpr, IS_VARLEN: tl.constexpr,
@@ -80,8 +82,8 @@ def inputs_bwd_kernel(
         tl.store(part + (i_tg * 2) * HV + i_hv, tl.sum(b_dA, axis=0))
         tl.store(part + (i_tg * 2 + 1) * HV + i_hv, tl.sum(b_dg, axis=0))
     if i_hv % (HV // H) == 0:  # the group's first value head: its qk head's rows
-        _l2norm_bwd_rows(q, q_rstd, dq, dq_out, row0, i_h, n_valid, H, K, KP, BT)
-        _l2norm_bwd_rows(k, k_rstd, dk, dk_out, row0, i_h, n_valid, H, K, KP, BT)
+        _l2norm_bwd_rows(q, q_rstd, dq, dq_out, s_dqk, row0, i_h, n_valid, H, K, KP, BT)
+        _l2norm_bwd_rows(k, k_rstd, dk, dk_out, s_dqk, row0, i_h, n_valid, H, K, KP, BT)
 
 
 inputs_bwd_kernel_tuned = triton.autotune(
@@ -92,19 +94,29 @@ inputs_bwd_kernel_tuned = triton.autotune(
 
 def inputs_bwd(q, q_rstd, dq, k, k_rstd, dk, beta, dbeta, beta_sigmoid: bool, beta_scale: float, g, A_log, dt_bias,
                dg, gate_in_kernel: bool, cu_seqlens=None, chunk_indices=None, chunk_size: int = 64,
-               *, config: triton.Config | None = None):
+               dq_out=None, dk_out=None, *, config: triton.Config | None = None):
     """``(dq, dk, dbeta, dg, dA_log, ddt_bias)``: the gradients through the l2norm of q and k (q, k
     the normalized ``[B, T, H, K]``, dq, dk those of the normalized), beta's sigmoid (with
     ``beta_sigmoid``; else dbeta as given) and the in-op gate (with ``gate_in_kernel``; else dg as
     given, dA_log and ddt_bias None), in q's, beta's and g's dtypes, dA_log and ddt_bias in A_log's
-    and dt_bias's. One launch and one sum."""
+    and dt_bias's. One launch and one sum. ``dq_out``, ``dk_out`` (both or neither): where to write
+    dq, dk, ``[B, T, H, K]`` views with one row stride (the q and k parts of a fused q/k/v
+    gradient), else new tensors."""
     B, T, H, K = q.shape
     HV = g.shape[2]
     BT = chunk_size
     is_varlen = cu_seqlens is not None
     NT = len(chunk_indices) if is_varlen else cdiv(T, BT)
     q, dq, k, dk, beta, dbeta, g, dg = (x.contiguous() for x in (q, dq, k, dk, beta, dbeta, g, dg))
-    dq_out, dk_out = alloc(q.shape, dtype=q.dtype, device=q.device), alloc(k.shape, dtype=k.dtype, device=k.device)
+    if dq_out is None:
+        dq_out, dk_out = alloc(q.shape, dtype=q.dtype, device=q.device), alloc(k.shape, dtype=k.dtype, device=k.device)
+    elif (tuple(dq_out.shape) != (B, T, H, K) or tuple(dk_out.shape) != (B, T, H, K) or dq_out.dtype != q.dtype
+          or dk_out.dtype != k.dtype):
+        raise ValueError(f"inputs_bwd: dq_out {tuple(dq_out.shape)} {dq_out.dtype}, dk_out {tuple(dk_out.shape)} "
+                         f"{dk_out.dtype} must be {(B, T, H, K)} {q.dtype}")
+    s_dqk = row_stride(dq_out, "dq_out")
+    if row_stride(dk_out, "dk_out") != s_dqk:
+        raise ValueError(f"inputs_bwd: dq_out and dk_out rows {s_dqk} and {dk_out.stride(1)} apart (one stride)")
     dbeta_out = alloc(beta.shape, dtype=beta.dtype, device=q.device) if beta_sigmoid else dbeta
     dg_out = alloc(g.shape, dtype=g.dtype, device=q.device) if gate_in_kernel else dg
     n_chunks = NT if is_varlen else B * NT
@@ -116,7 +128,7 @@ def inputs_bwd(q, q_rstd, dq, k, k_rstd, dk, beta, dbeta, beta_sigmoid: bool, be
            beta=beta, dbeta=dbeta, dbeta_out=dbeta_out, g=g, A_log=A_log if gate_in_kernel else dummy,
            dt_bias=dt_bias if has_bias else dummy, dg=dg, dg_out=dg_out, part=part if gate_in_kernel else dummy,
            cu_seqlens=cu_seqlens if is_varlen else dummy, chunk_indices=chunk_indices if is_varlen else dummy, T=T,
-           beta_scale=float(beta_scale), H=H, HV=HV, K=K, KP=max(16, next_pow2(K)), BT=BT,
+           s_dqk=s_dqk, beta_scale=float(beta_scale), H=H, HV=HV, K=K, KP=max(16, next_pow2(K)), BT=BT,
            GATE_IN_KERNEL=bool(gate_in_kernel), HAS_DT_BIAS=has_bias, BETA_SIGMOID=bool(beta_sigmoid),
            IS_VARLEN=is_varlen)
     record_launch("gdn.inputs_bwd")

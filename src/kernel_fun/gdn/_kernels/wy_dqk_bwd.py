@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
-    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch, next_pow2)
+    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch, next_pow2, row_stride)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_program
 
@@ -76,7 +76,7 @@ def wy_dqk_bwd_kernel(
     h,  # [B, NT, HV, K, V]: the state before each chunk
     dh,  # [B, NT, HV, K, V]: the gradient of the state after each chunk
     do,  # [B, T, HV, V]
-    dv,  # [B, T, HV, V]: diag(beta) A^T dv2 (the first half's)
+    dv,  # [B, T, HV, V]: diag(beta) A^T dv2 (the first half's), rows s_dv elements apart
     dAqk,  # [B, T, HV, BT]
     dAkk,  # [B, T, HV, BT]
     dgz,  # [B, T, HV] fp32
@@ -87,6 +87,7 @@ def wy_dqk_bwd_kernel(
     chunk_indices,  # [NT, 2] | unused
     scale,
     T,
+    s_dv,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -127,7 +128,7 @@ def wy_dqk_bwd_kernel(
         p_dh = dh + (i_tg * HV + i_hv) * K * V
         p_vn = v_new + (row0 * HV + i_hv) * V
         p_do = do + (row0 * HV + i_hv) * V
-        p_dv = dv + (row0 * HV + i_hv) * V
+        p_dv = dv + row0 * s_dv + i_hv * V
 
         b_hdh = tl.zeros([1], dtype=tl.float32)  # sum(S * dS)
         for i_v in range(tl.cdiv(V, BV)):
@@ -137,7 +138,7 @@ def wy_dqk_bwd_kernel(
             m_vk = m_v[:, None] & m_k[None, :]
             b_do = tl.load(p_do + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
             b_vn = tl.load(p_vn + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
-            b_dvv = tl.load(p_dv + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
+            b_dvv = tl.load(p_dv + o_i[:, None] * s_dv + o_v[None, :], mask=m_tv, other=0.0)
             # S^T and dS^T [BV, K] tiles of the [K, V] states, loaded transposed
             b_ht = tl.load(p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0).to(dt_in)
             b_dht = tl.load(p_dh + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0).to(dt_in)
@@ -210,7 +211,7 @@ def wy_dqk_bwd(q, k, v_new, g, h, dh, do, dv, dAqk, dAkk, dgz, scale, NT: int, c
                chunk_indices=None, chunk_size: int = 64, out_dtype=None, *, config: triton.Config | None = None):
     """The second half of the GDN backward (shapes checked and made contiguous by the caller,
     ``wy_dqkwg_bwd``): q, k ``[B, T, H, K]``; v_new, do, dv ``[B, T, HV, V]`` (dv: the first
-    half's); g ``[B, T, HV]``; h, dh ``[B, NT, HV, K, V]``; dAqk, dAkk ``[B, T, HV, BT]`` and
+    half's, rows possibly strided); g ``[B, T, HV]``; h, dh ``[B, NT, HV, K, V]``; dAqk, dAkk ``[B, T, HV, BT]`` and
     dGz ``[B, T, HV]`` (the first half's). Returns ``(dq, dk [B, T, H, K]`` in ``out_dtype``
     (q's by default), ``dg [B, T, HV]`` fp32, reverse-cumsummed)."""
     B, T, H, K = q.shape
@@ -226,7 +227,7 @@ def wy_dqk_bwd(q, k, v_new, g, h, dh, do, dv, dAqk, dAkk, dgz, scale, NT: int, c
     args = dict(
         q=q, k=k, v_new=v_new, g=g, h=h, dh=dh, do=do, dv=dv, dAqk=dAqk, dAkk=dAkk, dgz=dgz, dq=dq, dk=dk, dg=dg,
         cu_seqlens=cu_seqlens if is_varlen else dg, chunk_indices=chunk_indices if is_varlen else dg,
-        scale=float(scale), T=T, H=H, HV=HV, K=K, V=V, BT=chunk_size, KP=KP,
+        scale=float(scale), T=T, s_dv=row_stride(dv, "dv"), H=H, HV=HV, K=K, V=V, BT=chunk_size, KP=KP,
         IS_VARLEN=is_varlen, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
     # the K blocks of one (chunk, head) adjacent on axis 0 (chunk_program's SPLIT)

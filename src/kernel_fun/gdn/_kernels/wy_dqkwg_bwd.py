@@ -58,7 +58,7 @@ from .wy_dv_bwd import wy_dv_bwd
 
 
 def wy_dqkwg_bwd(q, k, v, v_new, g, beta, A, h, dh, do, dv2, scale, cu_seqlens=None, chunk_indices=None,
-                 chunk_size: int = 64, out_dtype=None, *, dv_config: triton.Config | None = None,
+                 chunk_size: int = 64, out_dtype=None, dv_out=None, *, dv_config: triton.Config | None = None,
                  dqk_config: triton.Config | None = None):
     """The GDN backward's per-chunk gradients (fla's ``chunk_bwd_dqkwg`` + ``prepare_wy_repr_bwd``
     + the dk/dg adds + the reverse cumsum of dg + the group sum of dq, dk), in two launches.
@@ -70,7 +70,8 @@ def wy_dqkwg_bwd(q, k, v, v_new, g, beta, A, h, dh, do, dv2, scale, cu_seqlens=N
     cu_seqlens ``[N + 1]`` with chunk_indices ``[NT, 2]`` (fla's prepare_chunk_indices) for packed
     documents. Returns ``(dq, dk [B, T, H, K]`` in ``out_dtype`` (q's by default), ``dv [B, T, HV, V]``
     in v's dtype, ``dbeta [B, T, HV]`` fp32, ``dg [B, T, HV]`` fp32: the gradient of the per-token
-    natural-log gate, already reverse-cumsummed). ``dv_config`` / ``dqk_config`` force one
+    natural-log gate, already reverse-cumsummed). ``dv_out``: where to write dv (a ``[B, T, HV, V]``
+    view whose rows may be strided: the v part of a fused q/k/v gradient), else a new tensor. ``dv_config`` / ``dqk_config`` force one
     configuration of each half (``wy_dv_bwd.CONFIGS``, ``wy_dqk_bwd.CONFIGS``).
     """
     B, T, H, K = q.shape
@@ -94,10 +95,12 @@ def wy_dqkwg_bwd(q, k, v, v_new, g, beta, A, h, dh, do, dv2, scale, cu_seqlens=N
         raise ValueError(f"wy_dqkwg_bwd: h {tuple(h.shape)} must be {(B, NT, HV, K, V)}")
     if tuple(dh.shape) != tuple(h.shape):
         raise ValueError(f"wy_dqkwg_bwd: dh {tuple(dh.shape)} must be h's {tuple(h.shape)}")
+    if dv_out is not None and (tuple(dv_out.shape) != (B, T, HV, V) or dv_out.dtype != v.dtype):
+        raise ValueError(f"wy_dqkwg_bwd: dv_out {tuple(dv_out.shape)} {dv_out.dtype} must be {(B, T, HV, V)} {v.dtype}")
     q, k, v, v_new, g, beta, A, h, dh, do, dv2 = (
         x.contiguous() for x in (q, k, v, v_new, g, beta, A, h, dh, do, dv2))
     dv, db, dAqk, dAkk, dgz = wy_dv_bwd(k, v, v_new, g, beta, A, h, do, dv2, scale, NT, cu_seqlens=cu_seqlens,
-                                        chunk_indices=chunk_indices, chunk_size=BT, config=dv_config)
+                                        chunk_indices=chunk_indices, chunk_size=BT, dv=dv_out, config=dv_config)
     dq, dk, dg = wy_dqk_bwd(q, k, v_new, g, h, dh, do, dv, dAqk, dAkk, dgz, scale, NT, cu_seqlens=cu_seqlens,
                             chunk_indices=chunk_indices, chunk_size=BT, out_dtype=out_dtype, config=dqk_config)
     return dq, dk, dv, db, dg

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
-    alloc, autotune_cache, autotune_configs, config_name, install_interpreter_shims, launch, next_pow2)
+    alloc, autotune_cache, autotune_configs, config_name, install_interpreter_shims, launch, next_pow2, row_stride)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_program
 
@@ -82,7 +82,7 @@ def wy_dv_bwd_kernel(
     h,  # [B, NT, HV, K, V]: the state before each chunk
     do,  # [B, T, HV, V]
     dv2,  # [B, T, HV, V]: the full gradient of v_new
-    dv,  # [B, T, HV, V]
+    dv,  # [B, T, HV, V], rows s_dv elements apart (HV * V, or a column slice of a fused q/k/v gradient)
     db,  # [B, T, HV] fp32
     dAqk,  # [B, T, HV, BT]: scale * (do vn^T) * Gamma
     dAkk,  # [B, T, HV, BT]: diag(beta) Z
@@ -91,6 +91,7 @@ def wy_dv_bwd_kernel(
     chunk_indices,  # [NT, 2] | unused
     scale,
     T,
+    s_dv,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -129,7 +130,7 @@ def wy_dv_bwd_kernel(
     p_vn = v_new + (row0 * HV + i_hv) * V
     p_do = do + (row0 * HV + i_hv) * V
     p_dv2 = dv2 + (row0 * HV + i_hv) * V
-    p_dv = dv + (row0 * HV + i_hv) * V
+    p_dv = dv + row0 * s_dv + i_hv * V
 
     # fp32 accumulators over V: ds = do vn^T, dA_u = dv2 (beta V)^T, D = dv2 (K S)^T. MERGE_D
     # holds two [BT, BT] ones, not three: M = dA_u - D diag(beta gamma) = dv2 ((beta V)^T - (K S)^T
@@ -164,7 +165,7 @@ def wy_dv_bwd_kernel(
             b_dvbt = tl.dot(b_dvnt, b_al, input_precision=DOT_PRECISION)
             b_dkk -= tl.sum(b_dvbt * b_kht, 0)
             b_db += tl.sum(b_dvbt * b_vt.to(tl.float32), 0)
-            tl.store(p_dv + o_i[None, :] * (HV * V) + o_v[:, None],
+            tl.store(p_dv + o_i[None, :] * s_dv + o_v[:, None],
                      (b_dvbt * b_beta[None, :]).to(dv.dtype.element_ty), mask=m_vt)
         else:
             b_vbt = (b_vt.to(tl.float32) * b_beta[None, :]).to(dt_in)
@@ -175,7 +176,7 @@ def wy_dv_bwd_kernel(
             b_dvb = tl.dot(b_at, b_dvn, input_precision=DOT_PRECISION)
             b_v = tl.load(p_v + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
             b_db += tl.sum(b_dvb * b_v.to(tl.float32), 1)
-            tl.store(p_dv + o_i[:, None] * (HV * V) + o_v[None, :],
+            tl.store(p_dv + o_i[:, None] * s_dv + o_v[None, :],
                      (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_tv)
 
     # [BT, BT] masks formed after the V loop, so that they are not live across it
@@ -229,17 +230,19 @@ wy_dv_bwd_kernel_tuned = triton.autotune(
 
 
 def wy_dv_bwd(k, v, v_new, g, beta, A, h, do, dv2, scale, NT: int, cu_seqlens=None, chunk_indices=None,
-              chunk_size: int = 64, *, config: triton.Config | None = None):
+              chunk_size: int = 64, dv=None, *, config: triton.Config | None = None):
     """The first half of the GDN backward (shapes checked and made contiguous by the caller,
     ``wy_dqkwg_bwd``): k ``[B, T, H, K]``; v, v_new, do, dv2 ``[B, T, HV, V]``; g, beta
     ``[B, T, HV]``; A ``[B, T, HV, BT]``; h ``[B, NT, HV, K, V]``. Returns ``(dv [B, T, HV, V]``
     in v's dtype, ``dbeta [B, T, HV]`` fp32, ``dAqk, dAkk [B, T, HV, BT]`` in k's dtype (rows of
-    each chunk, zero above the diagonal), ``dGz [B, T, HV]`` fp32)."""
+    each chunk, zero above the diagonal), ``dGz [B, T, HV]`` fp32). ``dv``: where to write dv
+    (rows strided, ``row_stride``'s layout), else a new tensor."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     BT = chunk_size
     dev = k.device
-    dv = alloc((B, T, HV, V), dtype=v.dtype, device=dev)
+    if dv is None:
+        dv = alloc((B, T, HV, V), dtype=v.dtype, device=dev)
     db = alloc((B, T, HV), dtype=torch.float32, device=dev)
     dAqk = alloc((B, T, HV, BT), dtype=k.dtype, device=dev)
     dAkk = alloc((B, T, HV, BT), dtype=k.dtype, device=dev)
@@ -248,7 +251,7 @@ def wy_dv_bwd(k, v, v_new, g, beta, A, h, do, dv2, scale, NT: int, cu_seqlens=No
     args = dict(
         k=k, v=v, v_new=v_new, g=g, beta=beta, A=A, h=h, do=do, dv2=dv2, dv=dv, db=db, dAqk=dAqk, dAkk=dAkk,
         dgz=dgz, cu_seqlens=cu_seqlens if is_varlen else db, chunk_indices=chunk_indices if is_varlen else db,
-        scale=float(scale), T=T, H=H, HV=HV, K=K, V=V, BT=BT, KP=max(16, next_pow2(K)),
+        scale=float(scale), T=T, s_dv=row_stride(dv, "dv"), H=H, HV=HV, K=K, V=V, BT=BT, KP=max(16, next_pow2(K)),
         IS_VARLEN=is_varlen, DOT_PRECISION="ieee" if k.dtype == torch.float32 else "tf32",
     )
     grid = (NT, B * HV)
