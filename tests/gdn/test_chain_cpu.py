@@ -155,6 +155,9 @@ def test_fused_qkv_gradient_written_whole(extra, _standins):
     from kernel_fun.gdn.ops import _fused_qkv
 
     assert (_fused_qkv(q, k, v, True) is base) == (extra == 0)
+    with torch.no_grad():  # views made without grad tracking pass no gradient to the base: not fused
+        k_nograd = base[..., H * K:2 * H * K].unflatten(-1, (H, K))
+    assert _fused_qkv(q, k_nograd, v, True) is None and _fused_qkv(q, k.detach(), v, True) is None
     o, _ = gdn.chunk_gated_delta_rule(q, k, v, t["g"].detach(), t["beta"].detach(), **flags)
     do = torch.randn_like(o)
     with _CountOps() as ops:

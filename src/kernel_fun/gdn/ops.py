@@ -65,6 +65,8 @@ def _fused_qkv(q, k, v, use_qk_l2norm: bool):
             or not torch.is_grad_enabled() or not base.requires_grad or base.dim() != 3
             or base.dtype != q.dtype or not base.is_contiguous()):
         return None
+    if any(x.grad_fn is None for x in (q, k, v)):  # a view made under no_grad: no gradient reaches the base
+        return None
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     C, o = base.shape[2], base.storage_offset()
