@@ -76,3 +76,29 @@ def poison_outputs(monkeypatch):
     from kernel_fun._common import tuning
 
     monkeypatch.setattr(tuning, "POISON_OUTPUTS", True)
+
+
+@pytest.fixture
+def graph_replay():
+    """``run(step) -> (static, eager)``: ``step()`` (a fwd + bwd returning a tensor or a tuple of
+    them) called eagerly three times on a side stream (PyTorch's recipe for capturing fwd + bwd;
+    it also makes the call signatures warm), then captured in a CUDA graph and replayed: what the
+    replay left in the captured outputs, and clones of the last eager call's."""
+    import torch
+
+    def run(step):
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                out = step()
+                eager = out.clone() if isinstance(out, torch.Tensor) else [t.clone() for t in out]
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static = step()
+        graph.replay()
+        torch.cuda.synchronize()
+        return static, eager
+
+    return run

@@ -63,7 +63,7 @@ def test_profiler_witness_ours_ran_not_fla(fwd_path):
     assert not any(n.startswith("causal_conv1d") for n in names), names  # fla's did not run
 
 
-def test_cuda_graph_capture_replay_bit_identical(fwd_path):
+def test_cuda_graph_capture_replay_bit_identical(fwd_path, graph_replay):
     x, w, b = _inputs(4, 2048, 1024, 4)
     dy = torch.randn(4, 2048, 1024, device="cuda", dtype=torch.bfloat16)
 
@@ -71,19 +71,7 @@ def test_cuda_graph_capture_replay_bit_identical(fwd_path):
         y, _ = cconv.causal_conv1d(x, w, b, activation="silu")
         return (y,) + torch.autograd.grad(y, (x, w, b), dy)
 
-    # Warm up on a side stream (PyTorch's recipe for capturing fwd + bwd), which also makes the
-    # call signature warm (fwd and bwd ran eagerly).
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            eager = [t.clone() for t in step()]
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
-    graph.replay()
-    torch.cuda.synchronize()
+    static, eager = graph_replay(step)
     for a, e in zip(static, eager):
         assert torch.equal(a, e)
 

@@ -284,7 +284,7 @@ def test_fused_inputs_every_config_against_fla_stages(config):
         assert _rel(a.float(), b.float()) < 2e-3, (n, _rel(a.float(), b.float()))
 
 
-def test_fused_qkv_gradient_written_whole_at_the_layers_heads():
+def test_fused_qkv_gradient_written_whole_at_the_layers_heads(graph_replay):
     """The layer's q, k, v (three column slices of its fused conv output) at the layer's heads in
     bf16: the backward writes the fused tensor's gradient whole, bit for bit the three separate
     gradients concatenated, with no concatenation kernel in the step (autograd's split backward did
@@ -313,14 +313,5 @@ def test_fused_qkv_gradient_written_whole_at_the_layers_heads():
         torch.cuda.synchronize()
     names = {e.key for e in prof.key_averages()}
     assert not any("CatArray" in n for n in names), sorted(names)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
-    graph.replay()
-    torch.cuda.synchronize()
+    static, _ = graph_replay(step)
     assert torch.equal(static, eager)

@@ -88,7 +88,7 @@ def test_profiler_witness_ours_ran_not_fla():
     assert not any(n.startswith("layer_norm_gated") for n in names), names  # fla's did not run
 
 
-def test_cuda_graph_capture_replay_bit_identical():
+def test_cuda_graph_capture_replay_bit_identical(graph_replay):
     inp = make_inputs((4, 2048, 16, 128), torch.bfloat16, device="cuda", residual=torch.float32)
     dy = torch.randn(4, 2048, 16, 128, device="cuda", dtype=torch.bfloat16)
     leaves = (inp["x"], inp["g"], inp["weight"], inp["residual"])
@@ -98,17 +98,7 @@ def test_cuda_graph_capture_replay_bit_identical():
                                     residual=inp["residual"], prenorm=True, eps=1e-5)
         return (y, h) + torch.autograd.grad(y, leaves, dy)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            eager = [t.clone() for t in step()]
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
-    graph.replay()
-    torch.cuda.synchronize()
+    static, eager = graph_replay(step)
     for a, e in zip(static, eager):
         assert torch.equal(a, e)
 
