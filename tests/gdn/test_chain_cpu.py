@@ -10,6 +10,7 @@ import torch
 import gdn_fla_standins as fla_standins  # noqa: E402  (registered by tests/gdn/conftest.py)
 from gdn_chain_cases import make_inputs, run as _run  # noqa: E402
 from kernel_fun import gdn
+from kernel_fun._common import capture
 from kernel_fun._common.numerics import rel_rms as _rel
 from kernel_fun._common.witness import launch_counts
 from kernel_fun.gdn.reference import chunk_gated_delta_rule_ref
@@ -139,12 +140,15 @@ class _CountOps(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 @pytest.mark.parametrize("extra", [0, 16], ids=["exact", "extra_columns"])
-def test_fused_qkv_gradient_written_whole(extra, _standins):
+def test_fused_qkv_gradient_written_whole(extra, _standins, monkeypatch):
     """Where q, k, v are the three column slices of one tensor (the layer's split of its fused
     conv output), the backward writes the tensor's gradient whole (dq, dk, dv into its three
     parts, every element written: outputs start as NaN here) and autograd's split backward (a
     cat of three gradients) never runs; bit for bit the gradients of three separate tensors. A
-    tensor with columns beyond q, k, v (``extra``) takes the three-gradient path, also exact."""
+    tensor with columns beyond q, k, v (``extra``) takes the three-gradient path, also exact. The
+    eager calls make both layouts warm for CUDA graph capture (the gate asks for the signature the
+    forward recorded)."""
+    capture.reset_warm()
     B, T, H, HV, K, V = 2, 70, 1, 2, 64, 64
     t = make_inputs(B=B, T=T, H=H, HV=HV, K=K, V=V, device="cpu", dtype=torch.float16)
     parts = [t["q"].detach().flatten(2), t["k"].detach().flatten(2), t["v"].detach().flatten(2)]
@@ -168,3 +172,6 @@ def test_fused_qkv_gradient_written_whole(extra, _standins):
                                                              **flags)[0], dense, do)
     want = torch.cat([x.flatten(2) for x in d_dense] + [torch.zeros(B, T, extra).half()], -1)
     assert torch.equal(d_base, want)
+    monkeypatch.setattr(capture, "_capturing", lambda: True)
+    for args in ((q, k, v), dense):
+        assert gdn.is_supported(*args, t["g"].detach(), t["beta"].detach(), **flags) == (True, "")

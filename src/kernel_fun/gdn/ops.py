@@ -43,7 +43,9 @@ def _box(call: dict, extra: dict):
     return True, ""
 
 
-def _signature(call: dict, extra: dict):
+def _signature(call: dict, extra: dict, fused: bool):
+    """What makes a call warm for the capture gate: shapes, dtypes, flags, and whether the backward
+    writes the fused q/k/v gradient (``_fused_qkv``), as the forward records it."""
     q, v = call["q"], call["v"]
     cu = call["cu_seqlens"]
     flags = tuple(bool(call[n]) for n in ("output_final_state", "use_qk_l2norm_in_kernel",
@@ -51,7 +53,7 @@ def _signature(call: dict, extra: dict):
     return (tuple(q.shape), tuple(v.shape), q.dtype, call["g"].dtype, call["beta"].dtype,
             None if cu is None else cu.numel(), call["initial_state"] is not None, flags,
             bool(extra.get("use_gate_in_kernel", False)), extra.get("dt_bias") is not None,
-            frontend.state_v_first(call, extra))
+            frontend.state_v_first(call, extra), fused)
 
 
 def _fused_qkv(q, k, v, use_qk_l2norm: bool):
@@ -115,7 +117,8 @@ def fla_refuses_backward(q) -> str | None:
 
 def _decide(call: dict, extra: dict):
     def describe():
-        return _signature(call, extra), _needs_grad(call, extra)
+        fused = _fused_qkv(call["q"], call["k"], call["v"], call["use_qk_l2norm_in_kernel"]) is not None
+        return _signature(call, extra, fused), _needs_grad(call, extra)
 
     def tensors():
         return hardware.tensor_gate(*_tensors(call, extra), call["cu_seqlens"])
@@ -195,5 +198,5 @@ def chunk_gated_delta_rule(
         q, k, v, g, beta, kwargs.get("A_log") if gate_in else None, kwargs.get("dt_bias") if gate_in else None,
         initial_state, K ** -0.5 if scale is None else scale, output_final_state, use_qk_l2norm_in_kernel,
         gate_in, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, cu_seqlens_cpu,
-        chunk_indices if cu_seqlens is not None else None, (*_signature(call, kwargs), qkv is not None), qkv)
+        chunk_indices if cu_seqlens is not None else None, _signature(call, kwargs, qkv is not None), qkv)
     return o, frontend.states_out(v_first, final_state)
