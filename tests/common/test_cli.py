@@ -158,3 +158,17 @@ def test_a_row_whose_host_time_reaches_its_median_is_marked_host_bound(monkeypat
     row, = harness.run_case(case, {"copy_TBps": 4.0})
     assert row["host_bound"] is True and row["ours_kernel_ms"] == 0.21
     assert "host-bound" in capsys.readouterr().out
+
+
+def test_a_row_whose_host_time_exceeds_its_kernels_is_host_bound(monkeypatch):
+    """The H200's cconv packed backward (2026-12-03): timed 0.73 ms, its kernels 0.435, host 468 us
+    a call. The host cannot keep the kernels fed (the timed median holds host time: do_bench's
+    start event is recorded before the host issues the call), so the row is host-bound though its
+    host time is under 90% of the median; the kernels' own ratio is recorded beside the timed one."""
+    monkeypatch.setattr(harness, "median_ms", lambda fn: 0.73)
+    monkeypatch.setattr(harness, "host_us", lambda fn, bursts=None: 468.0)
+    kernels = iter([0.435, 2.474])  # ours, then fla's
+    monkeypatch.setattr(harness, "kernel_ms", lambda fn: next(kernels))
+    case = harness.Case("cconv", "c", {}, [harness.Direction("bwd", lambda: None, lambda: None)], witness=("cconv.",))
+    row, = harness.run_case(case, {"copy_TBps": 4.0})
+    assert row["host_bound"] is True and row["kernel_speedup"] == round(2.474 / 0.435, 3)

@@ -60,15 +60,13 @@ install_interpreter_shims()
 CONFIGS = [triton.Config({"BK": bk, "BV": bv}, num_warps=nw, num_stages=ns)
            for bk, bv, nw, ns in [(64, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2)]]
 CANDIDATES = [triton.Config({"BK": bk, "BV": bv}, num_warps=8, num_stages=2) for bk, bv in ((64, 64), (128, 32))]
-# Three programs an SM instead of two (Nsight Compute had the shipped BK64-BV64-w4 latency-bound at
-# 255 registers, 12.5% occupancy, issue slots 26% busy: docs/gdn.md): a 168-register cap on 4 warps.
-# sm_90a (Triton 3.6) at HV=32 | HV=16: BK64-BV64 168 / 448 B of stack, 210 spill ops | 176 B, 74;
-# BK64-BV32 352 B, 163 | 56 B, 26 (shared 48 / 32 KB: four programs fit). Not yet timed.
-CANDIDATES += [triton.Config({"BK": 64, "BV": bv}, num_warps=4, num_stages=2, maxnreg=168) for bv in (64, 32)]
 # Quarter-K programs (BK32 on 4 warps, dG in per-K-block slices summed by the launcher; 163-218
 # registers, no stack at HV=16) lost on the H200 (2026-12-02, B=4 T=4096 H=16, records
 # bench/records/2026-12-02-h200-stages-gdn-wy-dqk-quarter-k-hv{32,16}-c5b3a36.json): 1.346-1.659 ms
 # at HV=32 and 0.681-0.707 at HV=16 against BK64-BV64-w4 0.815 / 0.439; deleted (git 6ffaf44 has them).
+# Three programs an SM (maxnreg 168 on 4 warps; 448 / 352 B of stack, 210 / 163 spill ops at HV=32)
+# lost too (2026-12-03, B=4 T=4096 H=16 HV=32): BK64-BV64 1.020, BK64-BV32 1.029 against the shipped
+# 0.830 ms (bench/records/2026-12-03-h200-stages-gdn-wy-dqk-maxnreg-82af0e9.json; git 82af0e9 has them).
 MIN_BK = min(c.kwargs["BK"] for c in CONFIGS)  # of the autotuner's configs (whether dg needs zeroing)
 
 
