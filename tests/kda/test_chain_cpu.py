@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kernel_fun import kda
+from kernel_fun._common import capture
 from kernel_fun._common.numerics import rel_rms as _rel
 from kernel_fun._common.witness import launch_counts
 from kernel_fun.bench.kda import chain_setup
@@ -45,12 +46,13 @@ CASES = {  # the box's smallest heads (K=64, V=64: the interpreter's cost grows 
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_chain_against_fp64_recurrence(name, _standins):
+def test_chain_against_fp64_recurrence(name, _standins, monkeypatch):
     """The shipped chain end to end against the fp64 recurrence, with the launches of ours and
     the fla stages it calls checked: our forward scan, score gradient, backward scan, WY, intra
     and gate stages each once; fla's intra stage, w/u pass and h recompute; fla's l2norm
     backward only with grouped heads (HV > H: else fused into our intra stage); never fla's
-    dhu, dAv, reverse cumsum of dg or gate backward."""
+    dhu, dAv, reverse cumsum of dg or gate backward. The eager call makes the same call warm for
+    CUDA graph capture (the gate asks for the signature the autograd function recorded)."""
     c = dict(CASES[name])
     cu, neg = c.pop("cu", None), c.pop("neg", False)
     t = _make(**c)
@@ -59,14 +61,20 @@ def test_chain_against_fp64_recurrence(name, _standins):
                  output_final_state=True, cu_seqlens=cu_t)
     if c.get("beta_logits"):
         flags.update(use_beta_sigmoid_in_kernel=True, allow_neg_eigval=neg)
-    assert kda.is_supported(t["q"], t["k"], t["v"], t["g"], t["beta"],
-                            **{k: v for k, v in t.items() if k not in ("q", "k", "v", "g", "beta")}, **flags)[0]
+    aux = {k: v for k, v in t.items() if k not in ("q", "k", "v", "g", "beta")}
+    assert kda.is_supported(t["q"], t["k"], t["v"], t["g"], t["beta"], **aux, **flags)[0]
+    monkeypatch.setattr(capture, "_capturing", lambda: True)
+    assert not kda.is_supported(t["q"], t["k"], t["v"], t["g"], t["beta"], **aux, **flags)[0]  # cold
+    monkeypatch.setattr(capture, "_capturing", lambda: False)
     gen = torch.Generator().manual_seed(1)
     do = torch.randn(t["v"].shape, generator=gen).to(torch.float16)
     dht = torch.randn(len(cu) - 1 if cu else c["B"], c["HV"], c["K"], c["V"], generator=gen)
     before = launch_counts()
     ours = _run(kda.chunk_kda, t, do, dht, **flags)
     ran = {k: n - before.get(k, 0) for k, n in launch_counts().items() if n != before.get(k, 0)}
+    monkeypatch.setattr(capture, "_capturing", lambda: True)
+    assert kda.is_supported(t["q"], t["k"], t["v"], t["g"], t["beta"], **aux, **flags) == (True, "")
+    monkeypatch.setattr(capture, "_capturing", lambda: False)
     assert ran == {"delta.state_scan_fwd": 1, "delta.score_grad": 1, "delta.state_scan_bwd": 1, "kda.wy_bwd": 1,
                    "kda.intra_bwd": 1, "kda.gate_bwd": 1}, ran
     assert sorted(n.split(".")[1] for n in ran) == sorted(chain_setup()["stages_ours"])  # what a bench record says
