@@ -147,8 +147,7 @@ def test_fused_qkv_gradient_written_whole(extra, _standins, monkeypatch):
     cat of three gradients) never runs; bit for bit the gradients of three separate tensors. A
     tensor with columns beyond q, k, v (``extra``) takes the three-gradient path, also exact. The
     eager calls make both layouts warm for CUDA graph capture (the gate asks for the signature the
-    forward recorded)."""
-    capture.reset_warm()
+    forward recorded; ``clean_state`` starts the warm set empty)."""
     B, T, H, HV, K, V = 2, 70, 1, 2, 64, 64
     t = make_inputs(B=B, T=T, H=H, HV=HV, K=K, V=V, device="cpu", dtype=torch.float16)
     parts = [t["q"].detach().flatten(2), t["k"].detach().flatten(2), t["v"].detach().flatten(2)]
