@@ -71,10 +71,12 @@ def test_bench_without_gpu_runs_the_check():
 
     if torch.cuda.is_available():
         return
-    out = subprocess.run([sys.executable, "-m", "kernel_fun", "bench"], capture_output=True, text=True)
+    # one family (the check of every family is tests/*/test_check.py's and `kernel-fun check`'s)
+    out = subprocess.run([sys.executable, "-m", "kernel_fun", "bench", "--family", "cconv"], capture_output=True,
+                         text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "timings need a CUDA GPU" in out.stdout
-    assert "check cconv: ok" in out.stdout and "check kda: ok" in out.stdout
+    assert "check cconv: ok" in out.stdout and "check kda" not in out.stdout
 
 
 def test_import_and_doctor_work_without_fla(tmp_path):

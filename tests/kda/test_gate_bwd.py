@@ -20,9 +20,11 @@ def poison(poison_outputs):
     pass
 
 
+# Small grids (8 and 16 programs): the interpreter runs each row of each program op by op.
 CASES = {
-    "tail": dict(B=2, T=130, HV=2, K=64),  # K = 64 over BK = 32: two K blocks
-    "varlen": dict(B=1, T=200, HV=3, K=48, cu=[0, 1, 64, 80, 150, 200]),  # a 1-token document, a masked K block
+    "tail": dict(B=2, T=70, HV=1, K=64),  # a full chunk and a 6-row tail; K = 64 over BK = 32: two K blocks
+    # a 1-token document, one across a chunk boundary ending mid-chunk, a masked K block
+    "varlen": dict(B=1, T=100, HV=2, K=48, cu=[0, 1, 80, 100]),
 }
 
 
@@ -52,9 +54,13 @@ def test_reverse_cumsum_alone(name):
     assert rel_rms(out, want) < 1e-6, rel_rms(out, want)
 
 
-@pytest.mark.parametrize("bias", [True, False], ids=["dt_bias", "no_dt_bias"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("name", list(CASES))
+# every dtype with and without dt_bias on the packed documents; the tail case once each way
+GATE_CASES = [("varlen", dt, bias) for dt in (torch.float16, torch.bfloat16, torch.float32) for bias in (True, False)]
+GATE_CASES += [("tail", torch.float32, True), ("tail", torch.bfloat16, False)]
+
+
+@pytest.mark.parametrize("name,dtype,bias", GATE_CASES,
+                         ids=lambda v: str(v).replace("torch.", "") if not isinstance(v, bool) else ("dt_bias" if v else "no_dt_bias"))
 def test_with_the_gate(name, dtype, bias):
     """With the raw gate: dg_raw in g's dtype, dA_log in A_log's, ddt_bias in dt_bias's, against
     autograd through -exp(A_log) softplus(g + dt_bias) in fp64 fed the reverse cumsum."""
@@ -79,8 +85,9 @@ def test_with_the_gate(name, dtype, bias):
 @pytest.mark.parametrize("config", CONFIGS + CANDIDATES, ids=lambda c: f"BK{c.kwargs['BK']}w{c.num_warps}")
 def test_every_configuration(config):
     """Each configuration the autotuner may pick (K blocks larger than K included), forced."""
-    dg, g, A_log, dt_bias = _inputs(1, 200, 3, 48, torch.float16)
-    cu_t = torch.tensor(CASES["varlen"]["cu"])
+    c = dict(CASES["varlen"])
+    cu_t = torch.tensor(c.pop("cu"))
+    dg, g, A_log, dt_bias = _inputs(**c, dtype=torch.float16)
     out = dg_cumsum_gate_bwd(dg, g, A_log, dt_bias, cu_seqlens=cu_t, chunk_size=BT, config=config)
     want = dg_cumsum_gate_bwd_reference(dg, g, A_log, dt_bias, cu_seqlens=cu_t, chunk_size=BT)
     assert rel_rms(out[0], want[0]) < 1e-3
@@ -88,7 +95,7 @@ def test_every_configuration(config):
 
 
 def test_deterministic():
-    dg, g, A_log, dt_bias = _inputs(2, 130, 2, 64, torch.float16)
+    dg, g, A_log, dt_bias = _inputs(**CASES["tail"], dtype=torch.float16)
     a = dg_cumsum_gate_bwd(dg, g, A_log, dt_bias, chunk_size=BT)
     b = dg_cumsum_gate_bwd(dg, g, A_log, dt_bias, chunk_size=BT)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
