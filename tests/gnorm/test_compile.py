@@ -74,9 +74,12 @@ def test_every_config_and_flag_combination_lowers(tmp_path):
 
 
 def test_backward_configs_do_not_spill_at_the_layer_widths(tmp_path):
-    # the layers' calls: weight, no bias, no prenorm gradient (V = 128, 256, 512)
+    # the layers' calls: weight, no bias, no prenorm gradient (V = 128, 256, 512); both gates at the
+    # widest, where a spill would come first, one at each of the others (as `check --lower`)
     r = _run("""
         for label, fn, ptr, c, cfg in bwd_specs((128, 256, 512), [(True, False, False, False)]):
+            if (c["V"], c["GATE"]) in ((128, 1), (256, 0)):
+                continue
             ns = c["NS"] if c["NS"] > 1 else 1
             s = lowering.stats(fn, ptr, c, cfg.num_warps, ns, cfg.maxnreg)
             print(label, s["regs"], s["spill_ops"], s["shared_bytes"])
