@@ -22,6 +22,7 @@
 # candidates: the stage-level GPU tests that force every configuration, candidates included.
 # STAGES_ARGS is passed to the stages_* steps (e.g. STAGES_ARGS="--kernel cconv.fwd" with stages_cconv alone).
 # KDA_CASES="--case prod_b16 ...", GDN_CASES, CCONV_CASES pick bench cases; KDA_TEST_K="..." is passed to pytest -k.
+# bench_cases: BENCH_FAMILY=kda BENCH_CASES="prod_b16 varlen_16docs", a process per case (STEP_TIMEOUT each).
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
@@ -176,6 +177,15 @@ for step in "$@"; do
     gdn_tests) timeout "$T" python3 -m pytest -m gpu tests/gdn -q -rs -s --durations=5 2>&1 | tee "$OUT/gdn_tests.log" | tail -30 ;;
     gpu_tests) run_sharded_tests ;;
     gdn_bench) timeout "$T" python3 -m kernel_fun bench --family gdn ${GDN_CASES:-} --json "$OUT/gdn_bench.json" 2>&1 | tee "$OUT/gdn_bench.log" ;;
+    bench_cases) # BENCH_FAMILY's cases named in BENCH_CASES ("prod_b16 varlen_16docs"), a process each,
+      # each tuned at its own shape (the autotune entries deleted before it); the compiled kernels stay,
+      # so the first case pays the compiles (2026-12-03, kda: 186 s and more fresh, 47-85 s after)
+      for c in ${BENCH_CASES:?BENCH_CASES names the cases}; do
+        find "$TC" -name '*.autotune.json' -delete 2>/dev/null
+        echo "--- ${BENCH_FAMILY:?} $c ($(date -u +%H:%M:%S))"
+        timeout "$T" python3 -m kernel_fun bench --family "$BENCH_FAMILY" --case "$c" \
+          --json "$OUT/${BENCH_FAMILY}-$c.json" 2>&1 | tee "$OUT/${BENCH_FAMILY}-$c.log" | grep -v Warning
+      done ;;
     *) echo "unknown step $step" ;;
   esac
   save_autotune
