@@ -59,8 +59,8 @@ GATE_CASES = [("varlen", dt, bias) for dt in (torch.float16, torch.bfloat16, tor
 GATE_CASES += [("tail", torch.float32, True), ("tail", torch.bfloat16, False)]
 
 
-@pytest.mark.parametrize("name,dtype,bias", GATE_CASES,
-                         ids=lambda v: str(v).replace("torch.", "") if not isinstance(v, bool) else ("dt_bias" if v else "no_dt_bias"))
+@pytest.mark.parametrize("name,dtype,bias", GATE_CASES, ids=[
+    f"{n}-{str(dt).removeprefix('torch.')}-{'dt_bias' if b else 'no_dt_bias'}" for n, dt, b in GATE_CASES])
 def test_with_the_gate(name, dtype, bias):
     """With the raw gate: dg_raw in g's dtype, dA_log in A_log's, ddt_bias in dt_bias's, against
     autograd through -exp(A_log) softplus(g + dt_bias) in fp64 fed the reverse cumsum."""
