@@ -39,11 +39,35 @@ def _ptxas_for(target: str) -> str | None:
 
 
 def test_every_kernel_lowers_through_the_frontend(tmp_path):
-    r = _run("from kernel_fun.bench import lowering\nsys.exit(lowering.main(['all', '--frontend', '--jobs', '2']))\n",
-             tmp_path)
+    # what the compile test below builds for sm_90a went through this frontend there
+    r = _run("from kernel_fun.bench import lowering\n"
+             "sys.exit(lowering.main(['all', '--frontend', '--except-shipped', '--jobs', '2']))\n", tmp_path)
     assert r.returncode == 0 and "\n0 failed" in r.stdout, r.stdout[-4000:] + r.stderr[-4000:]
     assert "UNCOVERED" not in r.stdout, r.stdout[-4000:]
     assert r.stdout.count("\nok ") >= 100, r.stdout[-2000:]
+
+
+def test_the_frontend_lowers_each_distinct_ir_once(tmp_path):
+    """Configs that differ only in warps or stages give one Triton IR: lowered once. Those
+    ``--except-shipped`` leaves out are exactly the compile mode's."""
+    r = _run(textwrap.dedent("""
+        from kernel_fun.bench import lowering as L
+
+        full = [s for n in L.SPECS for s in L.SPECS[n](full=True)]
+        every = {L._ir_key(s) for s in full}
+        shipped = {L._ir_key(s) for s in L.shipped_specs()}
+        L._check = lambda i: "ok     " + L._WORK[i][0]   # the work list, not the lowering
+        for except_shipped in (False, True):
+            lines = []
+            L.run(mode="frontend", out=lines.append, except_shipped=except_shipped)
+            keys = [L._ir_key(next(s for s in full if s[0] == w[0])) for w in L._WORK]
+            assert len(keys) == len(set(keys)), "an IR lowered twice"
+            assert set(keys) == every - (shipped if except_shipped else set()), except_shipped
+            assert lines[-1] == "0 failed", lines[-3:]
+        assert shipped < every and len(every) < len(full)
+        print("distinct", len(full), len(every), len(every - shipped))
+    """), tmp_path)
+    assert r.returncode == 0 and "distinct" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
 
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])

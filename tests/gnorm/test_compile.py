@@ -80,14 +80,16 @@ def test_backward_configs_do_not_spill_at_the_layer_widths(tmp_path):
         for label, fn, ptr, c, cfg in bwd_specs((128, 256, 512), [(True, False, False, False)]):
             if (c["V"], c["GATE"]) in ((128, 1), (256, 0)):
                 continue
-            ns = c["NS"] if c["NS"] > 1 else 1
-            s = lowering.stats(fn, ptr, c, cfg.num_warps, ns, cfg.maxnreg)
-            print(label, s["regs"], s["spill_ops"], s["shared_bytes"])
+            # as launched (the loop's stages are NS, a constexpr): the same compile as `check
+            # --lower sm_90a`'s at V = 128 and 256, which Triton's cache then serves
+            # no disassembly: a spill shows as stack (ptxas spills to it), read without one
+            s = lowering.stats(fn, ptr, c, cfg.num_warps, cfg.num_stages, cfg.maxnreg, sass=False)
+            print(label, s["regs"], s["stack_bytes"], s["shared_bytes"])
     """, tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = [line.rsplit(" ", 3) for line in r.stdout.strip().splitlines()]
     assert rows, r.stdout
-    spills = [line for line, regs, sp, smem in rows if int(sp) > 0]
+    spills = [line for line, regs, stack, smem in rows if int(stack) > 0]
     assert not spills, "\n".join(spills)
 
 

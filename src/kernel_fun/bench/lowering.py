@@ -15,7 +15,8 @@ both), so no GPU is needed. Two depths:
   type-checks a kernel (an if/else whose branches give one name two shapes, a constexpr
   mismatch, a missing argument). Triton's interpreter, which runs the CPU tests, does none of
   those checks, so a kernel can pass every interpreted test and still fail to compile on a GPU.
-  About 0.3 s per variant.
+  Each distinct Triton IR once (configs that differ only in warps or stages share it), about
+  0.3 s each; ``--except-shipped`` leaves out what ``compile`` builds.
 
 Both check coverage: every kernel the package ships (``discover``: the ``*_kernel`` objects of
 each ``kernel_fun.<pkg>._kernels`` module) has a spec here, and every configuration its
@@ -88,10 +89,11 @@ def build(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None, 
                           options=options(num_warps, num_stages, maxnreg))
 
 
-def stats(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None, target=None) -> dict:
+def stats(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None, target=None, sass=True) -> dict:
     """Compile for ``target`` (default sm_90a) and read the cubin back with the wheel's cuobjdump:
     registers, stack (spills), local memory, spill instructions, shared memory, SASS and MUFU
-    counts (tests hold kernels to no spills; tools/sass_stats.py prints them)."""
+    counts (tests hold kernels to no spills; tools/sass_stats.py prints them). ``sass=False``
+    skips the disassembly (about 0.5 s a kernel): the instruction counts are then None."""
     import re
     import subprocess
     import tempfile
@@ -101,13 +103,16 @@ def stats(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None, 
         f.write(k.asm["cubin"])
     tool = os.path.join(TOOLS, "cuobjdump")
     res = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+    code = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout if sass else None
     os.unlink(f.name)
     m = re.search(r"REG:(\d+)\s+STACK:(\d+).*?LOCAL:(\d+)", res, re.S)
     # ptxas puts spilled registers on the stack (STACK, reached by LDL/STL), not in LOCAL
-    return dict(regs=int(m.group(1)), stack_bytes=int(m.group(2)), local_bytes=int(m.group(3)),
-                spill_ops=len(re.findall(r"\b(?:LDL|STL)\b", sass)), shared_bytes=k.metadata.shared,
-                sass=len(re.findall(r"^\s+/\*[0-9a-f]{4,6}\*/", sass, re.M)), mufu=sass.count("MUFU"))
+    out = dict(regs=int(m.group(1)), stack_bytes=int(m.group(2)), local_bytes=int(m.group(3)),
+               shared_bytes=k.metadata.shared, spill_ops=None, sass=None, mufu=None)
+    if code is not None:
+        out.update(spill_ops=len(re.findall(r"\b(?:LDL|STL)\b", code)),
+                   sass=len(re.findall(r"^\s+/\*[0-9a-f]{4,6}\*/", code, re.M)), mufu=code.count("MUFU"))
+    return out
 
 
 # Each spec generator yields (label, jit function, pointer types, constexprs, config); with
@@ -540,17 +545,36 @@ def _check(i: int) -> str:
         return f"FAILED {tname} {label}: {type(e).__name__}: {msg[-1] if msg else ''}"
 
 
-def run(names=None, mode: str = "compile", targets=("sm_90a",), jobs: int = 1, out=print) -> int:
+def _ir_key(spec) -> tuple:
+    """What a spec's Triton IR depends on: the kernel, its pointer types and its constexprs
+    (warps, stages and a register cap enter only at the GPU passes after it)."""
+    _, fn, ptr, const, _ = spec
+    return id(_jit_fn(fn)), tuple(sorted(ptr.items())), tuple(sorted((k, repr(v)) for k, v in const.items()))
+
+
+def run(names=None, mode: str = "compile", targets=("sm_90a",), jobs: int = 1, out=print,
+        except_shipped: bool = False) -> int:
     """Lower (``mode="frontend"``: every forcible config and flag, Triton IR) or compile
     (``"compile"``: every shipped config, a cubin) the specs of ``names`` (default: every kernel,
     then coverage is checked too) for each of ``targets``; one line per item, then
-    ``"<n> failed"``. Returns the number of failures."""
+    ``"<n> failed"``. Returns the number of failures. The frontend lowers each distinct Triton IR
+    once (configs that differ only in warps or stages share it); ``except_shipped`` leaves out
+    what the compile mode builds (its cubins go through the same frontend: the test suite runs
+    both)."""
     every = names is None or list(names) == list(SPECS)
     names = list(SPECS) if names is None else list(names)
     specs = shipped_specs() if mode == "compile" and every else [
         s for name in names for s in SPECS[name](full=mode == "frontend")]
+    work = specs
+    if mode == "frontend":
+        seen = {_ir_key(s) for s in shipped_specs()} if except_shipped else set()
+        work = []
+        for s in specs:
+            if _ir_key(s) not in seen:
+                seen.add(_ir_key(s))
+                work.append(s)
     _WORK[:] = [(label, tname, (fn, ptr, const, cfg.num_warps, cfg.num_stages, getattr(cfg, "maxnreg", None)), mode)
-                for label, fn, ptr, const, cfg in specs for tname in targets]
+                for label, fn, ptr, const, cfg in work for tname in targets]
     if jobs > 1:
         import multiprocessing
 
@@ -576,6 +600,8 @@ def main(argv) -> int:
     p.add_argument("names", nargs="*", default=["all"], help=f"all, or some of: {', '.join(SPECS)}")
     p.add_argument("--frontend", action="store_true", help="every forcible config and flag, to Triton IR")
     p.add_argument("--compile", action="store_true", help="every shipped config, to a cubin (default)")
+    p.add_argument("--except-shipped", action="store_true",
+                   help="with --frontend: leave out what --compile builds (lowered there on the way)")
     p.add_argument("--target", default="sm_90a")
     p.add_argument("--jobs", type=int, default=1)
     a = p.parse_args(argv)
@@ -585,7 +611,7 @@ def main(argv) -> int:
         p.error(f"unknown {', '.join(bad)}; targets: {', '.join(TARGETS)}, all; kernels: {', '.join(SPECS)}")
     names = None if a.names == ["all"] else a.names
     return 1 if run(names, "frontend" if a.frontend else "compile", targets, a.jobs,
-                    out=lambda line: print(line, flush=True)) else 0
+                    out=lambda line: print(line, flush=True), except_shipped=a.except_shipped) else 0
 
 
 if __name__ == "__main__":
