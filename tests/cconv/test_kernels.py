@@ -245,19 +245,23 @@ def test_every_config(stage, idx, monkeypatch, device):
     monkeypatch.setattr(bwd_mod, "_MIN_ROWS_BWD", 1)
     # the pinned kernel's direction only: the other one runs its own configs in its own rows
     only = dict(forward=stage != "bwd", backward=stage == "bwd")
-    _check(2, 13, 130, 4, device, seed=idx, **only)
-    _check(1, 20, 9, 3, device, cu=_cu([7, 1, 2, 10]), x_layout="transposed", seed=idx, **only)
+    # "tma" leaves out the rows a TMA descriptor cannot read (D x 4 bytes not a multiple of 16,
+    # T-major x): they take the pointer forward, which the "fwd" rows check config by config
+    pointer_only = stage == "tma"
+    if not pointer_only:
+        _check(2, 13, 130, 4, device, seed=idx, **only)
+        _check(1, 20, 9, 3, device, cu=_cu([7, 1, 2, 10]), x_layout="transposed", seed=idx, **only)
     # several 16-row chunks per sequence: the halo between chunks, a last chunk shorter than
     # the window, one shorter than a trip
     monkeypatch.setattr(fwd_mod, "_MAX_ROWS_FWD", 16)
     monkeypatch.setattr(fwd_mod, "_MAX_ROWS_TMA", 16)
     monkeypatch.setattr(bwd_mod, "_MAX_ROWS_BWD", 16)
     _check(2, 50, 40, 4, device, seed=idx, **only)
-    _check(1, 34, 24, 2, device, x_layout="transposed", seed=idx, **only)
+    if not pointer_only:
+        _check(1, 34, 24, 2, device, x_layout="transposed", seed=idx, **only)
     if stage == "tma":
-        # of the five above only [2, 50, 40] has 16-byte aligned rows (the rest took the
-        # pointer kernel); aligned ones here: channels past a box, packed documents, fp16,
-        # W=1, a T-tail shorter than a trip
+        # [2, 50, 40] above has 16-byte aligned rows; aligned ones here: channels past a box,
+        # packed documents, fp16, W=1, a T-tail shorter than a trip
         _check(2, 13, 132, 4, device, seed=idx, **only)
         _check(1, 40, 24, 3, device, cu=_cu([7, 1, 2, 30]), seed=idx, **only)
         _check(2, 21, 264, 4, device, dtype=torch.float16, seed=idx, **only)

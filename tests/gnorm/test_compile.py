@@ -102,8 +102,9 @@ def test_row_loads_and_stores_are_16_byte_vectors(tmp_path):
         for label, fn, ptr, c, cfg in list(fwd_specs((128, 256), [(True, False, False, False)]))[:1] + \\
                 list(fwd_specs((256,), [(True, False, False, False)]))[:1] + \\
                 [s for s in bwd_specs((128, 256), [(True, False, False, False)]) if "'NS': 1}" in s[0] and "'TILE': 2048" in s[0]]:
+            # as launched (the config's stages): where `check --lower sm_90a` built the same, a cache hit
             k = triton.compile(lowering.source(fn, ptr, c), target=lowering.TARGET,
-                               options=lowering.options(cfg.num_warps, 1, cfg.maxnreg))
+                               options=lowering.options(cfg.num_warps, cfg.num_stages, cfg.maxnreg))
             ptx = k.asm["ptx"]
             print(label.split()[0], len(re.findall(r"ld\\.global(?:\\.[a-z]+)*\\.v4\\.b32", ptx)),
                   len(re.findall(r"st\\.global(?:\\.[a-z]+)*\\.v4\\.b32", ptx)), len(re.findall(r"st\\.global(?:\\.[a-z]+)*\\.b16", ptx)))
