@@ -229,16 +229,17 @@ def test_every_config(stage, idx, monkeypatch, device):
     the first): pin the kernel to one config, then check fwd + bwd, D-major with several
     channel blocks, and T-major (transposed x) with packed documents. "tma": the forward
     through a TMA descriptor (fwd.use_tma), which takes the D-major inputs."""
-    if stage == "tma":  # one config, no autotuner
+    tma = stage == "tma"
+    if tma:  # one config, no autotuner
         monkeypatch.setattr(fwd_mod, "TMA_CONFIGS", [(fwd_mod.TMA_CONFIGS + fwd_mod.TMA_CANDIDATES)[idx]])
     else:
         kernel, configs = {"fwd": (fwd_mod.conv_fwd_kernel, fwd_mod.CONFIGS + fwd_mod.CANDIDATES),
                            "bwd": (bwd_mod.conv_bwd_kernel, bwd_mod.CONFIGS + bwd_mod.CANDIDATES)}[stage]
         monkeypatch.setattr(kernel, "configs", [configs[idx]])
     # "tma": every 16-byte aligned x, whatever its size, through the TMA forward; else none
-    monkeypatch.setenv("KERNEL_FUN_CCONV_TMA", "1" if stage == "tma" else "0")
+    monkeypatch.setenv("KERNEL_FUN_CCONV_TMA", "1" if tma else "0")
     monkeypatch.setattr(fwd_mod, "_TMA_MIN_BYTES", 0)
-    if stage == "tma":
+    if tma:
         monkeypatch.setattr(fwd_mod, "_MAX_ROWS_TMA", 10 ** 9)
         n0 = launch_counts("cconv.").get("cconv.fwd_tma", 0)
     monkeypatch.setattr(fwd_mod, "_MIN_ROWS_FWD", 1)
@@ -247,8 +248,7 @@ def test_every_config(stage, idx, monkeypatch, device):
     only = dict(forward=stage != "bwd", backward=stage == "bwd")
     # "tma" leaves out the rows a TMA descriptor cannot read (D x 4 bytes not a multiple of 16,
     # T-major x): they take the pointer forward, which the "fwd" rows check config by config
-    pointer_only = stage == "tma"
-    if not pointer_only:
+    if not tma:
         _check(2, 13, 130, 4, device, seed=idx, **only)
         _check(1, 20, 9, 3, device, cu=_cu([7, 1, 2, 10]), x_layout="transposed", seed=idx, **only)
     # several 16-row chunks per sequence: the halo between chunks, a last chunk shorter than
@@ -257,9 +257,9 @@ def test_every_config(stage, idx, monkeypatch, device):
     monkeypatch.setattr(fwd_mod, "_MAX_ROWS_TMA", 16)
     monkeypatch.setattr(bwd_mod, "_MAX_ROWS_BWD", 16)
     _check(2, 50, 40, 4, device, seed=idx, **only)
-    if not pointer_only:
+    if not tma:
         _check(1, 34, 24, 2, device, x_layout="transposed", seed=idx, **only)
-    if stage == "tma":
+    if tma:
         # [2, 50, 40] above has 16-byte aligned rows; aligned ones here: channels past a box,
         # packed documents, fp16, W=1, a T-tail shorter than a trip
         _check(2, 13, 132, 4, device, seed=idx, **only)

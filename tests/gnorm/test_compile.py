@@ -80,9 +80,9 @@ def test_backward_configs_do_not_spill_at_the_layer_widths(tmp_path):
         for label, fn, ptr, c, cfg in bwd_specs((128, 256, 512), [(True, False, False, False)]):
             if (c["V"], c["GATE"]) in ((128, 1), (256, 0)):
                 continue
-            # as launched (the loop's stages are NS, a constexpr): the same compile as `check
-            # --lower sm_90a`'s at V = 128 and 256, which Triton's cache then serves
-            # no disassembly: a spill shows as stack (ptxas spills to it), read without one
+            # as launched (the loop's stages are NS, a constexpr): at V = 128 and 256 the same compile
+            # as `check --lower sm_90a`'s, which Triton's cache then serves; a spill shows as stack
+            # (ptxas spills to it), read without disassembling
             s = lowering.stats(fn, ptr, c, cfg.num_warps, cfg.num_stages, cfg.maxnreg, sass=False)
             print(label, s["regs"], s["stack_bytes"], s["shared_bytes"])
     """, tmp_path)

@@ -545,10 +545,9 @@ def _check(i: int) -> str:
         return f"FAILED {tname} {label}: {type(e).__name__}: {msg[-1] if msg else ''}"
 
 
-def _ir_key(spec) -> tuple:
+def _ir_key(fn, ptr, const) -> tuple:
     """What a spec's Triton IR depends on: the kernel, its pointer types and its constexprs
     (warps, stages and a register cap enter only at the GPU passes after it)."""
-    _, fn, ptr, const, _ = spec
     return id(_jit_fn(fn)), tuple(sorted(ptr.items())), tuple(sorted((k, repr(v)) for k, v in const.items()))
 
 
@@ -567,11 +566,12 @@ def run(names=None, mode: str = "compile", targets=("sm_90a",), jobs: int = 1, o
         s for name in names for s in SPECS[name](full=mode == "frontend")]
     work = specs
     if mode == "frontend":
-        seen = {_ir_key(s) for s in shipped_specs()} if except_shipped else set()
+        seen = {_ir_key(*s[1:4]) for s in shipped_specs()} if except_shipped else set()
         work = []
         for s in specs:
-            if _ir_key(s) not in seen:
-                seen.add(_ir_key(s))
+            key = _ir_key(*s[1:4])
+            if key not in seen:
+                seen.add(key)
                 work.append(s)
     _WORK[:] = [(label, tname, (fn, ptr, const, cfg.num_warps, cfg.num_stages, getattr(cfg, "maxnreg", None)), mode)
                 for label, fn, ptr, const, cfg in work for tname in targets]
