@@ -38,6 +38,8 @@ KERNELS = {
     "gdn.gated_scores": "the gated scores the backward scan makes dv from",
     "gdn.wy_dv_bwd": "the WY backward's dv/dbeta/dA half",
     "gdn.wy_dqk_bwd": "the dq/dk/dg half, group sum in fp32",
+    "gdn.inputs_fwd": "l2norm of q, k, beta's sigmoid, the gate and its chunk cumsum, v copied (the layer's slices)",
+    "gdn.inputs_bwd": "their backward, dq and dk written into the fused q/k/v gradient's slices",
 }
 
 
@@ -242,7 +244,7 @@ def probes(device: str, shape: dict | None = None) -> list:
     from .._delta._kernels.state_scan_fwd import state_scan_fwd
     from .._delta.reference import chunk_local_cumsum_ref, intra_ref, state_scan_bwd_ref, state_scan_fwd_ref
     from ..gdn import reference_stages as R
-    from ..gdn._kernels import scores, wy_dqk_bwd, wy_dv_bwd
+    from ..gdn._kernels import inputs_bwd, inputs_fwd, scores, wy_dqk_bwd, wy_dv_bwd
     from ..kda.reference_stages import dAv_reference
     from .harness import Probe, UsageError
 
@@ -297,6 +299,36 @@ def probes(device: str, shape: dict | None = None) -> list:
         P("gdn.gated_scores", lambda c: (scores.gated_scores(t["q"], t["k"], g, 0.3, **var, config=c),),
           lambda: (R.gated_scores_ref(cpu["q"], cpu["k"], cpu["g"], 0.3, cu_seqlens=cu_cpu),), ("A",), module=scores,
           label="gdn gated_scores"),
+    ]
+    # The inputs' two kernels as the layer's call meets them: q, k, v column slices of one fused
+    # [B, T, 2 H K + HV V] buffer (v copied in the launch), the gate and beta sigmoid in the op
+    # (beta times 2: allow_neg_eigval), dq and dk written into the fused gradient's slices.
+    width = 2 * H * K + HV * V
+    buf = r(B, T, width).to(low)
+    qr, kr = (buf[..., i * H * K:(i + 1) * H * K].unflatten(-1, (H, K)) for i in (0, 1))
+    vr = buf[..., 2 * H * K:].unflatten(-1, (HV, V))
+    raw = dict(g=r(B, T, HV).to(low), beta=r(B, T, HV).to(low), A_log=torch.rand(HV, generator=gen, device=device),
+               dt_bias=r(HV))
+    in_fwd = (qr, kr, vr, raw["g"], raw["beta"], raw["A_log"], raw["dt_bias"], True, True, 2.0, 1 / math.log(2.0))
+    in_ref = {n: x.cpu().double() for n, x in dict(q=qr, k=kr, **raw).items()}
+    in_ref_fwd = functools.cache(lambda: R.inputs_fwd_ref(*(in_ref[n] for n in ("q", "k", "g", "beta", "A_log",
+                                                                                  "dt_bias")), True, 2.0, cu_cpu))
+    yq, rq, yk, rk = (x.to(device) for x in (in_ref_fwd()[0].to(low), (1 / in_ref["q"].norm(dim=-1)).float(),
+                                             in_ref_fwd()[1].to(low), (1 / in_ref["k"].norm(dim=-1)).float()))
+    d_up = dict(dq=r(B, T, H, K).to(low), dk=r(B, T, H, K).to(low), dbeta=r(B, T, HV), dg=r(B, T, HV))
+    dqkv = torch.empty(B, T, width, device=device, dtype=low)
+    dq_out, dk_out = (dqkv[..., i * H * K:(i + 1) * H * K].unflatten(-1, (H, K)) for i in (0, 1))
+    out += [
+        P("gdn.inputs_fwd", lambda c: [x for i, x in enumerate(inputs_fwd.inputs_fwd(*in_fwd, **var, config=c))
+                                       if i in (0, 2, 4, 5, 6)],
+          lambda: [*in_ref_fwd()[:2], vr.cpu().double(), in_ref_fwd()[3], in_ref_fwd()[2]], ("q", "k", "v", "gc", "beta"),
+          module=inputs_fwd, label="gdn inputs_fwd"),
+        P("gdn.inputs_bwd", lambda c: inputs_bwd.inputs_bwd(
+            yq, rq, d_up["dq"], yk, rk, d_up["dk"], raw["beta"], d_up["dbeta"], True, 2.0, raw["g"], raw["A_log"],
+            raw["dt_bias"], d_up["dg"], True, **var, dq_out=dq_out, dk_out=dk_out, config=c),
+          lambda: R.inputs_bwd_ref(*(in_ref[n] for n in ("q", "k", "g", "beta", "A_log", "dt_bias")), True,
+                                   *(d_up[n].cpu() for n in ("dq", "dk", "dbeta", "dg")), 2.0, cu_cpu),
+          ("dq", "dk", "dbeta", "dg", "dA_log", "ddt_bias"), module=inputs_bwd, label="gdn inputs_bwd"),
     ]
     # The state scans with the scalar gate, as gdn/chain.py calls them (the forward twice: for o,
     # then again writing h and v_new for the backward; both from A, v, beta: w, u never formed);

@@ -381,7 +381,7 @@ def gdn_inputs(full):
                    **{n: "fp32" for n in ("gate_scale", "beta_scale", "eps") if n in ptr},
                    cu_seqlens="*i64", chunk_indices="*i64")
         for cfg, fl in itertools.product(m.CONFIGS + (m.CANDIDATES if full else []), flags):
-            c = dict(H=16, HV=32, K=128, KP=128, BT=64, **fl, **cfg.kwargs)
+            c = dict(H=16, HV=32, K=128, KP=128, BT=64, RB=f.rows_per_head(64, 2), **fl, **cfg.kwargs)
             if name == "fwd":  # the layer's v: a column slice of the fused q/k/v buffer, copied
                 c.update(COPY_V=True, V=128, VP=128)
             yield f"gdn_inputs {name} {fl} {cfg_label(cfg)}", fn, ptr, c, cfg

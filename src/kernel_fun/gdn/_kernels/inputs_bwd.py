@@ -10,8 +10,12 @@ Per chunk (BT = 64 tokens) and value head (grid (NT, B x HV)), as fla's kernels 
 
 (dg: the gradient of the per-token natural-log gate, as the chain returns it). The sums toward
 dA_log and ddt_bias are written per program, ``[chunks, 2, HV]`` fp32, and summed by one
-``sum(0)`` (a fixed order: no atomics). The group's first value head also makes its qk head's
-``dx = rstd (dy - y sum(dy y))`` for q and k (y the normalized rows), as fla's ``l2norm_bwd``.
+``sum(0)`` (a fixed order: no atomics). The group's value heads also make their qk head's
+``dx = rstd (dy - y sum(dy y))`` for q and k (y the normalized rows), as fla's ``l2norm_bwd``, RB
+rows of the chunk each, and every program issues all its loads before its first store, as
+``inputs_fwd.py`` (the first form, the first value head taking all 64 rows and each tensor loaded
+then stored in turn, took 113 us a call at the model A/B's layer for about 100 MB: 24 us at the
+copy rate).
 Taken with ``inputs_fwd.py`` (``gdn.chain.inputs_backward``).
 """
 from __future__ import annotations
@@ -25,30 +29,14 @@ from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kerne
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_program
 from kernel_fun._delta.gate import gate_grad
+from kernel_fun.gdn._kernels.inputs_fwd import rows_per_head
 
 install_interpreter_shims()
 
-# The first is the interpreter's. Not yet timed on a GPU. sm_90a (Triton 3.6, H=16 HV=32 K=128, the
-# layer's flags, 2026-12-02): registers w4 140, w2 254, w8 76; no stack.
+# The first is the interpreter's. Timed only inside the chain. sm_90a (Triton 3.6, H=16 HV=32 K=128,
+# the layer's flags, loads first, 2026-12-03): registers w4 128, w2 251, w8 64; no stack.
 CONFIGS = [triton.Config({}, num_warps=nw) for nw in (4, 2, 8)]
 CANDIDATES: list = []
-
-
-@triton.jit
-def _l2norm_bwd_rows(y, rstd, dy, dx, s_dx, row0, i_h, n_valid, H: tl.constexpr, K: tl.constexpr,
-                     KP: tl.constexpr, BT: tl.constexpr):
-    """dx of rows ``row0 .. + BT`` of head ``i_h`` (y, dy ``[B, T, H, K]`` contiguous; dx's rows
-    ``s_dx`` elements apart)."""
-    o_i = tl.arange(0, BT)
-    o_k = tl.arange(0, KP)
-    m_t = o_i < n_valid
-    m = m_t[:, None] & (o_k < K)[None, :]
-    p = (row0 + o_i)[:, None] * (H * K) + i_h * K + o_k[None, :]
-    b_y = tl.load(y + p, mask=m, other=0.0).to(tl.float32)
-    b_dy = tl.load(dy + p, mask=m, other=0.0).to(tl.float32)
-    b_r = tl.load(rstd + (row0 + o_i) * H + i_h, mask=m_t, other=0.0)
-    b_dx = (b_dy - b_y * tl.sum(b_dy * b_y, axis=1)[:, None]) * b_r[:, None]
-    tl.store(dx + (row0 + o_i)[:, None] * s_dx + i_h * K + o_k[None, :], b_dx.to(dx.dtype.element_ty), mask=m)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -61,29 +49,54 @@ def inputs_bwd_kernel(
     T,
     s_dqk,  # the row stride of dq_out and dk_out (H * K, or a fused q/k/v gradient's row)
     beta_scale,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr, RB: tl.constexpr,
     GATE_IN_KERNEL: tl.constexpr, HAS_DT_BIAS: tl.constexpr, BETA_SIGMOID: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     _, i_hv, i_h, i_tg, row0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     o_i = tl.arange(0, BT)
     m_t = o_i < n_valid
     p = row0 * HV + i_hv + o_i * HV
+    # Every load is issued before the first store (as in inputs_fwd.py): one memory round trip.
     if BETA_SIGMOID:
-        b_s = tl.sigmoid(tl.load(beta + p, mask=m_t, other=0.0).to(tl.float32))
-        b_db = tl.load(dbeta + p, mask=m_t, other=0.0).to(tl.float32)
-        tl.store(dbeta_out + p, (b_db * beta_scale * b_s * (1.0 - b_s)).to(dbeta_out.dtype.element_ty), mask=m_t)
+        b_b = tl.load(beta + p, mask=m_t, other=0.0)
+        b_db = tl.load(dbeta + p, mask=m_t, other=0.0)
     if GATE_IN_KERNEL:
-        b_x = tl.load(g + p, mask=m_t, other=0.0).to(tl.float32)
+        b_x = tl.load(g + p, mask=m_t, other=0.0)
+        b_dyg = tl.load(dg + p, mask=m_t, other=0.0)  # 0 past the end: so are both terms
+    # The group's value heads share its qk head's rows of the chunk, RB rows each (inputs_fwd.py).
+    o_r = (i_hv % (HV // H)) * RB + tl.arange(0, RB)
+    m_r = o_r < n_valid
+    o_k = tl.arange(0, KP)
+    m_rk = m_r[:, None] & (o_k < K)[None, :]
+    p_r = (row0 + o_r) * H + i_h
+    p_rk = p_r[:, None] * K + o_k[None, :]
+    b_qy = tl.load(q + p_rk, mask=m_rk, other=0.0)
+    b_qdy = tl.load(dq + p_rk, mask=m_rk, other=0.0)
+    b_qr = tl.load(q_rstd + p_r, mask=m_r, other=0.0)
+    b_ky = tl.load(k + p_rk, mask=m_rk, other=0.0)
+    b_kdy = tl.load(dk + p_rk, mask=m_rk, other=0.0)
+    b_kr = tl.load(k_rstd + p_r, mask=m_r, other=0.0)
+
+    if BETA_SIGMOID:
+        b_s = tl.sigmoid(b_b.to(tl.float32))
+        b_db = b_db.to(tl.float32) * beta_scale * b_s * (1.0 - b_s)
+        tl.store(dbeta_out + p, b_db.to(dbeta_out.dtype.element_ty), mask=m_t)
+    if GATE_IN_KERNEL:
+        b_x = b_x.to(tl.float32)
         if HAS_DT_BIAS:
             b_x += tl.load(dt_bias + i_hv).to(tl.float32)
-        b_dyg = tl.load(dg + p, mask=m_t, other=0.0).to(tl.float32)  # 0 past the end: so are both terms
-        b_dg, b_dA = gate_grad(b_dyg, b_x, -tl.exp(tl.load(A_log + i_hv).to(tl.float32)))
+        b_dg, b_dA = gate_grad(b_dyg.to(tl.float32), b_x, -tl.exp(tl.load(A_log + i_hv).to(tl.float32)))
         tl.store(dg_out + p, b_dg.to(dg_out.dtype.element_ty), mask=m_t)
         tl.store(part + (i_tg * 2) * HV + i_hv, tl.sum(b_dA, axis=0))
         tl.store(part + (i_tg * 2 + 1) * HV + i_hv, tl.sum(b_dg, axis=0))
-    if i_hv % (HV // H) == 0:  # the group's first value head: its qk head's rows
-        _l2norm_bwd_rows(q, q_rstd, dq, dq_out, s_dqk, row0, i_h, n_valid, H, K, KP, BT)
-        _l2norm_bwd_rows(k, k_rstd, dk, dk_out, s_dqk, row0, i_h, n_valid, H, K, KP, BT)
+    # l2norm backward, as fla's l2norm_bwd: dx = rstd (dy - y sum(dy y)), y the normalized rows
+    p_out = (row0 + o_r)[:, None] * s_dqk + i_h * K + o_k[None, :]
+    b_qy, b_qdy = b_qy.to(tl.float32), b_qdy.to(tl.float32)
+    b_dx = (b_qdy - b_qy * tl.sum(b_qdy * b_qy, axis=1)[:, None]) * b_qr[:, None]
+    tl.store(dq_out + p_out, b_dx.to(dq_out.dtype.element_ty), mask=m_rk)
+    b_ky, b_kdy = b_ky.to(tl.float32), b_kdy.to(tl.float32)
+    b_dx = (b_kdy - b_ky * tl.sum(b_kdy * b_ky, axis=1)[:, None]) * b_kr[:, None]
+    tl.store(dk_out + p_out, b_dx.to(dk_out.dtype.element_ty), mask=m_rk)
 
 
 inputs_bwd_kernel_tuned = triton.autotune(
@@ -129,6 +142,7 @@ def inputs_bwd(q, q_rstd, dq, k, k_rstd, dk, beta, dbeta, beta_sigmoid: bool, be
            dt_bias=dt_bias if has_bias else dummy, dg=dg, dg_out=dg_out, part=part if gate_in_kernel else dummy,
            cu_seqlens=cu_seqlens if is_varlen else dummy, chunk_indices=chunk_indices if is_varlen else dummy, T=T,
            s_dqk=s_dqk, beta_scale=float(beta_scale), H=H, HV=HV, K=K, KP=max(16, next_pow2(K)), BT=BT,
+           RB=rows_per_head(BT, HV // H),
            GATE_IN_KERNEL=bool(gate_in_kernel), HAS_DT_BIAS=has_bias, BETA_SIGMOID=bool(beta_sigmoid),
            IS_VARLEN=is_varlen)
     record_launch("gdn.inputs_bwd")

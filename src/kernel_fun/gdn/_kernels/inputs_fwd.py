@@ -10,9 +10,13 @@ Per chunk (BT = 64 tokens) and value head (grid (NT, B x HV), ``_delta.chunking.
     gate   = -exp(A_log) * softplus(g + dt_bias)            (or g as given: the precomputed gate)
     gc     = gate_scale * cumsum_within_chunk(gate)          (fp32, log2 units with gate_scale = log2 e)
 
-and the first value head of each qk head's group also normalizes that head's q and k rows:
-``y = x / sqrt(sum(x^2) + eps)`` in x's dtype, ``rstd`` fp32, as fla's ``l2norm_fwd``. softplus as
-fla's (``_delta.gate``). A strided v (the buffer's column slice) is copied, each program its value
+and the group's value heads (G = HV / H) share the normalization of their qk head's q and k rows
+of the chunk, RB = BT / G (rounded up to a power of two) rows each: ``y = x / sqrt(sum(x^2) +
+eps)`` in x's dtype, ``rstd`` fp32, as fla's ``l2norm_fwd``. softplus as fla's (``_delta.gate``).
+Every program issues all its loads before its first store. The first form (the group's first value
+head normalizing all 64 rows, each tensor loaded, then stored, in turn) was latency-bound: 157 us a
+call at the model A/B's layer (B=4, T=4096, H=16, HV=32, K=V=128), where its 134 MB take 31 us at
+the copy rate (``bench/records/2026-12-03-h200-model-gdn-108c59b.json``). A strided v (the buffer's column slice) is copied, each program its value
 head's rows, into the contiguous tensor the chain's kernels read and the backward keeps (in place
 of torch's strided copy, 0.16 ms a call in the model A/B at B=4, T=4096, HV=32, V=128); a
 contiguous v is not copied.
@@ -33,40 +37,10 @@ from kernel_fun._delta.gate import gate_value
 install_interpreter_shims()
 
 # The first is the interpreter's. Timed only inside the chain (the autotuner's pick; docs/gdn.md).
-# sm_90a (Triton 3.6, H=16 HV=32 K=128, the layer's flags, v copied, 2026-12-03): registers w4 117,
-# w2 255, w8 64; no stack, dense and packed alike.
-CONFIGS = [triton.Config({}, num_warps=nw) for nw in (4, 2, 8)]
+# sm_90a (Triton 3.6, H=16 HV=32 K=128, the layer's flags, v copied, loads first, 2026-12-03):
+# registers w4 180, w8 96, no stack (w2 spilled 296 B: dropped).
+CONFIGS = [triton.Config({}, num_warps=nw) for nw in (4, 8)]
 CANDIDATES: list = []
-
-
-@triton.jit
-def _l2norm_rows(x, y, rstd, row0, t_local, i_h, s_t, s_h, s_b, i_b, eps, n_valid,
-                 H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr):
-    """Rows ``t_local .. + BT`` of head ``i_h`` of x (strides ``s_b, s_t, s_h``; the last is 1)
-    normalized into the contiguous ``y [B, T, H, K]``, their rstd into ``rstd [B, T, H]``."""
-    o_i = tl.arange(0, BT)
-    o_k = tl.arange(0, KP)
-    m = (o_i < n_valid)[:, None] & (o_k < K)[None, :]
-    b_x = tl.load(x + i_b * s_b + (t_local + o_i)[:, None] * s_t + i_h * s_h + o_k[None, :], mask=m,
-                  other=0.0).to(tl.float32)
-    b_r = 1.0 / tl.sqrt(tl.sum(b_x * b_x, axis=1) + eps)
-    tl.store(y + (row0 + o_i)[:, None] * (H * K) + i_h * K + o_k[None, :], (b_x * b_r[:, None]).to(y.dtype.element_ty),
-             mask=m)
-    tl.store(rstd + (row0 + o_i) * H + i_h, b_r, mask=o_i < n_valid)
-
-
-@triton.jit
-def _copy_rows(x, y, row0, t_local, i_h, s_t, s_h, s_b, i_b, n_valid,
-               H: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr):
-    """Rows ``t_local .. + BT`` of head ``i_h`` of x (strides ``s_b, s_t, s_h``; the last is 1)
-    copied into the contiguous ``y [B, T, H, D]``, BD columns at a time."""
-    o_i = tl.arange(0, BT)
-    m_t = o_i < n_valid
-    for d0 in tl.static_range(0, DP, BD):
-        o_d = d0 + tl.arange(0, BD)
-        m = m_t[:, None] & (o_d < D)[None, :]
-        b_x = tl.load(x + i_b * s_b + (t_local + o_i)[:, None] * s_t + i_h * s_h + o_d[None, :], mask=m, other=0.0)
-        tl.store(y + (row0 + o_i)[:, None] * (H * D) + i_h * D + o_d[None, :], b_x, mask=m)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -83,15 +57,36 @@ def inputs_fwd_kernel(
     T,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
     gate_scale, beta_scale, eps,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr, RB: tl.constexpr,
     GATE_IN_KERNEL: tl.constexpr, HAS_DT_BIAS: tl.constexpr, BETA_SIGMOID: tl.constexpr, IS_VARLEN: tl.constexpr,
     COPY_V: tl.constexpr = False, V: tl.constexpr = 64, VP: tl.constexpr = 64,
 ):
     i_b, i_hv, i_h, _, row0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
+    t_local = row0 - i_b * T  # the token within its batch row (varlen: B == 1, so row0)
     o_i = tl.arange(0, BT)
     m_t = o_i < n_valid
     p = row0 * HV + i_hv + o_i * HV
-    b_g = tl.load(g + p, mask=m_t, other=0.0).to(tl.float32)
+    # Every load is issued before the first store: a program's reads are then in flight together
+    # (one memory round trip, not one per tensor: the kernel is latency-bound otherwise).
+    b_g = tl.load(g + p, mask=m_t, other=0.0)
+    if BETA_SIGMOID:
+        b_b = tl.load(beta + p, mask=m_t, other=0.0)
+    if COPY_V:
+        o_v = tl.arange(0, VP)
+        m_tv = m_t[:, None] & (o_v < V)[None, :]
+        b_v = tl.load(v + i_b * s_vb + (t_local + o_i)[:, None] * s_vt + i_hv * s_vh + o_v[None, :], mask=m_tv,
+                      other=0.0)
+    # The group's value heads share its qk head's rows of the chunk, RB rows each.
+    o_r = (i_hv % (HV // H)) * RB + tl.arange(0, RB)
+    m_r = o_r < n_valid
+    o_k = tl.arange(0, KP)
+    m_rk = m_r[:, None] & (o_k < K)[None, :]
+    b_q = tl.load(q + i_b * s_qb + (t_local + o_r)[:, None] * s_qt + i_h * s_qh + o_k[None, :], mask=m_rk,
+                  other=0.0)
+    b_k = tl.load(k + i_b * s_kb + (t_local + o_r)[:, None] * s_kt + i_h * s_kh + o_k[None, :], mask=m_rk,
+                  other=0.0)
+
+    b_g = b_g.to(tl.float32)
     if GATE_IN_KERNEL:
         if HAS_DT_BIAS:
             b_g += tl.load(dt_bias + i_hv).to(tl.float32)
@@ -99,14 +94,25 @@ def inputs_fwd_kernel(
     b_g = tl.where(m_t, b_g, 0.0)
     tl.store(gc + p, tl.cumsum(b_g, axis=0) * gate_scale, mask=m_t)
     if BETA_SIGMOID:
-        b_b = tl.load(beta + p, mask=m_t, other=0.0).to(tl.float32)
-        tl.store(beta_out + p, beta_scale * tl.sigmoid(b_b), mask=m_t)
-    t_local = row0 - i_b * T  # the token within its batch row (varlen: B == 1, so row0)
+        tl.store(beta_out + p, beta_scale * tl.sigmoid(b_b.to(tl.float32)), mask=m_t)
     if COPY_V:
-        _copy_rows(v, v_out, row0, t_local, i_hv, s_vt, s_vh, s_vb, i_b, n_valid, HV, V, VP, min(VP, 64), BT)
-    if i_hv % (HV // H) == 0:  # the group's first value head normalizes its qk head's rows
-        _l2norm_rows(q, q_out, q_rstd, row0, t_local, i_h, s_qt, s_qh, s_qb, i_b, eps, n_valid, H, K, KP, BT)
-        _l2norm_rows(k, k_out, k_rstd, row0, t_local, i_h, s_kt, s_kh, s_kb, i_b, eps, n_valid, H, K, KP, BT)
+        tl.store(v_out + (row0 + o_i)[:, None] * (HV * V) + i_hv * V + o_v[None, :], b_v, mask=m_tv)
+    # l2norm: y = x / sqrt(sum(x^2) + eps) in x's dtype, rstd fp32 (as fla's l2norm_fwd)
+    p_r = (row0 + o_r) * H + i_h
+    b_q = b_q.to(tl.float32)
+    b_k = b_k.to(tl.float32)
+    b_rq = 1.0 / tl.sqrt(tl.sum(b_q * b_q, axis=1) + eps)
+    tl.store(q_out + p_r[:, None] * K + o_k[None, :], (b_q * b_rq[:, None]).to(q_out.dtype.element_ty), mask=m_rk)
+    tl.store(q_rstd + p_r, b_rq, mask=m_r)
+    b_rk = 1.0 / tl.sqrt(tl.sum(b_k * b_k, axis=1) + eps)
+    tl.store(k_out + p_r[:, None] * K + o_k[None, :], (b_k * b_rk[:, None]).to(k_out.dtype.element_ty), mask=m_rk)
+    tl.store(k_rstd + p_r, b_rk, mask=m_r)
+
+
+def rows_per_head(BT: int, G: int) -> int:
+    """Rows of a qk head's chunk that each of its G value heads' programs normalizes (RB): BT / G
+    rounded up to a power of two (programs past the chunk's end have none)."""
+    return next_pow2(cdiv(BT, G))
 
 
 inputs_fwd_kernel_tuned = triton.autotune(
@@ -151,7 +157,8 @@ def inputs_fwd(q, k, v, g, beta, A_log, dt_bias, gate_in_kernel: bool, beta_sigm
            s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2),
            s_vb=v.stride(0), s_vt=v.stride(1), s_vh=v.stride(2),
            gate_scale=float(gate_scale), beta_scale=float(beta_scale), eps=float(eps),
-           H=H, HV=HV, K=K, KP=max(16, next_pow2(K)), BT=BT, GATE_IN_KERNEL=bool(gate_in_kernel),
+           H=H, HV=HV, K=K, KP=max(16, next_pow2(K)), BT=BT, RB=rows_per_head(BT, HV // H),
+           GATE_IN_KERNEL=bool(gate_in_kernel),
            HAS_DT_BIAS=bool(gate_in_kernel and dt_bias is not None), BETA_SIGMOID=bool(beta_sigmoid),
            IS_VARLEN=is_varlen, COPY_V=copy_v, V=V, VP=max(16, next_pow2(V)))
     record_launch("gdn.inputs_fwd")
