@@ -38,8 +38,6 @@ def inputs_fwd_ref(q, k, g, beta, A_log, dt_bias, gate_in_kernel, beta_scale=2.0
     """fp64 (q and k l2-normalized, beta_scale * sigmoid(beta), the gate's chunk-local cumsum in
     log2 units): what ``_kernels/inputs_fwd.py`` makes. The gate is ``-exp(A_log) softplus(g +
     dt_bias)`` with ``gate_in_kernel``, else g itself. Differentiable (``inputs_bwd_ref``)."""
-    from .._delta.reference import chunk_local_cumsum_ref
-
     qn = q / torch.sqrt((q ** 2).sum(-1, keepdim=True) + eps)
     kn = k / torch.sqrt((k ** 2).sum(-1, keepdim=True) + eps)
     gate = -A_log.exp() * torch.nn.functional.softplus(g + dt_bias) if gate_in_kernel else g
