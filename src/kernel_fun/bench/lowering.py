@@ -333,20 +333,22 @@ def _gdn_specs(name, m, kernel, full, grouped=False):
     ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
     if "s_dv" in ptr:  # dv's row stride: HV * V, or the fused q/k/v gradient's row (multiples of 16)
         ptr["s_dv"] = "i32:16"
-    # HV = 32 changes code only where G = HV / H is a loop bound (``grouped``: wy_dqk_bwd's
-    # group loop); elsewhere it is one more stride constant, compiled only in the full list
+    # HV = 32 changes code only where G = HV / H is a loop bound (``grouped``: wy_dqk_bwd's and
+    # gated_scores' group loops); elsewhere it is one more stride constant, compiled only in the full list
     hvs = (16, 32) if full or grouped else (16,)
     for cfg, hv, varlen in itertools.product(m.CONFIGS + (m.CANDIDATES if full else []), hvs, (False, True) if full else (False,)):
         c = dict(H=16, HV=hv, K=128, BT=64, KP=128, IS_VARLEN=varlen, DOT_PRECISION="tf32", **cfg.kwargs)
         if "V" in fn.arg_names:
             c["V"] = 128
+        if "GP" in fn.arg_names:  # the group's gates padded to a power of two (gated_scores)
+            c["GP"] = max(2, 1 << (hv // 16 - 1).bit_length())
         yield f"{name} HV={hv} varlen={varlen} {cfg_label(cfg)}", fn, ptr, c, cfg
 
 
 def gdn_scores(full):
     from kernel_fun.gdn._kernels import scores as m
 
-    yield from _gdn_specs("gdn_scores", m, m.gated_scores_kernel, full)
+    yield from _gdn_specs("gdn_scores", m, m.gated_scores_kernel, full, grouped=True)
 
 
 def gdn_wy_dv(full):

@@ -27,8 +27,8 @@ from kernel_fun._delta.chunking import chunk_program
 
 install_interpreter_shims()
 
-# The first is the interpreter's. sm_90a (Triton 3.6, H=16 HV=32 K=128, 2026-12-03): registers w4 96,
-# w8 54, w2 96; no stack; 32 KB of shared memory.
+# The first is the interpreter's. sm_90a (Triton 3.6, H=16 K=128, 2026-12-03), registers at HV=32 |
+# HV=16: w4 105 | 80, w8 67 | 48, w2 165 | 109; no stack; 32 KB of shared memory.
 CONFIGS = [triton.Config({}, num_warps=nw, num_stages=ns) for nw, ns in [(4, 2), (4, 3), (8, 2), (2, 2)]]
 CANDIDATES: list = []
 
@@ -43,7 +43,7 @@ def gated_scores_kernel(
     chunk_indices,
     scale,
     T,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, KP: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, KP: tl.constexpr, GP: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # one program per (chunk, qk head): chunk_program over H heads, i_h the qk head
@@ -57,14 +57,17 @@ def gated_scores_kernel(
                   mask=m_t[:, None] & m_k[None, :], other=0.0)
     b_kt = tl.load(k + (row0 * H + i_h) * K + o_i[None, :] * (H * K) + o_k[:, None],
                    mask=m_k[:, None] & m_t[None, :], other=0.0)  # k^T loaded transposed
+    # the group's gates [BT, GP] in one load (a row's value heads are adjacent), before any store
+    o_g = tl.arange(0, GP)
+    b_g2 = tl.load(g + (row0 + o_i[:, None]) * HV + i_h * G + o_g[None, :],
+                   mask=m_t[:, None] & (o_g < G)[None, :], other=0.0).to(tl.float32)
     b_a = tl.dot(b_q, b_kt, input_precision=DOT_PRECISION) * scale
     m_c = (o_i[:, None] >= o_i[None, :]) & m_t[:, None] & m_t[None, :]
-    for j in range(G):  # the group's value heads: one gate each
-        i_hv = i_h * G + j
-        b_g = tl.load(g + row0 * HV + i_hv + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
+    for j in range(G):  # the group's value heads: one gated tile each
+        b_g = tl.sum(tl.where(o_g[None, :] == j, b_g2, 0.0), 1)
         # the factor formed under the mask before it multiplies (exp2 overflows above the diagonal)
         b_ag = tl.where(m_c, b_a * tl.exp2(tl.where(m_c, b_g[:, None] - b_g[None, :], 0.0)), 0.0)
-        tl.store(A + (row0 * HV + i_hv) * BT + o_i[:, None] * (HV * BT) + o_i[None, :],
+        tl.store(A + (row0 * HV + i_h * G + j) * BT + o_i[:, None] * (HV * BT) + o_i[None, :],
                  b_ag.to(A.dtype.element_ty), mask=m_t[:, None])
 
 
@@ -89,7 +92,7 @@ def gated_scores(q, k, g, scale, cu_seqlens=None, chunk_indices=None, chunk_size
     A = alloc((B, T, HV, BT), dtype=q.dtype, device=q.device)
     args = dict(q=q, k=k, g=g, A=A, cu_seqlens=cu_seqlens if is_varlen else A,
                 chunk_indices=chunk_indices if is_varlen else A, scale=float(scale), T=T, H=H, HV=HV, K=K,
-                BT=BT, KP=max(16, next_pow2(K)), IS_VARLEN=is_varlen,
+                BT=BT, KP=max(16, next_pow2(K)), GP=max(2, next_pow2(HV // H)), IS_VARLEN=is_varlen,
                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     grid = (NT, B * H)
     launch(gated_scores_kernel_tuned, grid, config, **args)
