@@ -13,9 +13,8 @@ dA_log and ddt_bias are written per program, ``[chunks, 2, HV]`` fp32, and summe
 ``sum(0)`` (a fixed order: no atomics). The group's value heads also make their qk head's
 ``dx = rstd (dy - y sum(dy y))`` for q and k (y the normalized rows), as fla's ``l2norm_bwd``, RB
 rows of the chunk each, and every program issues all its loads before its first store, as
-``inputs_fwd.py`` (the first form, the first value head taking all 64 rows and each tensor loaded
-then stored in turn, took 113 us a call at the model A/B's layer for about 100 MB: 24 us at the
-copy rate).
+``inputs_fwd.py``: 118 us at the model A/B's layer for 402 MB (94 us at the copy rate), the first
+form (the first value head taking all 64 rows, each tensor loaded then stored in turn) 127 us.
 Taken with ``inputs_fwd.py`` (``gdn.chain.inputs_backward``).
 """
 from __future__ import annotations

@@ -13,10 +13,11 @@ Per chunk (BT = 64 tokens) and value head (grid (NT, B x HV), ``_delta.chunking.
 and the group's value heads (G = HV / H) share the normalization of their qk head's q and k rows
 of the chunk, RB = BT / G (rounded up to a power of two) rows each: ``y = x / sqrt(sum(x^2) +
 eps)`` in x's dtype, ``rstd`` fp32, as fla's ``l2norm_fwd``. softplus as fla's (``_delta.gate``).
-Every program issues all its loads before its first store. The first form (the group's first value
-head normalizing all 64 rows, each tensor loaded, then stored, in turn) was latency-bound: 157 us a
-call at the model A/B's layer (B=4, T=4096, H=16, HV=32, K=V=128), where its 134 MB take 31 us at
-the copy rate (``bench/records/2026-12-03-h200-model-gdn-108c59b.json``). A strided v (the buffer's column slice) is copied, each program its value
+Every program issues all its loads before its first store. At the model A/B's layer (B=4, T=4096,
+H=16, HV=32, K=V=128, v a column slice) the kernel moves 536 MB, 125 us at the H200's copy rate: this
+form 152 us, the first one (the group's first value head normalizing all 64 rows, each tensor
+loaded, then stored, in turn) 165 us (``bench/records/2026-12-03-h200-stages-gdn-inputs-scores-*.json``).
+A strided v (the buffer's column slice) is copied, each program its value
 head's rows, into the contiguous tensor the chain's kernels read and the backward keeps (in place
 of torch's strided copy, 0.16 ms a call in the model A/B at B=4, T=4096, HV=32, V=128); a
 contiguous v is not copied.

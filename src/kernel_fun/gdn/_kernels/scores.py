@@ -9,9 +9,10 @@ q, k, g, do and writes dv (4 tensors of 2X bytes at the main shape, against q, k
 X + X + X/2 at V = 128).
 
 Grid: one program per (chunk, qk head): one [BT, K] x [K, BT] product, then one gated [BT, BT]
-tile per value head of the group (G = HV / H). (One program per value head, each re-reading q, k
-and forming the product again, took 75 us a call at the model A/B's layer, B=4 T=4096 H=16 HV=32
-K=128, for about 100 MB: 24 us at the copy rate; ``bench/records/2026-12-03-h200-model-gdn-108c59b.json``.)
+tile per value head of the group (G = HV / H), the group's gates loaded with q and k. At the model
+A/B's layer (B=4 T=4096 H=16 HV=32 K=128; 201 MB, 47 us at the copy rate): 58 us, where one program
+per value head, each re-reading q, k and forming the product again, took 76 us
+(``bench/records/2026-12-03-h200-stages-gdn-inputs-scores-*.json``).
 """
 from __future__ import annotations
 
