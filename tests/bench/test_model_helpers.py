@@ -79,3 +79,20 @@ def test_gpu_idle_is_the_step_less_its_kernels():
     arm = {"median_step_ms": 54.37, "median_host_ms": 40.5,
            "profile": {"by_kind_ms": {"ours": 12.975, "fla": 1.502, "torch_gemm": 18.779, "torch_other": 16.98}}}
     assert model.gpu_idle_ms(arm) == {"step_ms": 54.37, "kernels_ms": 50.236, "idle_ms": 4.134, "host_ms": 40.5}
+
+
+def test_idle_gaps_finds_where_the_gpu_waits():
+    """The idle between kernels (overlaps and back-to-back launches count none), per 5 ms window of
+    the timeline, and the longest gaps with their neighbours, from the profiler's device spans."""
+    from kernel_fun.bench import model
+
+    spans = [(0.0, 100.0, "a"), (100.0, 300.0, "b"), (250.0, 280.0, "overlapped"),  # no gap
+             (350.0, 400.0, "c"),  # 50 us after b
+             (6000.0, 6100.0, "d"),  # 5600 us after c: in the first window (it starts there)
+             (6105.0, 11000.0, "e")]  # 5 us: idle, but below min_us in the list
+    got = model.idle_gaps(spans, top=2)
+    assert got["idle_ms"] == 5.655 and got["span_ms"] == 11.0
+    assert got["idle_ms_per_window"] == [5.65, 0.005, 0.0]
+    assert got["gaps"] == [{"us": 5600.0, "at_ms": 0.4, "after": "c", "before": "d"},
+                           {"us": 50.0, "at_ms": 0.3, "after": "b", "before": "c"}]
+    assert model.idle_gaps([])["idle_ms"] == 0.0

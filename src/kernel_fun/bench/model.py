@@ -170,8 +170,11 @@ def _jit_names(prefix: str) -> set:
     return names
 
 
-def _profile_step(step) -> list:
+def _profile_step(step) -> tuple[list, list]:
+    """One profiled step: (rows ``(kernel, ms, calls)`` per kernel name, the device spans ``(start us,
+    end us, kernel)`` in launch order, for ``idle_gaps``)."""
     import torch
+    from torch.autograd import DeviceType
 
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -182,7 +185,36 @@ def _profile_step(step) -> list:
         t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
         if t:
             rows.append((e.key, t / 1e3, e.count))
-    return rows
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if e.device_type == DeviceType.CUDA)
+    return rows, spans
+
+
+def idle_gaps(spans: list, top: int = 8, window_ms: float = 5.0, min_us: float = 10.0) -> dict:
+    """Where the GPU waits inside a step, from its kernels' ``(start us, end us, name)`` spans (one
+    stream): the idle time between the first kernel's start and the last one's end, that idle per
+    ``window_ms`` of the timeline (which phase: the forward comes first), and the ``top`` longest
+    gaps of at least ``min_us`` with the kernels on either side and their offset from the first
+    kernel (a host-bound stretch shows as a run of gaps after short kernels)."""
+    if not spans:
+        return {"idle_ms": 0.0, "span_ms": 0.0, "idle_ms_per_window": [], "gaps": []}
+    spans = sorted(spans)
+    t0 = spans[0][0]
+    gaps, busy_until, prev = [], spans[0][1], spans[0][2]
+    for start, end, name in spans[1:]:
+        if start > busy_until:
+            gaps.append((start - busy_until, busy_until, prev, name))
+        if end >= busy_until:
+            busy_until, prev = end, name
+    span = busy_until - t0
+    windows = [0.0] * (int(span / (window_ms * 1e3)) + 1)
+    for gap, at, _, _ in gaps:
+        windows[int((at - t0) / (window_ms * 1e3))] += gap
+    longest = sorted((g for g in gaps if g[0] >= min_us), key=lambda g: -g[0])[:top]
+    return {"idle_ms": round(sum(g[0] for g in gaps) / 1e3, 3), "span_ms": round(span / 1e3, 3),
+            "window_ms": window_ms, "idle_ms_per_window": [round(w / 1e3, 3) for w in windows],
+            "gaps": [{"us": round(g, 1), "at_ms": round((at - t0) / 1e3, 3), "after": a[:80], "before": b[:80]}
+                     for g, at, a, b in longest]}
 
 
 def _triton_cache_entries() -> int:
@@ -333,7 +365,8 @@ def run_arm(arm: str, cfg: dict, init_state: dict, tokens, layer: str) -> dict:
         launched = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
         out["launches"] = {fam: sum(v for k, v in launched.items() if k.startswith(fam + "."))
                            for fam in FAMILIES}
-        out["profile"] = _profile_step(lambda: step())
+        out["profile"], spans = _profile_step(lambda: step())
+        out["idle_gaps"] = idle_gaps(spans)
         if arm == "ours":  # where that host time goes (cProfile of one step, own time per function)
             out["host_profile"] = _host_profile(step)
     out["step"] = step  # kept for the interleaved timing of the ours and fla arms
@@ -470,6 +503,10 @@ def main(layer: str, overrides: dict, json_path: str | None) -> int:
           f"({summary['replaced_kernels_speedup']}x); peak {summary['peak_mb']} MB; disabled == fla bitwise: "
           f"{bitwise}; engaged {summary['engaged']}", flush=True)
     print(f"GPU idle in the median step (step less its kernels): {summary['gpu_idle']}", flush=True)
+    for arm in ("ours", "fla"):  # where in the profiled step (arms[arm]["idle_gaps"] has the longest gaps)
+        ig = arms[arm]["idle_gaps"]
+        print(f"  {arm} idle between its first and last kernel {ig['idle_ms']} ms of {ig['span_ms']}, per "
+              f"{ig['window_ms']} ms: {ig['idle_ms_per_window']}", flush=True)
     print(f"loss fla    {[round(x, 4) for x in f['loss']]}", flush=True)
     print(f"loss ours   {[round(x, 4) for x in o['loss']]}", flush=True)
     print(f"step-0 grad diff / noise floor per group: {summary['grad_diff_over_noise_floor']}", flush=True)
