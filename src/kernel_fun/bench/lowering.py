@@ -341,7 +341,7 @@ def _gdn_specs(name, m, kernel, full, grouped=False):
         if "V" in fn.arg_names:
             c["V"] = 128
         if "GP" in fn.arg_names:  # the group's gates padded to a power of two (gated_scores)
-            c["GP"] = max(2, 1 << (hv // 16 - 1).bit_length())
+            c["GP"] = m.group_pad(hv // 16)
         yield f"{name} HV={hv} varlen={varlen} {cfg_label(cfg)}", fn, ptr, c, cfg
 
 

@@ -172,7 +172,7 @@ def _jit_names(prefix: str) -> set:
 
 def _profile_step(step) -> tuple[list, list]:
     """One profiled step: (rows ``(kernel, ms, calls)`` per kernel name, the device spans ``(start us,
-    end us, kernel)`` in launch order, for ``idle_gaps``)."""
+    end us, kernel)``, for ``idle_gaps``)."""
     import torch
     from torch.autograd import DeviceType
 
@@ -185,8 +185,8 @@ def _profile_step(step) -> tuple[list, list]:
         t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
         if t:
             rows.append((e.key, t / 1e3, e.count))
-    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                   if e.device_type == DeviceType.CUDA)
+    spans = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+             if e.device_type == DeviceType.CUDA]
     return rows, spans
 
 

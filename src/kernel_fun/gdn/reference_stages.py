@@ -34,26 +34,20 @@ def chunks(B, T, cu_seqlens):
     return out
 
 
+def _gate_ref(g, A_log, dt_bias, gate_in_kernel):
+    """The per-token natural-log gate: ``-exp(A_log) softplus(g + dt_bias)`` in the op, else g."""
+    return -A_log.exp() * torch.nn.functional.softplus(g + dt_bias) if gate_in_kernel else g
+
+
 def inputs_fwd_ref(q, k, g, beta, A_log, dt_bias, gate_in_kernel, beta_scale=2.0, cu_seqlens=None, eps=1e-6):
     """fp64 (q and k l2-normalized, beta_scale * sigmoid(beta), the gate's chunk-local cumsum in
-    log2 units): what ``_kernels/inputs_fwd.py`` makes. The gate is ``-exp(A_log) softplus(g +
-    dt_bias)`` with ``gate_in_kernel``, else g itself. Differentiable (``inputs_bwd_ref``)."""
+    log2 units): what ``_kernels/inputs_fwd.py`` makes. Differentiable (``inputs_bwd_ref``)."""
+    from .._delta.reference import chunk_local_cumsum_ref
+
     qn = q / torch.sqrt((q ** 2).sum(-1, keepdim=True) + eps)
     kn = k / torch.sqrt((k ** 2).sum(-1, keepdim=True) + eps)
-    gate = -A_log.exp() * torch.nn.functional.softplus(g + dt_bias) if gate_in_kernel else g
-    B, T = g.shape[:2]
-    gc = torch.cat([gate[:, s:s + BT].cumsum(1) for s in range(0, T, BT)], 1) / LN2 if cu_seqlens is None else \
-        _cumsum_segments(gate, cu_seqlens)
+    gc = chunk_local_cumsum_ref(_gate_ref(g, A_log, dt_bias, gate_in_kernel), BT, cu_seqlens=cu_seqlens)
     return qn, kn, beta_scale * torch.sigmoid(beta), gc
-
-
-def _cumsum_segments(gate, cu_seqlens):
-    """The chunk-local cumsum (log2 units) of packed documents, differentiable."""
-    parts = []
-    cu = [int(x) for x in cu_seqlens.tolist()]
-    for bos, eos in zip(cu[:-1], cu[1:]):
-        parts += [gate[:, s:min(s + BT, eos)].cumsum(1) for s in range(bos, eos, BT)]
-    return torch.cat(parts, 1) / LN2
 
 
 def inputs_bwd_ref(q, k, g, beta, A_log, dt_bias, gate_in_kernel, dq, dk, dbeta, dg, beta_scale=2.0,
@@ -68,8 +62,8 @@ def inputs_bwd_ref(q, k, g, beta, A_log, dt_bias, gate_in_kernel, dq, dk, dbeta,
                                   beta_scale, cu_seqlens)
     outs, gos, wrt = [qn, kn, b], [dq, dk, dbeta], ["q", "k", "beta"]
     if gate_in_kernel:
-        gate = -x["A_log"].exp() * torch.nn.functional.softplus(x["g"] + x["dt_bias"])
-        outs, gos, wrt = outs + [gate], gos + [dg], wrt + ["g", "A_log", "dt_bias"]
+        outs, gos = outs + [_gate_ref(x["g"], x["A_log"], x["dt_bias"], True)], gos + [dg]
+        wrt = wrt + ["g", "A_log", "dt_bias"]
     got = dict(zip(wrt, torch.autograd.grad(outs, [x[n] for n in wrt], [t.double() for t in gos])))
     if not gate_in_kernel:
         got.update(g=dg.double(), A_log=None, dt_bias=None)

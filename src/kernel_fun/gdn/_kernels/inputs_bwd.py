@@ -32,7 +32,7 @@ from kernel_fun.gdn._kernels.inputs_fwd import rows_per_head
 
 install_interpreter_shims()
 
-# The first is the interpreter's. Timed only inside the chain. sm_90a (Triton 3.6, H=16 HV=32 K=128,
+# The first is the interpreter's. Timed by `bench --stages gdn --kernel gdn.inputs_bwd`. sm_90a (Triton 3.6, H=16 HV=32 K=128,
 # the layer's flags, loads first, 2026-12-03): registers w4 128, w2 251, w8 64; no stack.
 CONFIGS = [triton.Config({}, num_warps=nw) for nw in (4, 2, 8)]
 CANDIDATES: list = []
@@ -55,7 +55,7 @@ def inputs_bwd_kernel(
     o_i = tl.arange(0, BT)
     m_t = o_i < n_valid
     p = row0 * HV + i_hv + o_i * HV
-    # Every load is issued before the first store (as in inputs_fwd.py): one memory round trip.
+    # Every load is issued before the first store (as in inputs_fwd.py).
     if BETA_SIGMOID:
         b_b = tl.load(beta + p, mask=m_t, other=0.0)
         b_db = tl.load(dbeta + p, mask=m_t, other=0.0)

@@ -37,7 +37,7 @@ from kernel_fun._delta.gate import gate_value
 
 install_interpreter_shims()
 
-# The first is the interpreter's. Timed only inside the chain (the autotuner's pick; docs/gdn.md).
+# The first is the interpreter's. Timed by `bench --stages gdn --kernel gdn.inputs_fwd` (docs/gdn.md).
 # sm_90a (Triton 3.6, H=16 HV=32 K=128, the layer's flags, v copied, loads first, 2026-12-03):
 # registers w4 180, w8 96, no stack (w2 spilled 296 B: dropped).
 CONFIGS = [triton.Config({}, num_warps=nw) for nw in (4, 8)]
@@ -67,8 +67,8 @@ def inputs_fwd_kernel(
     o_i = tl.arange(0, BT)
     m_t = o_i < n_valid
     p = row0 * HV + i_hv + o_i * HV
-    # Every load is issued before the first store: a program's reads are then in flight together
-    # (one memory round trip, not one per tensor: the kernel is latency-bound otherwise).
+    # Every load is issued before the first store, so that a program's reads are in flight together
+    # (not one tensor's load, then its store, then the next load).
     b_g = tl.load(g + p, mask=m_t, other=0.0)
     if BETA_SIGMOID:
         b_b = tl.load(beta + p, mask=m_t, other=0.0)

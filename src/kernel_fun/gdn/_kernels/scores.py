@@ -72,6 +72,11 @@ def gated_scores_kernel(
                  b_ag.to(A.dtype.element_ty), mask=m_t[:, None])
 
 
+def group_pad(G: int) -> int:
+    """GP: a group's G value heads padded to a power of two (at least 2), the gate tile's width."""
+    return max(2, next_pow2(G))
+
+
 gated_scores_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(), key=["H", "HV", "K", "BT", "IS_VARLEN"],
 )(gated_scores_kernel)
@@ -93,7 +98,7 @@ def gated_scores(q, k, g, scale, cu_seqlens=None, chunk_indices=None, chunk_size
     A = alloc((B, T, HV, BT), dtype=q.dtype, device=q.device)
     args = dict(q=q, k=k, g=g, A=A, cu_seqlens=cu_seqlens if is_varlen else A,
                 chunk_indices=chunk_indices if is_varlen else A, scale=float(scale), T=T, H=H, HV=HV, K=K,
-                BT=BT, KP=max(16, next_pow2(K)), GP=max(2, next_pow2(HV // H)), IS_VARLEN=is_varlen,
+                BT=BT, KP=max(16, next_pow2(K)), GP=group_pad(HV // H), IS_VARLEN=is_varlen,
                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     grid = (NT, B * H)
     launch(gated_scores_kernel_tuned, grid, config, **args)
