@@ -57,9 +57,9 @@ def cpu() -> None:
     from kernel_fun._delta import inputs
     from kernel_fun._delta._kernels import state_scan_bwd, state_scan_fwd
     from kernel_fun.gdn import chain
-    from kernel_fun.gdn._kernels import scores, wy_dqk_bwd, wy_dv_bwd
+    from kernel_fun.gdn._kernels import inputs_bwd, inputs_fwd, scores, wy_dqk_bwd, wy_dv_bwd
 
-    for m in (state_scan_fwd, state_scan_bwd, scores, wy_dv_bwd, wy_dqk_bwd):
+    for m in (state_scan_fwd, state_scan_bwd, scores, wy_dv_bwd, wy_dqk_bwd, inputs_fwd, inputs_bwd):
         m.launch = lambda *a, **k: None
 
     class Kernel:  # fla's raw kkt + solve kernel, launched as kernel[grid](...)
@@ -107,6 +107,7 @@ def cpu() -> None:
 
     print(f"CPU, launches and fla stubbed: forward {best_us(fwd):.1f} us, forward + backward "
           f"{best_us(fwdbwd):.1f} us of our own Python a call")
+    print(_profile(fwd, n=300, top=30))
     print(_profile(fwdbwd, n=300, top=25))
 
 

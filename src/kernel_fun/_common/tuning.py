@@ -68,14 +68,60 @@ def row_stride(t, name: str) -> int:
     return s
 
 
+# The configuration Triton's autotuner chose, per kernel and tuning key (``launch``).
+_chosen: dict = {}
+_UNSET = object()  # a key argument the call does not pass (the autotuner leaves it out of its key)
+
+
 def launch(kernel, grid, config, *args, **kwargs):
     """Launch an autotuned kernel, or, with ``config`` (a ``triton.Config`` from its module's
     ``CONFIGS`` or ``CANDIDATES``), the underlying jit function with exactly that
     configuration (GPU tests check every configuration: Triton 3.4-3.7.0 miscompiles some dot
-    patterns on Hopper, per configuration)."""
-    if config is None:
+    patterns on Hopper, per configuration).
+
+    Autotuned, a call whose tuning key was seen goes straight to the jit function with the
+    configuration the autotuner chose for that key: Triton's ``Autotuner.run`` rebuilds its key
+    on every call (dicts of all arguments, a list search per argument, ``str`` of every dtype), 13
+    us of host a launch of a 16-argument kernel and 38 us of a 40-argument one (H200 host, Triton
+    3.6, ``tools/launch_cost.py``), against 20 and 39 us for the jit launch itself. The key here
+    holds what the autotuner's holds (the values of its ``key`` arguments, the dtype of every
+    argument that has one, in the call's order), so every call gets the configuration the
+    autotuner gives it; a new key, or a configuration with a ``pre_hook``, goes through the
+    autotuner (which tunes, or finds its cached pick) and is remembered."""
+    if config is not None:
+        return kernel.fn[grid](*args, **kwargs, **config.all_kwargs())
+    names, keys, configs = (getattr(kernel, a, None) for a in ("arg_names", "keys", "configs"))
+    if names is None or keys is None or not configs:  # not a triton.autotune kernel
         return kernel[grid](*args, **kwargs)
-    return kernel.fn[grid](*args, **kwargs, **config.all_kwargs())
+    call = {**dict(zip(names, args)), **kwargs} if args else kwargs  # positional ones by name, as the autotuner reads them
+    try:
+        key = (id(kernel), *[call.get(k, _UNSET) for k in keys], *[v.dtype for v in call.values() if hasattr(v, "dtype")])
+        chosen = _chosen.get(key)
+    except TypeError:  # an unhashable key argument
+        return kernel[grid](**call)
+    if chosen is not None:
+        return kernel.fn.run(grid=grid, warmup=False, **call, **chosen)
+    ret = kernel[grid](**call)
+    picked = _autotuner_pick(kernel, call)
+    if picked is not None and picked.pre_hook is None:
+        if len(_chosen) >= 4096:  # bounded: shapes that never repeat cost the autotuner's path, never memory
+            _chosen.clear()
+        _chosen[key] = picked.all_kwargs()
+    return ret
+
+
+def _autotuner_pick(kernel, call: dict):
+    """The configuration ``kernel`` (a ``triton.autotune`` Autotuner) holds for this call: its
+    only one, or the one in its cache under the key it builds (Triton 3.6 and 3.9 build it alike:
+    the ``key`` arguments' values, then ``str`` of the dtype of every argument that has one, in
+    the call's order); None where that cache has no entry (the call is then not remembered)."""
+    if len(kernel.configs) == 1:
+        return kernel.configs[0]
+    names = set(kernel.arg_names)
+    args = {k: v for k, v in call.items() if k in names}
+    tkey = tuple([args[k] for k in kernel.keys if k in args] + [str(v.dtype) for v in args.values() if hasattr(v, "dtype")])
+    cache = getattr(kernel, "cache", None)
+    return cache.get(tkey) if isinstance(cache, dict) else None
 
 
 def config_name(c) -> str:
