@@ -52,7 +52,7 @@ def test_seen_key_skips_the_autotuner_with_its_pick(monkeypatch):
     torch.testing.assert_close(out, x * 3)
     assert len(bench_log) == 2 and len(runs) == 1  # tuned once, through the autotuner
     picked = [v for k, v in tuning._chosen.items() if k[0] == id(kernel)]
-    assert picked == [{"BLOCK": 8, **{k: v for k, v in kernel.configs[1].all_kwargs().items() if k != "BLOCK"}}]
+    assert picked == [(kernel.configs[1], kernel.configs[1].all_kwargs())]
 
     for n in (10, 7, 1):  # same key (N and the dtypes), other sizes: the jit function, BLOCK 8
         out = torch.full_like(x, float("nan"))
@@ -69,7 +69,15 @@ def test_seen_key_skips_the_autotuner_with_its_pick(monkeypatch):
     tuning.launch(kernel, _grid, None, x=xh, out=outh, n=10, N=5)
     torch.testing.assert_close(outh, xh * 5)
     assert len(runs) == 3 and len(bench_log) == 6
+    assert kernel.best_config is kernel.configs[1]
+    # the fast path leaves best_config at this call's pick, as the autotuner does (launchers read
+    # it back): make the half key's pick the first config, then call the float key again
+    key_h = next(k for k in tuning._chosen if k[0] == id(kernel) and torch.float16 in k)
+    tuning._chosen[key_h] = (kernel.configs[0], kernel.configs[0].all_kwargs())
     tuning.launch(kernel, _grid, None, x=xh, out=outh, n=10, N=5)
+    assert kernel.best_config is kernel.configs[0]
+    tuning.launch(kernel, _grid, None, x=x, out=torch.empty_like(x), n=10, N=3)
+    assert kernel.best_config is kernel.configs[1]
     assert len(runs) == 3
 
 

@@ -87,7 +87,9 @@ def launch(kernel, grid, config, *args, **kwargs):
     holds what the autotuner's holds (the values of its ``key`` arguments, the dtype of every
     argument that has one, in the call's order), so every call gets the configuration the
     autotuner gives it; a new key, or a configuration with a ``pre_hook``, goes through the
-    autotuner (which tunes, or finds its cached pick) and is remembered."""
+    autotuner (which tunes, or finds its cached pick) and is remembered. Either way the kernel's
+    ``best_config`` is this call's configuration afterwards (launchers read it back: gnorm's
+    backward sizes its dw reduction by it; without that, 4 of its GPU tests failed on 2026-12-03)."""
     if config is not None:
         return kernel.fn[grid](*args, **kwargs, **config.all_kwargs())
     names, keys, configs = (getattr(kernel, a, None) for a in ("arg_names", "keys", "configs"))
@@ -100,13 +102,15 @@ def launch(kernel, grid, config, *args, **kwargs):
     except TypeError:  # an unhashable key argument
         return kernel[grid](**call)
     if chosen is not None:
-        return kernel.fn.run(grid=grid, warmup=False, **call, **chosen)
+        picked, kw = chosen
+        kernel.best_config = picked  # as the autotuner's run sets it (gnorm's backward reads it back)
+        return kernel.fn.run(grid=grid, warmup=False, **call, **kw)
     ret = kernel[grid](**call)
     picked = _autotuner_pick(kernel, call)
     if picked is not None and picked.pre_hook is None:
         if len(_chosen) >= 4096:  # bounded: shapes that never repeat cost the autotuner's path, never memory
             _chosen.clear()
-        _chosen[key] = picked.all_kwargs()
+        _chosen[key] = (picked, picked.all_kwargs())
     return ret
 
 
