@@ -10,7 +10,9 @@ For each arm (a fresh model, as ``bench --model`` builds it; fla's arms with its
   the GPU time of the whole step;
 - one step under the profiler with CPU and CUDA activity: the longest GPU gaps, each with the CPU
   operations that ran while the GPU waited (name, duration, the innermost Python frames of ours
-  or fla's), so that a gap names its host-side cause.
+  or fla's), so that a gap names its host-side cause; and the step's GPU time by the CPU op that
+  launched it (``device_time_by_op``: op, its autograd node or Python frames), which names the
+  caller of every glue kernel (copies, adds, casts).
 Not a record (the profiler slows the host): a diagnosis for docs/model.md.
 """
 from __future__ import annotations
@@ -28,6 +30,34 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 def _frames(stack) -> list:
     keep = [f for f in (stack or []) if ("kernel_fun" in f or "/fla/" in f or "model.py" in f)]
     return keep[:4]
+
+
+def device_time_by_op(evs, top: int = 40) -> list:
+    """The profiled step's GPU time by the CPU operation that launched it: each op's own device time
+    (its kernels, not its children's), grouped by op name and where it ran from (the autograd node
+    of a backward op, or the innermost frames of ours, fla's or the model's for a forward op), so
+    the glue kernels (copies, adds, casts) name their caller."""
+    rows = {}
+    for e in evs:
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:
+            us = getattr(e, "self_cuda_time_total", 0)
+        if not us or e.device_type.name != "CPU":
+            continue
+        node, p = "", e.cpu_parent
+        while p is not None:
+            if p.name.startswith("autograd::engine::evaluate_function: "):
+                node = p.name.split(": ", 1)[1]
+                break
+            p = p.cpu_parent
+        where = node or " | ".join(_frames(getattr(e, "stack", None))[:3])
+        r = rows.setdefault((e.name, where), {"op": e.name[:60], "from": where[:200], "calls": 0, "device_us": 0.0})
+        r["calls"] += 1
+        r["device_us"] += us
+    out = sorted(rows.values(), key=lambda r: -r["device_us"])[:top]
+    for r in out:
+        r["device_us"] = round(r["device_us"], 1)
+    return out
 
 
 def diagnose(arm: str, cfg: dict, layer: str, init_state, tokens) -> dict:
@@ -148,6 +178,7 @@ def diagnose(arm: str, cfg: dict, layer: str, init_state, tokens) -> dict:
             step()
             torch.cuda.synchronize()
         evs = list(prof.events())
+        out["device_time_by_op"] = device_time_by_op(evs)
         gpu = sorted((e.time_range.start, e.time_range.end, e.name) for e in evs if e.device_type == DeviceType.CUDA)
         cpu = [e for e in evs if e.device_type == DeviceType.CPU]
         gaps, busy, prev = [], gpu[0][1], gpu[0][2]
@@ -187,6 +218,8 @@ def main() -> int:
         res["arms"].append(r)
         print(json.dumps({k: v for k, v in r.items() if k not in ("profiled", "forward_cprofile")}), flush=True)
         print(r["forward_cprofile"][:6000], flush=True)
+        for d in r.get("device_time_by_op", [])[:30]:
+            print(f"  {d['device_us']:9.1f} us {d['calls']:4d}x  {d['op'][:40]:40s} {d['from'][:150]}")
         for gp in r["profiled"]["gaps"][:6]:
             print(f"  gap {gp['us']:8.1f} us at {gp['at_ms']:7.2f} ms  {gp['after'][:40]} -> {gp['before'][:40]}")
             for c in gp["cpu"][:5]:

@@ -130,3 +130,48 @@ def test_not_an_autotuner_goes_through_its_own_launch():
 
     tuning.launch(Plain(), (1,), None, 1, y=2)
     assert calls == [((1,), {"y": 2})]
+
+
+def test_heuristics_around_an_autotuner():
+    """fla's kkt kernel is ``triton.heuristics(...)(fla's autotuner(jit))``: launch computes the
+    heuristic values per call (from any argument, not only the key's) and takes the autotuner's
+    fast path under them."""
+    import triton
+    import triton.language as tl
+
+    tuning.install_interpreter_shims()
+    bench_log: list = []
+
+    def do_bench(kernel_call, quantiles):
+        kernel_call()
+        bench_log.append(1)
+        return [1.0, 1.0, 1.0]
+
+    @triton.jit
+    def _odd_plus(x, out, n, N: tl.constexpr, EVEN: tl.constexpr, BLOCK: tl.constexpr):
+        o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = o < n
+        y = tl.load(x + o, mask=m, other=0.0) * N
+        if not EVEN:
+            y += 1.0
+        tl.store(out + o, y, mask=m)
+
+    tuned = triton.autotune(configs=[triton.Config({"BLOCK": 4}), triton.Config({"BLOCK": 8})], key=["N"],
+                            do_bench=do_bench)(_odd_plus)
+    kernel = triton.heuristics({"EVEN": lambda args: args["n"] % 2 == 0})(tuned)
+    tuning._chosen.clear()
+    runs = []
+    real_run = type(tuned).run
+    type_ = type(tuned)
+    try:
+        type_.run = lambda self, *a, **k: (runs.append(1), real_run(self, *a, **k))[1]
+        x = torch.arange(10, dtype=torch.float32)
+        for n in (10, 7, 4, 3):
+            out = torch.full_like(x, float("nan"))
+            tuning.launch(kernel, _grid, None, x, out, n, N=3)
+            torch.testing.assert_close(out[:n], x[:n] * 3 + (0.0 if n % 2 == 0 else 1.0))
+            assert out[n:].isnan().all()
+    finally:
+        type_.run = real_run
+    assert len(runs) == 1 and len(bench_log) == 2  # tuned once; the other calls took the fast path
+    assert [k for k in tuning._chosen if k[0] == id(tuned)]

@@ -276,3 +276,41 @@ def test_fla_backend_walk(monkeypatch):
     assert name.startswith("unknown: fla's backend registry changed") and env == ""
     monkeypatch.setattr(fla.backends, "_DISPATCH_DISABLED", True)
     assert compat.fla_backend_taking("op", "f", {"q": 1}) is None
+
+
+def test_kept_verdicts_answer_as_the_full_checks(monkeypatch):
+    """A call whose static key (``frontend.static_key``) was seen skips the classification and the
+    box (kda's entry keeps them the same way); packed calls and bad input run them every time; the
+    per-call gates (switches, fla's backend dispatch, capture) still apply to a kept verdict."""
+    from kernel_fun._common import capture
+    from kernel_fun._delta import frontend
+
+    boxes = []
+    real_box = frontend.box
+    monkeypatch.setattr(frontend, "box", lambda *a, **k: (boxes.append(1), real_box(*a, **k))[1])
+    q, k, v, g, beta = _inputs()
+    for _ in range(3):
+        assert gdn.is_supported(q, k, v, g, beta, **LAYER) == (True, "")
+    assert len(boxes) == 1
+    assert gdn.is_supported(*_inputs(T=71), **LAYER) == (True, "") and len(boxes) == 2  # a new shape
+    for _ in range(2):  # routed by the box: kept too, same answer
+        ok, reason = gdn.is_supported(*_inputs(K=96), **LAYER)
+        assert not ok and "K=96" in reason
+    assert len(boxes) == 3
+    cu = torch.tensor([0, 30, 70])
+    for _ in range(2):  # packed: the box reads cu_seqlens' values, so nothing is kept
+        assert gdn.is_supported(q, k, v, g, beta, **dict(LAYER, cu_seqlens=cu)) == (True, "")
+    assert len(boxes) == 5
+    for _ in range(2):  # bad input raises every time
+        with pytest.raises(ValueError, match="A_log must have"):
+            gdn.is_supported(q, k, v, g, beta, **dict(LAYER, A_log=torch.randn(3)))
+    assert frontend.static_key(dict(q=q, scale=object()), {}) is None
+    monkeypatch.setenv("KERNEL_FUN_DISABLE", "1")
+    assert not gdn.is_supported(q, k, v, g, beta, **LAYER)[0]
+    monkeypatch.delenv("KERNEL_FUN_DISABLE")
+    monkeypatch.setattr(ops, "fla_backend_taking", lambda *a: ("flash_qla", "FLA_FLASH_QLA"))
+    ok, reason = gdn.is_supported(q, k, v, g, beta, **LAYER)
+    assert not ok and "flash_qla backend" in reason
+    monkeypatch.undo()
+    monkeypatch.setattr(capture, "_capturing", lambda: True)
+    assert not gdn.is_supported(q, k, v, g, beta, **LAYER)[0]

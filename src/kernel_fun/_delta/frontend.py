@@ -71,6 +71,27 @@ def states_out(v_first: bool, final_state):
 
 
 _HALF = (torch.bfloat16, torch.float16)
+_PLAIN = (bool, int, float, str)
+
+
+def static_key(call: dict, extra: dict):
+    """The key under which a front-end keeps its static verdict (the classification and ``box``,
+    ``gate.Verdicts``): what those read of each argument (a tensor's type, shape and dtype; a
+    plain value's type and value; None), or None where an argument is anything else or the call
+    is packed (``box`` then reads cu_seqlens' values): such calls run the checks every time."""
+    if call.get("cu_seqlens") is not None or call.get("cu_seqlens_cpu") is not None:
+        return None
+    key = []
+    for name, value in (*call.items(), *sorted(extra.items())):
+        if value is None:
+            key.append((name, None))
+        elif isinstance(value, torch.Tensor):
+            key.append((name, type(value), value.shape, value.dtype))
+        elif type(value) in _PLAIN:
+            key.append((name, type(value), value))
+        else:
+            return None
+    return tuple(key)
 
 
 def box(family: str, call: dict, extra: dict, scalar_gate: bool) -> tuple[bool, str, int]:

@@ -22,7 +22,7 @@ docs/gdn.md (the op bench's per-kernel table).
 from __future__ import annotations
 
 from .._common.compat import fla_symbol
-from .._common.tuning import alloc
+from .._common.tuning import alloc, launch
 # The one place gdn reaches into the shared engine (kept small for the engine's refactors).
 from .._delta import chunking
 from .._delta._kernels.state_scan_bwd import state_scan_bwd
@@ -101,9 +101,10 @@ def wy_inverse(k, gc, beta, cu_seqlens, chunk_indices):
     # fla's kernel writes the ten blocks on and below the diagonal only (and, in a sequence's last
     # chunk, the valid columns): the rest stays unwritten, and our kernels never read it (where-masked).
     A = alloc((B, T, HV, BT), device=k.device, dtype=k.dtype)
-    _fla("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_kkt_solve_kernel")[(NT, B * HV)](
-        k=k, g=gc, beta=beta, A=A, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, T=T, H=H, HV=HV, K=K,
-        BT=BT, BC=16)
+    # through tuning.launch: fla's heuristics and autotuner wrappers cost the host more than the launch
+    launch(_fla("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_kkt_solve_kernel"), (NT, B * HV), None,
+           k=k, g=gc, beta=beta, A=A, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, T=T, H=H, HV=HV, K=K,
+           BT=BT, BC=16)
     return A
 
 

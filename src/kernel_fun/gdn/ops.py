@@ -28,13 +28,19 @@ RULES = {
 
 
 def _box(call: dict, extra: dict):
+    """The box as the arguments alone decide it (kept per ``frontend.static_key``)."""
     ok, reason, _ = frontend.box(FAMILY, call, extra, scalar_gate=True)
     if not ok:
         return ok, reason
     if call["cu_seqlens"] is None and call["chunk_indices"] is not None:
         return False, "chunk_indices without cu_seqlens"
-    # A backend fla dispatches to (FlashQLA, where installed) keeps the calls it takes: a user
-    # who installed it expects its speed, and ours is not measured faster than it (docs/gdn.md).
+    return True, ""
+
+
+def _backend(call: dict, extra: dict):
+    """A backend fla dispatches to (FlashQLA, where installed) keeps the calls it takes: a user
+    who installed it expects its speed, and ours is not measured faster than it (docs/gdn.md).
+    Asked every call: its switch is an environment variable."""
     taker = fla_backend_taking("gated_delta_rule", "chunk_gated_delta_rule", {**call, **extra})
     if taker is not None:
         name, env = taker
@@ -115,6 +121,9 @@ def fla_refuses_backward(q) -> str | None:
     return None
 
 
+_VERDICTS = gate.Verdicts()
+
+
 def _decide(call: dict, extra: dict):
     def describe():
         fused = _fused_qkv(call["q"], call["k"], call["v"], call["use_qk_l2norm_in_kernel"]) is not None
@@ -123,12 +132,10 @@ def _decide(call: dict, extra: dict):
     def tensors():
         return hardware.tensor_gate(*_tensors(call, extra), call["cu_seqlens"])
 
-    ok, reason = gate.decide(
-        FAMILY,
-        lambda: C.classify(RULES, call, extra),
-        lambda: _box(call, extra),
-        tensors,
-        lambda: capture.capture_gate(FAMILY, describe, call["q"].device),
+    ok, reason = gate.decide_keyed(
+        FAMILY, _VERDICTS, frontend.static_key(call, extra),
+        (lambda: C.classify(RULES, call, extra), lambda: _box(call, extra)),
+        (lambda: _backend(call, extra), tensors, lambda: capture.capture_gate(FAMILY, describe, call["q"].device)),
     )
     if not ok and _needs_grad(call, extra):
         note = fla_refuses_backward(call["q"])

@@ -47,6 +47,9 @@ def _signature(call: dict, extra: dict):
             frontend.state_v_first(call, extra))
 
 
+_VERDICTS = gate.Verdicts()
+
+
 def _decide(call: dict, extra: dict):
     def describe():
         tensors = [call[n] for n in ("q", "k", "v", "g", "beta", "initial_state")]
@@ -60,12 +63,10 @@ def _decide(call: dict, extra: dict):
                                    call["initial_state"], call["cu_seqlens"],
                                    extra.get("A_log"), extra.get("dt_bias"))
 
-    return gate.decide(
-        FAMILY,
-        lambda: C.classify(RULES, call, extra),
-        lambda: _box(call, extra),
-        tensors,
-        lambda: capture.capture_gate(FAMILY, describe, call["q"].device),
+    return gate.decide_keyed(
+        FAMILY, _VERDICTS, frontend.static_key(call, extra),
+        (lambda: C.classify(RULES, call, extra), lambda: _box(call, extra)),
+        (tensors, lambda: capture.capture_gate(FAMILY, describe, call["q"].device)),
     )
 
 
