@@ -94,21 +94,6 @@ def test_index_without_an_index_is_the_current_device_not_zero(fake_cuda):
     assert fake_cuda.calls == calls  # a CPU key asks CUDA nothing
 
 
-def test_side_stream_is_one_per_device(fake_cuda, monkeypatch):
-    """gdn's backward runs its recompute scan on ``device.side_stream``: one stream per device,
-    made on that device (``cuda`` without an index: the current one, never 0); none on the CPU."""
-    made = []
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device: made.append(device) or SimpleNamespace(device=device))
-    monkeypatch.setattr(device, "_side", {})
-    assert device.side_stream(torch.device("cpu")) is None and not made
-    s1 = device.side_stream(CUDA1)
-    assert device.side_stream(CUDA1) is s1 and made == [1]
-    fake_cuda.current = 2
-    s2 = device.side_stream(CUDA)
-    assert s2 is not s1 and s2.device == 2 and made == [1, 2]
-    assert device.side_stream(torch.device("cuda", 2)) is s2
-
-
 # ----------------------------------------------------------------------------- probes
 def _on(dev):
     """A stand-in tensor for the tensor gate, which reads only ``.device``."""

@@ -219,43 +219,6 @@ def test_graph_capture_memory_aliasing_stream_determinism():
     assert torch.cuda.memory_allocated() <= base
 
 
-def test_side_stream_recompute_is_joined(monkeypatch):
-    """The backward's recompute scan runs on a side stream (gdn/chain.py): held back there by a
-    25 ms sleep, with every output NaN-poisoned, the gradients still equal the in-order ones bit
-    for bit (the WY backward waits for it), on the default stream and on a user's stream; varlen
-    too (the document order is made on the main stream)."""
-    from kernel_fun._common import device as D
-    from kernel_fun._common import tuning
-
-    monkeypatch.setattr(tuning, "POISON_OUTPUTS", True)
-    real = D.side_stream
-    for name in ("layer_grouped", "varlen_1tok"):
-        t, do, _, flags = _case(name)
-        flags = dict(flags, output_final_state=False)
-        monkeypatch.setattr(D, "side_stream", lambda dev: None)
-        in_order = {k: v.clone() for k, v in _step(t, do, flags).items() if v is not None}
-        used = []
-
-        def slow(dev):
-            s = real(dev)
-            used.append(s)
-            with torch.cuda.stream(s):
-                torch.cuda._sleep(50_000_000)
-            return s
-
-        monkeypatch.setattr(D, "side_stream", slow)
-        for user_stream in (False, True):
-            s = torch.cuda.Stream() if user_stream else torch.cuda.current_stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                got = _step(t, do, flags)
-            torch.cuda.current_stream().wait_stream(s)
-            torch.cuda.synchronize()
-            for k, v in in_order.items():
-                assert torch.equal(v, got[k]), (name, user_stream, k)
-        assert used and all(u is used[0] for u in used)  # one side stream per device
-
-
 def test_against_fla_forward_at_production_heads():
     """fla's forward as a second oracle (its backward is refused on Hopper with Triton < 3.7.1)."""
     from kernel_fun._common.compat import fla_symbol

@@ -77,24 +77,3 @@ def on_device(dev):
     if i == _current():
         return _NULL
     return _switch(i)
-
-
-_side: dict = {}  # CUDA device index -> the stream independent stages run on (``side_stream``)
-
-
-def side_stream(dev):
-    """A second stream on CUDA device ``dev`` (one per device, made on first use) for a stage that
-    depends on nothing its neighbours make, so it overlaps them (gdn's backward: the recompute scan
-    beside the gated scores and the backward scan). None for a CPU tensor's device (the interpreter
-    runs everything in order). The caller forks and joins it with ``wait_stream`` and records on
-    the main stream every tensor the side stream allocates and the main stream uses."""
-    i = dev.index
-    if i is None and dev.type != "cuda":
-        return None
-    i = index(dev)
-    s = _side.get(i)
-    if s is None:
-        import torch
-
-        s = _side[i] = torch.cuda.Stream(device=i)
-    return s

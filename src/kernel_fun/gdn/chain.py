@@ -21,11 +21,6 @@ docs/gdn.md (the op bench's per-kernel table).
 """
 from __future__ import annotations
 
-import contextlib
-
-import torch
-
-from .._common import device as D
 from .._common.compat import fla_symbol
 from .._common.tuning import alloc, launch
 # The one place gdn reaches into the shared engine (kept small for the engine's refactors).
@@ -138,33 +133,17 @@ def backward(q, k, v, gc, beta, A, scale, initial_state, do, dht, cu_seqlens, ch
     ``(dq, dk, dv, dbeta fp32, dg fp32, dh0 or None)``; dv written into ``dv_out`` where given."""
     # The forward scan again, now writing h (the state before each chunk) and v_new, and no
     # output (store_o=False: no q read, half the products, no o written); v_new from A, v, beta
-    # as in the forward, so w and u are never formed. It needs nothing the gated scores and the
-    # backward scan make, nor they anything of it: on a GPU it runs on a side stream beside them
-    # (each scan alone is one latency-bound wave; docs/gdn.md), joined before the WY backward.
-    side = D.side_stream(q.device)  # None on the CPU
-    if side is not None and torch.cuda.is_current_stream_capturing():
-        side = None  # in a capture the stages stay on the capturing stream, in order
-    if side is not None:
-        main = torch.cuda.current_stream(q.device)
-        if cu_seqlens is not None:  # the scans' shared document order made (or found) here, on main
-            chunking.scan_order(cu_seqlens)
-        side.wait_stream(main)
-    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        _, _, h, v_new = state_scan_fwd(
-            q, k, None, None, g=gc, wy=(A, v, beta), scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-            chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT, save_h=True, save_v_new=True,
-            store_o=False)
-    if side is not None:  # made on the side stream, read on the main one: freed only after those reads
-        h.record_stream(main)
-        v_new.record_stream(main)
+    # as in the forward, so w and u are never formed.
+    _, _, h, v_new = state_scan_fwd(
+        q, k, None, None, g=gc, wy=(A, v, beta), scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+        chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT, save_h=True, save_v_new=True,
+        store_o=False)
     Aqk = gated_scores(q, k, gc, scale, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
     # dv2^T w made from A and beta in the scan (w = A diag(beta gamma) K)
     dh, dh0, dv2 = state_scan_bwd(
         q, k, None, do, None, g=gc, h0=initial_state, dht=dht, scale=scale, cu_seqlens=cu_seqlens,
         chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, A=Aqk, wy=(A, beta))
     del Aqk
-    if side is not None:
-        main.wait_stream(side)
     dq, dk, dv, db, dg = wy_dqkwg_bwd(q, k, v, v_new, gc, beta, A, h, dh, do, dv2, scale, cu_seqlens=cu_seqlens,
                                       chunk_indices=chunk_indices, chunk_size=BT, dv_out=dv_out)
     return dq, dk, dv, db, dg, dh0
