@@ -102,3 +102,27 @@ def graph_replay():
         return static, eager
 
     return run
+
+
+@pytest.fixture
+def compile_counts():
+    """``count(fn, inputs, backward=True)``: graph breaks and unique graphs when
+    ``torch.compile(fn, dynamic=True)`` runs on each argument tuple of ``inputs`` (forward, and
+    backward of the output's sum when asked). The design's rule: our op adds no graph break and
+    no recompile beyond fla's for the same call."""
+
+    def count(fn, inputs, backward=True):
+        import torch
+        import torch._dynamo as dynamo
+        from torch._dynamo.utils import counters
+
+        dynamo.reset()
+        counters.clear()
+        compiled = torch.compile(fn, dynamic=True)
+        for args in inputs:
+            out = compiled(*args)
+            if backward:
+                out.float().sum().backward()
+        return sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"]
+
+    return count

@@ -156,22 +156,7 @@ def test_more_than_2_31_elements():
     assert _rel(dx[:, T - 61:], dx_ref[:, -61:]) < 8e-3
 
 
-def _compile_counts(fn, Ts):
-    import torch._dynamo as dynamo
-    from torch._dynamo.utils import counters
-
-    dynamo.reset()
-    counters.clear()
-    compiled = torch.compile(fn, dynamic=True)
-    for T in Ts:
-        x = torch.randn(2, T, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        compiled(x).sum().backward()
-    breaks = sum(counters["graph_break"].values())
-    frames = counters["stats"]["unique_graphs"]
-    return breaks, frames
-
-
-def test_torch_compile_no_more_breaks_than_fla_and_no_recompile_on_T():
+def test_torch_compile_no_more_breaks_than_fla_and_no_recompile_on_T(compile_counts):
     w = (torch.randn(512, 4, device="cuda") / 4).requires_grad_()
 
     class Layer(torch.nn.Module):
@@ -182,8 +167,10 @@ def test_torch_compile_no_more_breaks_than_fla_and_no_recompile_on_T():
         def forward(self, x):
             return self.conv(x * 2.0, w, activation="silu")[0] * 3.0
 
-    ours = _compile_counts(Layer(cconv.causal_conv1d), [256, 384, 1000])
-    fla = _compile_counts(Layer(_fla()), [256, 384, 1000])
+    inputs = [(torch.randn(2, T, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True),)
+              for T in (256, 384, 1000)]
+    ours = compile_counts(Layer(cconv.causal_conv1d), inputs)
+    fla = compile_counts(Layer(_fla()), inputs)
     print(f"graph breaks / unique graphs: ours {ours}, fla {fla}")
     assert ours[0] <= fla[0]
     assert ours[1] <= fla[1]  # a new T compiles no more graphs than fla's path does

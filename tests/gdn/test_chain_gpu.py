@@ -315,3 +315,28 @@ def test_fused_qkv_gradient_written_whole_at_the_layers_heads(graph_replay):
     assert not any("CatArray" in n for n in names), sorted(names)
     static, _ = graph_replay(step)
     assert torch.equal(static, eager)
+
+
+def test_torch_compile_no_more_breaks_than_fla_and_no_recompile_on_T(compile_counts):
+    """The layer's call inside a compiled function, three values of T. Forward only, without
+    gradients: fla refuses the backward on Hopper with Triton < 3.7.1. Both ops are kept out of
+    traced graphs (``torch.compiler.disable``), so neither may cost more than the other."""
+    from kernel_fun._common.compat import fla_symbol
+
+    kw = dict(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, state_v_first=True,
+              use_gate_in_kernel=True)
+    inputs = []
+    for T in (256, 384, 1000):
+        t = {k: x.detach() for k, x in make_inputs(B=1, T=T, H=2, HV=4, K=128, V=128, device="cuda").items()}
+        inputs.append((t["q"], t["k"], t["v"], t["g"], t["beta"], t["A_log"], t["dt_bias"]))
+
+    def layer(op):
+        return lambda q, k, v, g, beta, A_log, dt_bias: op(
+            q * 1.0, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, **kw)[0] * 2.0
+
+    ours = compile_counts(layer(gdn.chunk_gated_delta_rule), inputs, backward=False)
+    fla = compile_counts(layer(fla_symbol("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")), inputs,
+                         backward=False)
+    print(f"graph breaks / unique graphs: ours {ours}, fla {fla}")
+    assert ours[0] <= fla[0]
+    assert ours[1] <= fla[1]

@@ -222,3 +222,23 @@ def test_fla_layer_with_our_module_matches_fla():
     o = torch.randn(2, 2048, lyr.num_v_heads, lyr.head_v_dim, device="cuda", dtype=torch.bfloat16)
     g = torch.randn_like(o)
     assert rel_rms(ours(o, g), fla_norm(o, g)) < 5e-3
+
+
+def test_torch_compile_no_more_breaks_than_fla_and_no_recompile_on_T(compile_counts):
+    """The layer's call (weight, swish) inside a compiled function, three values of T. Ours is
+    kept out of traced graphs (``torch.compiler.disable``: its gate reads env switches and logs);
+    fla's ``rms_norm_gated`` is not, so this says whether ours costs a compiled model a graph
+    break that fla's does not."""
+    V = 128
+    w = torch.randn(V, device="cuda", requires_grad=True)
+
+    def layer(op):
+        return lambda x, g: op(x * 2.0, g, w, None, activation="swish") * 3.0
+
+    inputs = [tuple(torch.randn(2, T, 4, V, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                    for _ in range(2)) for T in (256, 384, 1000)]
+    ours = compile_counts(layer(gnorm.rms_norm_gated), inputs)
+    fla = compile_counts(layer(_fla()), inputs)
+    print(f"graph breaks / unique graphs: ours {ours}, fla {fla}")
+    assert ours[0] <= fla[0]
+    assert ours[1] <= fla[1]

@@ -298,3 +298,17 @@ def test_kept_verdicts_are_bounded(monkeypatch):
         x = torch.randn(n, 16)
         gnorm.rms_norm_gated(x, torch.randn(n, 16), None, None)
         assert len(ops._VERDICTS) <= 8
+
+
+def test_under_torch_compile_ours_runs_with_one_break_and_no_recompile_on_T(compile_counts):
+    """A compiled function around the op (CPU, interpreted): our kernels run forward and backward,
+    the op is one graph break (it is kept out of traced graphs), and new values of T compile no
+    new graph. The GPU tier compares the counts with fla's (tests/gnorm/test_gpu.py)."""
+    w = torch.randn(32, requires_grad=True)
+    inputs = [tuple(torch.randn(2, T, 3, 32, requires_grad=True) for _ in range(2)) for T in (5, 9, 17)]
+    before = launches("gnorm.")
+    counts = compile_counts(lambda x, g: gnorm.rms_norm_gated(x * 2.0, g, w, None, activation="swish") * 3.0,
+                            inputs)
+    assert launches("gnorm.") - before == 3 * 3  # fwd, bwd, dw_reduce for each T
+    assert counts == (1, 2)
+    assert all(x.grad is not None and torch.isfinite(x.grad).all() for x, _ in inputs)

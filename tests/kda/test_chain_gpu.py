@@ -269,3 +269,25 @@ def test_warmup_makes_the_signature_capturable(capsys):
                                       dt_bias=t["dt_bias"], use_qk_l2norm_in_kernel=True,
                                       use_gate_in_kernel=True)
     assert ok, reason
+
+
+def test_torch_compile_no_more_breaks_than_fla_and_no_recompile_on_T(compile_counts):
+    """fla's ``KimiDeltaAttention`` call inside a compiled function, forward and backward, three
+    values of T. Both ops are kept out of traced graphs (``torch.compiler.disable``), so neither
+    may cost more than the other."""
+    kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+              state_v_first=True)
+    inputs = []
+    for T in (256, 384, 1000):
+        t = make_inputs(1, T, 2, 2, 128, 128, beta_logits=True)
+        inputs.append((t["q"], t["k"], t["v"], t["g"], t["beta"], t["A_log"], t["dt_bias"]))
+
+    def layer(op):
+        return lambda q, k, v, g, beta, A_log, dt_bias: op(
+            q * 1.0, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, **kw)[0] * 2.0
+
+    ours = compile_counts(layer(kda.chunk_kda), inputs)
+    fla = compile_counts(layer(compat.fla_symbol("fla.ops.kda", "chunk_kda")), inputs)
+    print(f"graph breaks / unique graphs: ours {ours}, fla {fla}")
+    assert ours[0] <= fla[0]
+    assert ours[1] <= fla[1]
