@@ -137,6 +137,23 @@ def test_capture_gate(monkeypatch):
     assert not capture.capture_gate("kda", lambda: (("other",), False))[0]
 
 
+def test_warm_set_is_bounded_and_keeps_what_runs(monkeypatch):
+    """A new signature a step (T or the document count changing) must not grow host memory over a
+    long training run: the set holds LIMIT signatures, the least recently run dropped first."""
+    monkeypatch.setattr(capture, "LIMIT", 8)
+    kept = ("kept",)
+    capture.mark_warm("kda", kept, "fwd")
+    capture.mark_warm("kda", kept, "bwd")
+    for step in range(1000):
+        capture.mark_warm("kda", (step,), "fwd")
+        capture.mark_warm("kda", kept, "fwd")  # the call that runs every step
+        assert len(capture._warm) <= 8
+    monkeypatch.setattr(capture, "_capturing", lambda: True)
+    assert capture.capture_gate("kda", lambda: (kept, True))[0]  # both phases, still warm
+    assert capture.capture_gate("kda", lambda: ((999,), False))[0]
+    assert not capture.capture_gate("kda", lambda: ((0,), False))[0]  # dropped long ago
+
+
 # ----------------------------------------------------------------------------- logging
 def test_report_logs_once_per_reason(caplog):
     caplog.set_level(logging.INFO, logger="kernel_fun")

@@ -5,12 +5,19 @@ A signature is warm for the forward, and for the backward when gradients are nee
 stream is not part of the signature; the device is: Triton compiles, loads and (re)times per
 device (``JITFunction`` keeps a kernel cache per device), so a call warm on ``cuda:0`` is cold
 on ``cuda:1``. Callers pass the ``torch.device`` their launches run on.
+
+The set is bounded (``LIMIT`` signatures, the least recently run dropped first): training whose T
+or document count changes every step makes a new signature a step, which must not grow the host's
+memory over tens of thousands of steps; a signature that keeps running stays warm.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from . import device as _device
 
-_warm: dict = {}
+LIMIT = 4096
+_warm: OrderedDict = OrderedDict()
 _query = None  # torch.cuda.is_current_stream_capturing once CUDA is known present, else False
 
 
@@ -39,8 +46,12 @@ def mark_warm(family: str, signature, phase: str, device=None) -> None:
     k = _key(family, signature, device)
     seen = _warm.get(k)
     if seen is None:
+        if len(_warm) >= LIMIT:
+            _warm.popitem(last=False)
         _warm[k] = {phase}
-    elif phase not in seen:
+        return
+    _warm.move_to_end(k)
+    if phase not in seen:
         seen.add(phase)
 
 
