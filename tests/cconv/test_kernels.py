@@ -318,3 +318,37 @@ def test_chunking_policy(monkeypatch):
     assert (n, rows) == (4, 32) and n * rows >= 100
     n, rows = fwd_mod.time_chunks(1, 2 ** 24, 64, cpu, 16, 1, 16)  # chunk counts past 65535
     assert n == 2 ** 20 and rows == 16
+
+
+def test_backward_tuning_key_does_not_follow_T(monkeypatch):
+    """The backward's rows per chunk follow T, so an autotune key holding them re-tuned the kernel
+    at every new T (fla's conv is keyed on D and W alone): training whose T changes every step
+    stalled on each. The key holds a bucket of them: over T = 1 .. 16,384 at the layers' shapes
+    (KDA's D = 2048, GDN's fused D = 8192, B = 4, an H200's 132 SMs), at most 9 key values per D,
+    where the rows themselves take dozens."""
+    from kernel_fun._common import hardware
+
+    class Seen(Exception):
+        pass
+
+    keys, rows = set(), set()
+
+    def record(kernel, grid, config, *args, **kwargs):
+        call = {**dict(zip(kernel.arg_names, args)), **kwargs}
+        keys.add(tuple(call[k] for k in kernel.keys))
+        rows.add(call["TC"])
+        raise Seen
+
+    monkeypatch.setattr(hardware, "sm_count", lambda device: 132)
+    monkeypatch.setattr(bwd_mod, "launch", record)
+    monkeypatch.setattr(bwd_mod, "alloc", lambda size, dtype=None, device=None: torch.empty(1, dtype=dtype).expand(size))
+    for D in (2048, 8192):
+        keys.clear()
+        rows.clear()
+        w = torch.randn(D, 4)
+        for T in range(1, 16385, 97):
+            x = torch.empty(1, dtype=torch.bfloat16).expand(4, T, D)
+            with pytest.raises(Seen):
+                conv_bwd(x, w, None, x, True)
+        assert len(keys) <= 9, (D, sorted(keys))
+        assert len(rows) > 20, (D, len(rows))  # the sweep does move the rows

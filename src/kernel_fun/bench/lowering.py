@@ -280,7 +280,7 @@ def cconv(full):
         # the production launch: D = 2048, D-major x, dy, a [D, 4] weight (s_wd = 4): strides and
         # D multiples of 16
         types = dict(ptr, **{a: "i32:16" if a in ("D", "s_xb", "s_xt", "s_gb", "s_gt") else "i32"
-                             for a in fn.arg_names if a.startswith("s_") or a in ("D", "TC", "N_SEQ", "N_STEPS")})
+                             for a in fn.arg_names if a.startswith("s_") or a in ("D", "TC", "N_SEQ", "N_STEPS", "TC_BUCKET")})
         layouts = [dict(IS_VARLEN=False, X_TMAJOR=False, HAS_BIAS=True, SILU=True, W=4)]
         if full:
             layouts += [dict(IS_VARLEN=True, X_TMAJOR=True, HAS_BIAS=False, SILU=False, W=3),

@@ -155,9 +155,18 @@ def bwd_trip(xs, gs, u0, t_begin, t_end, T, x1, x2, x3, d1, d2, d3, st1, st2, st
     return x1, x2, x3, d1, d2, d3, st1, st2, st3, a0, a1, a2, a3, ab, s, start, end
 
 
+def tc_bucket(rows: int) -> int:
+    """The backward's autotune key for its rows per chunk: their bit length, capped at 4,096 rows
+    (at most 9 values). The rows follow T (one wave of chunks: T / 4 at the GDN layer's D = 8,192),
+    so keyed on the rows themselves every new T re-tuned the kernel (Triton's autotuner timing each
+    of its configs), where fla's conv, keyed on D and W, does not: training whose T changes every
+    step stalled on each new one."""
+    return min(rows, 4096).bit_length()
+
+
 @triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(),
-    key=["D", "TC", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_TMAJOR", "DY_TMAJOR", "VEC16"],
+    key=["D", "TC_BUCKET", "W", "HAS_BIAS", "SILU", "IS_VARLEN", "X_TMAJOR", "DY_TMAJOR", "VEC16"],
 )
 @triton.jit
 def conv_bwd_kernel(
@@ -167,6 +176,7 @@ def conv_bwd_kernel(
     W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, IS_VARLEN: tl.constexpr,
     X_TMAJOR: tl.constexpr, DY_TMAJOR: tl.constexpr,  # contiguous along T (see fwd.load_rows)
     VEC16: tl.constexpr,  # autotune key only: fwd.aligned16 of x and dy
+    TC_BUCKET,  # autotune key only: tc_bucket(TC)
     BD: tl.constexpr, R: tl.constexpr, PF: tl.constexpr, NS: tl.constexpr,
     FAST: tl.constexpr = False,  # fastmath.sigmoid's short form (fastmath.FAST_MATH: not interpreted)
 ):
@@ -303,7 +313,8 @@ def conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, d
         x.stride(0), x.stride(1), x.stride(2), dy.stride(0), dy.stride(1), dy.stride(2),
         weight.stride(0), weight.stride(1),
         W=W, HAS_BIAS=has_bias, SILU=bool(silu), IS_VARLEN=cu_seqlens is not None,
-        X_TMAJOR=t_major(x), DY_TMAJOR=t_major(dy), VEC16=aligned16(x) and aligned16(dy), FAST=FAST_MATH,
+        X_TMAJOR=t_major(x), DY_TMAJOR=t_major(dy), VEC16=aligned16(x) and aligned16(dy),
+        TC_BUCKET=tc_bucket(rows), FAST=FAST_MATH,
     )
     record_launch("cconv.bwd")
     # [64 partial rows x 128 columns] per program: (W+1) x D / 128 programs, each summing
