@@ -94,3 +94,34 @@ def test_kda_layer_matches_the_layer_on_the_reference():
     assert set(errs) >= {"x", "A_log", "dt_bias", "q_proj.weight", "q_conv1d.weight", "o_norm.weight"}
     bad = {n: e for n, e in errs.items() if not e < 1e-2}
     assert not bad, errs
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_kda_layer_under_activation_checkpointing(reentrant):
+    """The patched layer inside ``torch.utils.checkpoint`` (what gradient checkpointing in training
+    code does): the forward runs again in the backward, and torch (non-reentrant) checks that it
+    saves the same tensors; the gradients equal those without checkpointing bit for bit (same
+    kernels, same inputs), and every family ran in the recompute too."""
+    from torch.utils.checkpoint import checkpoint
+
+    x = (torch.randn(B, T, CFG["hidden_size"]) * 0.5).to(torch.float16).requires_grad_(True)
+    kernel_fun.patch_fla()
+    layer = _layer()
+    leaves = [x] + list(layer.parameters())
+
+    def grads(run):
+        for t in leaves:
+            t.grad = None
+        out = run(x)
+        out.float().square().mean().backward()
+        return out.detach(), [None if t.grad is None else t.grad.clone() for t in leaves]
+
+    out, ref = grads(lambda h: layer(h)[0])
+    before = launch_counts()
+    ck_out, ck = grads(lambda h: checkpoint(lambda u: layer(u)[0], h, use_reentrant=reentrant))
+    ran = {k: n - before.get(k, 0) for k, n in launch_counts().items() if n != before.get(k, 0)}
+    # the forward twice (the checkpointed pass, then the recompute in the backward), one backward
+    assert ran.get("kda.wy_bwd", 0) == 1 and ran.get("gnorm.fwd", 0) == 2, ran
+    assert torch.equal(out, ck_out)
+    for a, b in zip(ref, ck):
+        assert (a is None and b is None) or torch.equal(a, b)
