@@ -60,27 +60,39 @@ def _grads(layer, run, x):
     return out.detach(), [None if t.grad is None else t.grad.clone() for t in leaves]
 
 
-def _input(seed=1):
+def _input(seed=1, batch=B):
     torch.manual_seed(seed)
-    return (torch.randn(B, T, CFG["hidden_size"]) * 0.5).to(torch.float16).requires_grad_(True)
+    return (torch.randn(batch, T, CFG["hidden_size"]) * 0.5).to(torch.float16).requires_grad_(True)
 
 
-def test_gdn_layer_engages_every_family_and_matches_the_reference():
+@pytest.mark.parametrize("padded", [False, True], ids=["dense", "padding_mask"])
+def test_gdn_layer_engages_every_family_and_matches_the_reference(padded):
     """Ours against the layer on the fp64 reference op, each gradient held to the noise floor: the
     reference layer's own move when its input moves by one fp16 ulp (fp16 projections and the conv
-    and norm around the op round alike in both; x's gradient is about 1e-2 there, the others up to 8e-3)."""
+    and norm around the op round alike in both; x's gradient is about 1e-2 there, the others up to 8e-3).
+    With a padding mask the layer unpads to packed documents: three convs and the op with cu_seqlens."""
     import fla.layers.gated_deltanet as gdn_layer
 
     from kernel_fun.gdn.reference import chunk_gated_delta_rule_ref
 
-    x = _input()
+    x = _input(batch=2 if padded else B)
+    mask = None
+    if padded:  # the second sequence is 23 tokens long, left-aligned
+        mask = torch.ones(2, T, dtype=torch.long)
+        mask[1, 23:] = 0
     kernel_fun.patch_fla()
     layer = _layer()
+
+    def run(h):
+        o = layer(h, attention_mask=mask)[0]
+        return o if mask is None else o * mask[..., None]  # padded rows carry no loss
+
     before = launch_counts()
-    out, grads = _grads(layer, lambda h: layer(h)[0], x)
+    out, grads = _grads(layer, run, x)
     ran = {k: n - before.get(k, 0) for k, n in launch_counts().items() if n != before.get(k, 0)}
     assert {"cconv", "gdn", "delta", "gnorm"} <= {k.split(".")[0] for k in ran}, ran
-    assert ran.get("cconv.fwd", 0) + ran.get("cconv.fwd_tma", 0) == 1, ran  # the fused q/k/v conv: one call
+    # the fused q/k/v conv (one call) without packed documents; one conv each with them
+    assert ran.get("cconv.fwd", 0) + ran.get("cconv.fwd_tma", 0) == (3 if padded else 1), ran
 
     def reference(**kw):
         o, ht = chunk_gated_delta_rule_ref(**kw)
@@ -89,9 +101,9 @@ def test_gdn_layer_engages_every_family_and_matches_the_reference():
     ours = gdn_layer.chunk_gated_delta_rule
     gdn_layer.chunk_gated_delta_rule = reference  # conv and norm stay ours
     try:
-        ref_out, ref_grads = _grads(layer, lambda h: layer(h)[0], x)
+        ref_out, ref_grads = _grads(layer, run, x)
         x_ulp = (x.detach().view(torch.int16) + 1).view(torch.float16).requires_grad_(True)
-        _, ulp_grads = _grads(layer, lambda h: layer(h)[0], x_ulp)
+        _, ulp_grads = _grads(layer, run, x_ulp)
     finally:
         gdn_layer.chunk_gated_delta_rule = ours
     assert rel_rms(out, ref_out) < 5e-3
