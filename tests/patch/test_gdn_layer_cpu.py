@@ -35,13 +35,8 @@ B, T = 1, 40
 
 
 @pytest.fixture(autouse=True)
-def _cpu_tier(monkeypatch, clean_state):
-    if torch.cuda.is_available():
-        pytest.skip("the CPU tier; on the GPU the model A/B (kernel-fun bench --model gdn) runs the layers")
+def _cpu_tier(monkeypatch, layer_cpu_tier):
     _standins().install(monkeypatch)
-    kernel_fun.unpatch_fla()
-    yield
-    kernel_fun.unpatch_fla()
 
 
 def _layer(seed=0):
