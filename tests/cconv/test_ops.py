@@ -72,7 +72,6 @@ def test_swish_is_silu_and_varlen_through_entry():
 @pytest.mark.parametrize("kwargs,needle", [
     (dict(residual="R"), "residual"),
     (dict(initial_state="S"), "initial_state"),
-    (dict(output_final_state=True), "output_final_state=True"),
     (dict(backend=None), "backend=None"),
     (dict(backend="gluon"), "backend='gluon'"),
     (dict(cp_context="CP"), "cp_context"),
@@ -297,3 +296,55 @@ def test_warmup_compiles_and_shows_progress(capsys):
     cconv.warmup(B=1, T=9, D=(8, 16), W=3, dtype=torch.float32, activation="silu", bias=True)
     err = capsys.readouterr().err
     assert "kernel-fun cconv warmup [1/2]" in err and "[2/2]" in err
+
+
+def _final_state_ref(x, W, cu=None):
+    """fla's conv state after a call without initial_state, by its definition: slot w of sequence
+    n is x at the sequence's token end - W + w, zero before its first token."""
+    B, T, D = x.shape
+    bounds = [(b, 0, T) for b in range(B)] if cu is None else [(0, int(cu[i]), int(cu[i + 1])) for i in range(len(cu) - 1)]
+    out = torch.zeros(len(bounds), D, W, dtype=x.dtype)
+    for n, (b, s, e) in enumerate(bounds):
+        for w in range(W):
+            t = e - W + w
+            if t >= s:
+                out[n, :, w] = x[b, t]
+    return out
+
+
+@pytest.mark.parametrize("B,T,cu", [(2, 13, None), (1, 2, None), (1, 30, [0, 7, 8, 8, 30])],
+                         ids=["dense", "shorter_than_W", "varlen_short_and_empty_documents"])
+def test_output_final_state_is_ours(B, T, cu):
+    """Generation's prefill asks for the conv state (ShortConvolution with use_cache): ours returns
+    fla's state, the last W inputs of each sequence, and its gradient reaches x; y as without it."""
+    W = 4
+    x, w, b = _inputs(B=B, T=T, W=W)
+    cu_t = None if cu is None else torch.tensor(cu)
+    before = launches("cconv.fwd")
+    y, state = cconv.causal_conv1d(x, w, b, activation="silu", cu_seqlens=cu_t, output_final_state=True)
+    assert launches("cconv.fwd") == before + 1
+    ref = _final_state_ref(x.detach(), W, cu)
+    assert state.shape == ref.shape and state.dtype == x.dtype and torch.equal(state.detach(), ref)
+    y0, none = cconv.causal_conv1d(x, w, b, activation="silu", cu_seqlens=cu_t)
+    assert none is None and torch.equal(y, y0)
+    ds = torch.randn_like(state)
+    (gx,) = torch.autograd.grad(state, x, ds)
+    (gx_ref,) = torch.autograd.grad(_final_state_ref(x, W, cu), x, ds)  # the same indexing, in a loop
+    assert torch.equal(gx, gx_ref)
+
+
+def test_short_convolution_prefill_with_a_cache_engages_ours(monkeypatch):
+    """ShortConvolution as a layer calls it in a prefill (``output_final_state=True``, no cache yet):
+    ours runs and returns the state fla's module caches."""
+    import fla.modules.causal_conv1d.ops as fla_ops
+
+    monkeypatch.setattr(fla_ops, "causal_conv1d", ops.causal_conv1d)
+    D, W = 16, 4
+    conv = fla_ops.ShortConvolution(D, W, bias=False, activation="silu", backend="triton")
+    x = torch.randn(1, 40, D)
+    before = launches("cconv.fwd")
+    with torch.no_grad():
+        y, cache = conv(x, output_final_state=True)
+    assert launches("cconv.fwd") == before + 1
+    assert torch.equal(cache, _final_state_ref(x, W))
+    assert _rel(y, conv_ref(x, conv.weight[:, 0, :], None, True)) < 1e-5

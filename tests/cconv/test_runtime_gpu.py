@@ -174,3 +174,20 @@ def test_torch_compile_no_more_breaks_than_fla_and_no_recompile_on_T(compile_cou
     print(f"graph breaks / unique graphs: ours {ours}, fla {fla}")
     assert ours[0] <= fla[0]
     assert ours[1] <= fla[1]  # a new T compiles no more graphs than fla's path does
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_output_final_state_matches_fla(varlen):
+    """The prefill's conv state (output_final_state=True) against fla's, bit for bit, with y; and
+    the state's gradient (fla carries it back through dx too)."""
+    B, T, D, W = (1, 3000, 512, 4) if varlen else (2, 1000, 512, 4)
+    x, w, b = _inputs(B, T, D, W)
+    cu = torch.tensor([0, 2, 1000, 1001, 3000], device="cuda") if varlen else None
+    y, s = cconv.causal_conv1d(x, w, b, activation="silu", cu_seqlens=cu, output_final_state=True)
+    y_f, s_f = _fla()(x, w, b, activation="silu", cu_seqlens=cu, output_final_state=True)
+    assert torch.equal(s, s_f)
+    assert _rel(y, y_f) < 5e-3
+    dy, ds = torch.randn_like(y), torch.randn_like(s)
+    g = torch.autograd.grad((y, s), (x,), (dy, ds))[0]
+    g_f = torch.autograd.grad((y_f, s_f), (x,), (dy, ds))[0]
+    assert _rel(g, g_f) < 8e-3

@@ -128,3 +128,47 @@ def test_gdn_layer_under_activation_checkpointing(reentrant):
     assert torch.equal(out, ck_out)
     for a, b in zip(ref, ck):
         assert (a is None and b is None) or torch.equal(a, b)
+
+
+def test_gdn_layer_prefill_with_a_cache():
+    """Generation's prefill: the layer in eval mode without gradients, ``use_cache=True`` with fla's
+    ``Cache`` (the op's final state in the layer's ``state_v_first`` layout, the convs' final
+    states): our convs and op run; the output and the cached recurrent state against the same layer
+    on the fp64 reference op (issue 17's o / final-state ceiling, 5e-3); the conv states are the
+    ones the reference run caches, bit for bit (the convs are ours in both)."""
+    import fla.layers.gated_deltanet as gdn_layer
+    from fla.models.cache_utils import Cache
+
+    from kernel_fun.gdn.reference import chunk_gated_delta_rule_ref
+
+    kernel_fun.patch_fla()
+    layer = _layer().eval()
+    T_prefill = 80  # above 64: the layer's chunk mode (shorter prompts take fla's fused_recurrent)
+    torch.manual_seed(2)
+    x = (torch.randn(1, T_prefill, CFG["hidden_size"]) * 0.5).to(torch.float16)
+
+    def prefill():
+        cache = Cache()
+        with torch.no_grad():
+            out = layer(x, past_key_values=cache, use_cache=True)[0]
+        return out, cache[0]["recurrent_state"], cache[0]["conv_state"]
+
+    before = launch_counts()
+    out, state, conv = prefill()
+    ran = {k: n - before.get(k, 0) for k, n in launch_counts().items() if n != before.get(k, 0)}
+    assert ran.get("gdn.inputs_fwd", 0) == 1 and ran.get("cconv.fwd", 0) + ran.get("cconv.fwd_tma", 0) == 3, ran
+
+    def reference(**kw):
+        o, ht = chunk_gated_delta_rule_ref(**kw)
+        return o.to(kw["q"].dtype), ht.float()
+
+    ours = gdn_layer.chunk_gated_delta_rule
+    gdn_layer.chunk_gated_delta_rule = reference
+    try:
+        ref_out, ref_state, ref_conv = prefill()
+    finally:
+        gdn_layer.chunk_gated_delta_rule = ours
+    assert state.shape == ref_state.shape == (1, CFG["num_v_heads"], CFG["head_dim"], CFG["head_dim"])
+    assert rel_rms(out, ref_out) < 5e-3
+    assert rel_rms(state, ref_state) < 5e-3
+    assert all(torch.equal(a, b) for a, b in zip(conv, ref_conv))

@@ -1,7 +1,8 @@
 """The public entry of cconv: classify the call, run ours or fla's (and say why), log once.
 
 Drop-in for fla 0.6.0 ``fla.modules.causal_conv1d.causal_conv1d``: same signature, returns
-``(y, final_state)`` with ``final_state`` None on our path (``output_final_state=True`` routes).
+``(y, final_state)``: ``final_state`` is fla's conv state after the call with
+``output_final_state=True`` (generation's prefill; ``_final_state``), else None.
 
 Bad input is a ValueError naming the argument and the shapes, raised before any launch and
 before routing (fla 0.6.0 checks only x against weight: a wrong-length bias or a wrong-shape
@@ -49,7 +50,7 @@ RULES = {
     "bias": C.ours(),
     "residual": C.only(None, "residual"),
     "initial_state": C.only(None, "initial_state"),
-    "output_final_state": C.check(lambda v, call: "output_final_state=True" if v else None),
+    "output_final_state": C.ours(),  # the last W inputs of each sequence (_final_state), torch ops
     "activation": C.check(_activation),
     "backend": C.check(_backend),
     "cu_seqlens": C.ours(),
@@ -117,6 +118,26 @@ def _box(x, weight, cu_seqlens, cu_seqlens_cpu):
     if routed:
         return False, routed
     return True, ""
+
+
+def _final_state(x, W, cu_seqlens):
+    """fla's conv state after a call without ``initial_state``: ``[N, D, W]`` in x's dtype, slot w of
+    sequence n holding x at its token ``end - W + w`` (zeros before the sequence's first token), as
+    fla's ``causal_conv1d_update_states`` writes it. Torch ops on x: autograd carries the state's
+    gradient to x, and CUDA graph capture needs no warm-up for them."""
+    B, T, D = x.shape
+    if cu_seqlens is None:
+        last = x[:, max(T - W, 0):]
+        if T < W:
+            last = torch.nn.functional.pad(last, (0, 0, W - T, 0))
+        return last.transpose(1, 2).contiguous()
+    cu = cu_seqlens.to(device=x.device, dtype=torch.long)
+    if T == 0:
+        return x.new_zeros(cu.numel() - 1, D, W)
+    idx = cu[1:, None] - W + torch.arange(W, device=x.device)  # [N, W] token of each slot
+    rows = x[0, idx.clamp_min(0)]  # [N, W, D]
+    rows = torch.where((idx >= cu[:-1, None])[..., None], rows, rows.new_zeros(()))
+    return rows.transpose(1, 2).contiguous()
 
 
 def _signature(x, weight, bias, silu, cu_seqlens, tma):
@@ -198,9 +219,12 @@ def causal_conv1d(
         activation: None, "silu" or "swish". backend: "triton", "cuda" or "mix" (fla's
             implementations of the same function; ours replaces each).
         cu_seqlens: ``[N+1]`` offsets of packed documents (B == 1); no document sees another's tokens.
+        output_final_state: also return fla's conv state after the call, ``[N, D, W]`` in x's
+            dtype (the last W inputs of each sequence), as a prefill caches it.
     Returns:
-        ``(y, None)``: y ``[B, T, D]`` in x's dtype. Anything outside our box goes to fla's
-        ``causal_conv1d`` verbatim (see ``is_supported`` and the INFO log for why).
+        ``(y, final_state)``: y ``[B, T, D]`` in x's dtype; final_state None unless asked. Anything
+        outside our box goes to fla's ``causal_conv1d`` verbatim (see ``is_supported`` and the
+        INFO log for why).
     Raises:
         ValueError: bad input (wrong dtype or shape of x, weight, bias, residual,
             initial_state; malformed cu_seqlens), before any launch.
@@ -216,4 +240,4 @@ def causal_conv1d(
     tma = use_tma(x)  # decided once: the forward's kernel and the signature both take it
     sig = _signature(x, weight, bias, silu, cu_seqlens, tma)
     y = CausalConv1dFunction.apply(x, weight, bias, silu, cu_seqlens, sig, tma)
-    return y, None
+    return y, (_final_state(x, weight.shape[1], cu_seqlens) if output_final_state else None)
