@@ -162,3 +162,38 @@ def test_kda_layer_under_activation_checkpointing(reentrant):
     assert torch.equal(out, ck_out)
     for a, b in zip(ref, ck):
         assert (a is None and b is None) or torch.equal(a, b)
+
+
+def test_kda_layer_prefill_with_a_cache():
+    """Generation's prefill: eval mode without gradients, ``use_cache=True`` with fla's ``Cache``:
+    our convs (each returning the state fla's module caches) and our kda run; the output and the
+    cached recurrent state (``state_v_first``) against the same layer on the fp64 reference op."""
+    import fla.layers.kda as kda_layer
+    from fla.models.cache_utils import Cache
+
+    from kernel_fun._common.numerics import rel_rms
+
+    kernel_fun.patch_fla()
+    layer = _layer().eval()
+    torch.manual_seed(2)
+    x = (torch.randn(1, 80, CFG["hidden_size"]) * 0.5).to(torch.float16)  # > 64 tokens: chunk mode
+
+    def prefill():
+        cache = Cache()
+        with torch.no_grad():
+            out = layer(x, past_key_values=cache, use_cache=True)[0]
+        return out, cache[0]["recurrent_state"], cache[0]["conv_state"]
+
+    before = launch_counts()
+    out, state, conv = prefill()
+    ran = {k: n - before.get(k, 0) for k, n in launch_counts().items() if n != before.get(k, 0)}
+    assert ran.get("cconv.fwd", 0) + ran.get("cconv.fwd_tma", 0) == 3 and any(k.startswith("kda.") or k.startswith("delta.") for k in ran), ran
+    ours = kda_layer.chunk_kda
+    kda_layer.chunk_kda = _reference_chunk_kda
+    try:
+        ref_out, ref_state, ref_conv = prefill()
+    finally:
+        kda_layer.chunk_kda = ours
+    assert rel_rms(out, ref_out) < 5e-3
+    assert state.shape == ref_state.shape and rel_rms(state, ref_state.float()) < 5e-3
+    assert all(c is not None and torch.equal(a, c) for a, c in zip(conv, ref_conv))
