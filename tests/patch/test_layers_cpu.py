@@ -2,7 +2,8 @@
 kda and gnorm kernels through the interpreter (fla's remaining kda stages as the plain-torch
 stand-ins of tests/kda), each family's launch witnessed, built before and after the patch; and
 the layer's output and gradients with our chunk_kda against the same layer whose chunk_kda is
-the fp64 reference (the exact call the layer makes: state_v_first, the gate, beta sigmoid)."""
+the fp64 reference (the exact call the layer makes: state_v_first, the gate, beta sigmoid), dense
+and with a padding mask; under activation checkpointing; a prefill with fla's Cache."""
 import sys
 from pathlib import Path
 
@@ -13,7 +14,9 @@ import kernel_fun
 from kernel_fun._common.witness import launch_counts
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "kda"))
+sys.path.insert(0, str(Path(__file__).parent))
 import fla_standins  # noqa: E402
+import layer_checks as L  # noqa: E402
 
 CFG = dict(hidden_size=128, num_heads=2, head_dim=64)  # K = V = 64: the box's smallest heads
 B, T = 1, 40
@@ -91,14 +94,16 @@ def test_kda_layer_matches_the_layer_on_the_reference():
     assert not bad, errs
 
 
-def test_kda_layer_with_a_padding_mask_matches_the_reference():
-    """With a padding mask the layer packs the batch into documents (cu_seqlens through the convs
-    and the op): ours against the layer on the fp64 reference op, each gradient held to the noise
-    floor, the reference layer's own move for a one-ulp move of its fp16 input."""
+def _swap():
     import fla.layers.kda as kda_layer
 
-    from kernel_fun._common.numerics import rel_rms
+    return L.swapped(kda_layer, "chunk_kda", _reference_chunk_kda)
 
+
+def test_kda_layer_with_a_padding_mask_matches_the_reference():
+    """With a padding mask the layer packs the batch into documents (cu_seqlens through the convs
+    and the op): ours against the layer on the fp64 reference op, each gradient held to the one-ulp
+    noise floor."""
     torch.manual_seed(1)
     x = (torch.randn(2, T, CFG["hidden_size"]) * 0.5).to(torch.float16).requires_grad_(True)
     mask = torch.ones(2, T, dtype=torch.long)
@@ -106,31 +111,14 @@ def test_kda_layer_with_a_padding_mask_matches_the_reference():
     kernel_fun.patch_fla()
     layer = _layer()
 
-    def grads(h):
-        leaves = [h] + list(layer.parameters())
-        for t in leaves:
-            t.grad = None
-        out = layer(h, attention_mask=mask)[0] * mask[..., None]  # padded rows carry no loss
-        out.float().square().mean().backward()
-        return out.detach(), [None if t.grad is None else t.grad.clone() for t in leaves]
+    def run(h):
+        return layer(h, attention_mask=mask)[0] * mask[..., None]  # padded rows carry no loss
 
     before = launch_counts()
-    out, ours_g = grads(x)
-    assert launch_counts().get("kda.wy_bwd", 0) > before.get("kda.wy_bwd", 0)
-    ours = kda_layer.chunk_kda
-    kda_layer.chunk_kda = _reference_chunk_kda
-    try:
-        ref_out, ref_g = grads(x)
-        _, ulp_g = grads((x.detach().view(torch.int16) + 1).view(torch.float16).requires_grad_(True))
-    finally:
-        kda_layer.chunk_kda = ours
-    assert rel_rms(out, ref_out) < 5e-3
-    names = ["x"] + [n for n, _ in layer.named_parameters()]
-    rows = {n: (rel_rms(a, b), rel_rms(u, b)) for n, a, b, u in zip(names, ours_g, ref_g, ulp_g) if b is not None}
-    print({n: f"{e:.2e} (floor {f:.2e})" for n, (e, f) in rows.items()})
-    assert set(rows) >= {"x", "A_log", "dt_bias", "q_proj.weight", "q_conv1d.weight", "o_norm.weight"}
-    bad = {n: r for n, r in rows.items() if not r[0] <= max(1.5 * r[1], 1e-3)}
-    assert not bad, rows
+    out, ours = L.grads(layer, run, x)
+    assert L.launched_since(before).get("kda.wy_bwd", 0) == 1
+    L.within_noise_floor(layer, run, x, out, ours, _swap(),
+                         {"x", "A_log", "dt_bias", "q_proj.weight", "q_conv1d.weight", "o_norm.weight"})
 
 
 @pytest.mark.parametrize("reentrant", [False, True])
@@ -138,62 +126,28 @@ def test_kda_layer_under_activation_checkpointing(reentrant):
     """The patched layer inside ``torch.utils.checkpoint`` (what gradient checkpointing in training
     code does): the forward runs again in the backward, and torch (non-reentrant) checks that it
     saves the same tensors; the gradients equal those without checkpointing bit for bit (same
-    kernels, same inputs), and every family ran in the recompute too."""
-    from torch.utils.checkpoint import checkpoint
-
+    kernels, same inputs), the forward's kernels ran twice, the backward's once."""
     x = (torch.randn(B, T, CFG["hidden_size"]) * 0.5).to(torch.float16).requires_grad_(True)
     kernel_fun.patch_fla()
-    layer = _layer()
-    leaves = [x] + list(layer.parameters())
-
-    def grads(run):
-        for t in leaves:
-            t.grad = None
-        out = run(x)
-        out.float().square().mean().backward()
-        return out.detach(), [None if t.grad is None else t.grad.clone() for t in leaves]
-
-    out, ref = grads(lambda h: layer(h)[0])
-    before = launch_counts()
-    ck_out, ck = grads(lambda h: checkpoint(lambda u: layer(u)[0], h, use_reentrant=reentrant))
-    ran = {k: n - before.get(k, 0) for k, n in launch_counts().items() if n != before.get(k, 0)}
-    # the forward twice (the checkpointed pass, then the recompute in the backward), one backward
+    ran = L.checkpointed_equals_plain(_layer(), x, reentrant)
     assert ran.get("kda.wy_bwd", 0) == 1 and ran.get("gnorm.fwd", 0) == 2, ran
-    assert torch.equal(out, ck_out)
-    for a, b in zip(ref, ck):
-        assert (a is None and b is None) or torch.equal(a, b)
 
 
 def test_kda_layer_prefill_with_a_cache():
-    """Generation's prefill: eval mode without gradients, ``use_cache=True`` with fla's ``Cache``:
-    our convs (each returning the state fla's module caches) and our kda run; the output and the
-    cached recurrent state (``state_v_first``) against the same layer on the fp64 reference op."""
-    import fla.layers.kda as kda_layer
-    from fla.models.cache_utils import Cache
-
+    """Generation's prefill (``use_cache=True``, fla's ``Cache``; above 64 tokens, the layer's chunk
+    mode): our convs (each returning the state fla's module caches) and our kda run; the output and
+    the cached recurrent state (``state_v_first``) against the same layer on the fp64 reference op."""
     from kernel_fun._common.numerics import rel_rms
 
     kernel_fun.patch_fla()
-    layer = _layer().eval()
+    layer = _layer()
     torch.manual_seed(2)
-    x = (torch.randn(1, 80, CFG["hidden_size"]) * 0.5).to(torch.float16)  # > 64 tokens: chunk mode
-
-    def prefill():
-        cache = Cache()
-        with torch.no_grad():
-            out = layer(x, past_key_values=cache, use_cache=True)[0]
-        return out, cache[0]["recurrent_state"], cache[0]["conv_state"]
-
-    before = launch_counts()
-    out, state, conv = prefill()
-    ran = {k: n - before.get(k, 0) for k, n in launch_counts().items() if n != before.get(k, 0)}
-    assert ran.get("cconv.fwd", 0) + ran.get("cconv.fwd_tma", 0) == 3 and any(k.startswith("kda.") or k.startswith("delta.") for k in ran), ran
-    ours = kda_layer.chunk_kda
-    kda_layer.chunk_kda = _reference_chunk_kda
-    try:
-        ref_out, ref_state, ref_conv = prefill()
-    finally:
-        kda_layer.chunk_kda = ours
+    x = (torch.randn(1, 80, CFG["hidden_size"]) * 0.5).to(torch.float16)
+    out, state, conv, ran = L.prefill(layer, x)
+    # kda's forward: fla's intra stage (a stand-in here), then our state scan, which makes o
+    assert ran.get("cconv.fwd", 0) + ran.get("cconv.fwd_tma", 0) == 3 and ran.get("delta.state_scan_fwd", 0) == 1, ran
+    with _swap():
+        ref_out, ref_state, ref_conv, _ = L.prefill(layer, x)
     assert rel_rms(out, ref_out) < 5e-3
     assert state.shape == ref_state.shape and rel_rms(state, ref_state.float()) < 5e-3
     assert all(c is not None and torch.equal(a, c) for a, c in zip(conv, ref_conv))
