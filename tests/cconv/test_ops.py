@@ -73,6 +73,7 @@ def test_swish_is_silu_and_varlen_through_entry():
     (dict(residual="R"), "residual"),
     (dict(initial_state="S"), "initial_state"),
     (dict(backend=None), "backend=None"),
+    (dict(output_final_state=True, backend="mix"), "backend='mix'"),
     (dict(backend="gluon"), "backend='gluon'"),
     (dict(cp_context="CP"), "cp_context"),
     (dict(activation="relu"), "activation='relu'"),

@@ -29,7 +29,9 @@ _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 # fla's backends name its implementations of one function: 'triton' (its kernels), 'cuda'
 # (Dao's causal-conv1d, ShortConvolution's choice when that package is installed or
 # FLA_CONV_BACKEND=cuda) and 'mix' (Triton forward, Dao's backward). Within our box (no
-# residual, no states, no cp_context) all three compute y = act(conv(x) + bias), and so do we.
+# residual, no initial state, no cp_context) all three compute y = act(conv(x) + bias), and so do we;
+# 'triton' and 'cuda' give the same final state (fla's causal_conv1d_update_states), 'mix' none
+# (it asserts output_final_state is False: that call routes, so the caller sees fla's error).
 # Anything else (None included) makes fla raise "Unsupported backend": routed, so the caller
 # sees fla's own error.
 _OUR_BACKENDS = ("triton", "cuda", "mix")
@@ -50,7 +52,9 @@ RULES = {
     "bias": C.ours(),
     "residual": C.only(None, "residual"),
     "initial_state": C.only(None, "initial_state"),
-    "output_final_state": C.ours(),  # the last W inputs of each sequence (_final_state), torch ops
+    # ours: the last W inputs of each sequence (_final_state), torch ops; not with 'mix' (above)
+    "output_final_state": C.check(lambda v, call: "output_final_state=True with backend='mix' (fla's has no final "
+                                  "state there)" if v and call.get("backend") == "mix" else None),
     "activation": C.check(_activation),
     "backend": C.check(_backend),
     "cu_seqlens": C.ours(),
@@ -125,7 +129,7 @@ def _final_state(x, W, cu_seqlens):
     sequence n holding x at its token ``end - W + w`` (zeros before the sequence's first token), as
     fla's ``causal_conv1d_update_states`` writes it. Torch ops on x: autograd carries the state's
     gradient to x, and CUDA graph capture needs no warm-up for them."""
-    B, T, D = x.shape
+    T, D = x.shape[1], x.shape[2]
     if cu_seqlens is None:
         last = x[:, max(T - W, 0):]
         if T < W:
