@@ -179,7 +179,10 @@ def test_torch_compile_no_more_breaks_than_fla_and_no_recompile_on_T(compile_cou
 @pytest.mark.parametrize("varlen", [False, True])
 def test_output_final_state_matches_fla(varlen):
     """The prefill's conv state (output_final_state=True) against fla's, bit for bit, with y; and
-    the state's gradient (fla carries it back through dx too)."""
+    the state's gradient. fla's backward carries the state's slots 1..W-1 back to x and drops slot
+    0's (token end - W: the next conv update shifts it out unread, so in a real graph its gradient
+    is zero); ours carries every slot, as the returned tensor's derivative is. So: against fla with
+    slot 0's gradient zero, and slot 0's alone landing on token end - W of each sequence."""
     B, T, D, W = (1, 3000, 512, 4) if varlen else (2, 1000, 512, 4)
     x, w, b = _inputs(B, T, D, W)
     cu = torch.tensor([0, 2, 1000, 1001, 3000], device="cuda") if varlen else None
@@ -188,6 +191,17 @@ def test_output_final_state_matches_fla(varlen):
     assert torch.equal(s, s_f)
     assert _rel(y, y_f) < 5e-3
     dy, ds = torch.randn_like(y), torch.randn_like(s)
-    g = torch.autograd.grad((y, s), (x,), (dy, ds))[0]
+    ds[..., 0] = 0
+    g = torch.autograd.grad((y, s), (x,), (dy, ds), retain_graph=True)[0]
     g_f = torch.autograd.grad((y_f, s_f), (x,), (dy, ds))[0]
     assert _rel(g, g_f) < 8e-3
+    ds0 = torch.zeros_like(ds)
+    ds0[..., 0] = torch.randn_like(ds[..., 0])
+    g0 = torch.autograd.grad(s, (x,), ds0)[0]
+    ends = cu[1:].tolist() if varlen else [T] * B
+    starts = cu[:-1].tolist() if varlen else [0] * B
+    want = torch.zeros_like(g0)
+    for n, (bos, eos) in enumerate(zip(starts, ends)):
+        if eos - W >= bos:  # slot 0 is a token of the sequence, not padding
+            want[0 if varlen else n, eos - W] = ds0[n, :, 0]
+    assert torch.equal(g0, want)
