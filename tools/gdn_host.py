@@ -57,14 +57,10 @@ def cpu() -> None:
     from kernel_fun._delta import inputs
     from kernel_fun._delta._kernels import state_scan_bwd, state_scan_fwd
     from kernel_fun.gdn import chain
-    from kernel_fun.gdn._kernels import inputs_bwd, inputs_fwd, scores, wy_dqk_bwd, wy_dv_bwd
+    from kernel_fun.gdn._kernels import inputs_bwd, inputs_fwd, scores, wy_dqk_bwd, wy_dv_bwd, wy_inverse
 
-    for m in (state_scan_fwd, state_scan_bwd, scores, wy_dv_bwd, wy_dqk_bwd, inputs_fwd, inputs_bwd):
+    for m in (state_scan_fwd, state_scan_bwd, scores, wy_dv_bwd, wy_dqk_bwd, inputs_fwd, inputs_bwd, wy_inverse):
         m.launch = lambda *a, **k: None
-
-    class Kernel:  # fla's raw kkt + solve kernel, launched as kernel[grid](...)
-        def __getitem__(self, grid):
-            return lambda *a, **k: None
 
     stubs = {
         ("fla.modules.norm.l2norm", "l2norm_fwd"): lambda x, **_: (torch.empty_like(x),
@@ -75,7 +71,6 @@ def cpu() -> None:
         ("fla.ops.gated_delta_rule.gate", "gdn_gate_chunk_cumsum"): lambda g, A_log, **_: torch.empty(g.shape),
         ("fla.ops.gated_delta_rule.gate", "gdn_gate_bwd"): lambda g, A_log, dt_bias, dyg: (
             torch.empty_like(g), torch.empty_like(A_log), torch.empty_like(dt_bias)),
-        ("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_kkt_solve_kernel"): Kernel(),
     }
     chain._fla = inputs._fla = lambda mod, sym: stubs.get((mod, sym)) or fla_symbol(mod, sym)
     B, T, H, HV, K, V = 1, 128, 2, 4, 128, 128

@@ -16,13 +16,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kernel_fun.gdn.reference_stages import BT, _inverse, chunks
+from kernel_fun.gdn.reference_stages import BT, chunks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "delta"))
 from input_standins import INPUTS, install_into  # noqa: E402  (shared with the other family)
 
 F64 = torch.float64
-LN2 = 0.6931471805599453
 
 
 def _cumsum(x, cu_seqlens, reverse=False):
@@ -59,35 +58,11 @@ def gdn_gate_bwd(g, A_log, dt_bias, dyg):
     return dg.to(g.dtype), dA.view_as(A_log).to(A_log.dtype), db
 
 
-def _kkt_solve(k, g, beta, A, cu_seqlens, chunk_indices, T, H, HV, K, BT, BC, **_):
-    """fla's ``chunk_gated_delta_rule_fwd_kkt_solve_kernel``: writes A = (I + StrictLower(diag(beta)
-    K K^T * Gamma))^-1 in k's dtype into the zero-filled ``A`` (its upper triangle left unwritten)."""
-    assert BT == 64 and BC == 16 and tuple(A.shape) == (k.shape[0], T, HV, BT)
-    B = k.shape[0]
-    for b, s, e, _ in chunks(B, T, cu_seqlens):
-        n = e - s
-        kc = k[b, s:e].double().repeat_interleave(HV // H, 1).transpose(0, 1)
-        inv = _inverse(kc, g[b, s:e].double().T * LN2, beta[b, s:e].double().T).transpose(0, 1).to(k.dtype)
-        lower = torch.tril(torch.ones(n, n, dtype=torch.bool))[:, None, :]  # [i, 1, j]: fla stores these only
-        A[b, s:e, :, :n] = torch.where(lower, inv, A[b, s:e, :, :n])
-
-
-class _Kernel:
-    """A stand-in launched as a Triton kernel is: ``kernel[grid](**arguments)``."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __getitem__(self, grid):
-        return self.fn
-
-
 STANDINS = {
     **INPUTS,  # _delta/inputs' l2norm and beta sigmoid (tests/delta/input_standins.py)
     ("fla.ops.gated_delta_rule.gate", "gdn_gate_chunk_cumsum"): gdn_gate_chunk_cumsum,
     ("fla.ops.gated_delta_rule.gate", "gdn_gate_bwd"): gdn_gate_bwd,
     ("fla.ops.utils.cumsum", "chunk_local_cumsum"): chunk_local_cumsum,
-    ("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_kkt_solve_kernel"): _Kernel(_kkt_solve),
 }
 
 

@@ -29,13 +29,12 @@ CASES = {  # the box's smallest heads (the interpreter's cost grows with them)
     "precomputed_gate": dict(B=1, T=70, H=2, HV=2, K=64, V=64, gate_in_kernel=False, beta_logits=False),
     "cu_seqlens": dict(B=1, T=150, H=1, HV=2, K=64, V=64, h0=True, N=3, cu=[0, 37, 38, 150]),
 }
-OURS = ("delta.state_scan_fwd", "delta.state_scan_bwd", "gdn.gated_scores", "gdn.wy_dv_bwd",
+OURS = ("gdn.wy_inverse", "delta.state_scan_fwd", "delta.state_scan_bwd", "gdn.gated_scores", "gdn.wy_dv_bwd",
         "gdn.wy_dqk_bwd")
 # fla stage functions the chain may call (and nothing else of fla's, index helpers aside)
 FLA_STAGES = {("fla.ops.gated_delta_rule.gate", "gdn_gate_chunk_cumsum"),
               ("fla.ops.gated_delta_rule.gate", "gdn_gate_bwd"),
               ("fla.ops.utils.cumsum", "chunk_local_cumsum"),
-              ("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_kkt_solve_kernel"),
               ("fla.modules.norm.l2norm", "l2norm_fwd"), ("fla.modules.norm.l2norm", "l2norm_bwd"),
               ("fla.ops.common.gate", "fused_beta_sigmoid_fwd"), ("fla.ops.common.gate", "fused_beta_sigmoid_bwd"),
               ("fla.ops.utils.index", "prepare_chunk_indices"), ("fla.ops.utils.index", "prepare_chunk_offsets")}

@@ -17,6 +17,7 @@ from kernel_fun.gdn._kernels import scores as scores_mod
 from kernel_fun.gdn._kernels import wy_dqk_bwd as dqk_mod
 from kernel_fun.gdn._kernels import wy_dqkwg_bwd as bwd_mod
 from kernel_fun.gdn._kernels import wy_dv_bwd as dv_mod
+from kernel_fun.gdn._kernels import wy_inverse as inv_mod
 from kernel_fun.gdn.reference import chunk_gated_delta_rule_ref
 
 pytestmark = pytest.mark.gpu
@@ -149,6 +150,43 @@ def test_every_backward_config_against_its_reference(half, dv_config, dqk_config
         first = out
 
 
+def _below(A, n=64):
+    """A's 16-row blocks on and below the diagonal (what wy_inverse and fla's kkt kernel write)."""
+    o = torch.arange(n, device=A.device) // 16
+    rows = torch.arange(A.shape[1], device=A.device) % n // 16
+    return torch.where(rows[:, None, None] >= o, A.float(), 0.0)
+
+
+@pytest.mark.parametrize("keys", ["random", "correlated"])
+@pytest.mark.parametrize("config", inv_mod.CONFIGS, ids=config_name)
+def test_every_wy_inverse_config_against_its_reference_and_fla(config, keys):
+    """Our WY inverse in every configuration (bf16 k, beta up to 2, strong decay; and keys nearly
+    parallel with weak decay, where the inverse's entries grow) against the fp64 solve, and beside
+    fla's fused kkt + solve kernel (which it replaces) on the same inputs: ours no further from
+    fp64 than fla's plus one bf16 rounding."""
+    from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_kkt_solve_kernel as fla_kkt
+
+    t, _, _ = _stage_inputs(T=1000)
+    k, g, beta = t["k"], t["g"], t["beta"]
+    if keys == "correlated":
+        gen = torch.Generator().manual_seed(1)
+        kf = torch.randn(128, generator=gen) + 0.15 * torch.randn(*k.shape, generator=gen)
+        k = torch.nn.functional.normalize(kf, dim=-1).to(k.dtype).cuda()
+        g = g * 0.02
+    ref = _below(R.wy_inverse_ref(k.cpu(), g.cpu(), beta.cpu()))
+    A = inv_mod.wy_inverse(k, g, beta, config=config)
+    again = inv_mod.wy_inverse(k, g, beta, config=config)
+    assert torch.equal(_below(A), _below(again))  # deterministic
+    B, T, H, K = k.shape
+    HV = g.shape[2]
+    A_fla = torch.zeros_like(A)
+    fla_kkt[(-(-T // 64), B * HV)](k=k, g=g, beta=beta, A=A_fla, cu_seqlens=None, chunk_indices=None, T=T, H=H,
+                                   HV=HV, K=K, BT=64, BC=16)
+    ours, fla = _rel(_below(A).cpu(), ref), _rel(_below(A_fla).cpu(), ref)
+    print(config_name(config), keys, f"ours {ours:.2e} fla {fla:.2e}")
+    assert ours < 1e-2 and ours <= fla + 4e-3
+
+
 @pytest.mark.parametrize("config", scores_mod.CONFIGS, ids=config_name)
 def test_every_scores_config_against_its_reference(config):
     t, _, _ = _stage_inputs()
@@ -164,13 +202,14 @@ def test_launch_witness_replaced_fla_kernels_did_not_run():
         _run(gdn.chunk_gated_delta_rule, t, do, dht, **flags)
         torch.cuda.synchronize()
     names = {e.key for e in prof.key_averages()}
-    for ours in ("state_scan_fwd_kernel", "state_scan_bwd_kernel", "gated_scores_kernel", "wy_dv_bwd_kernel",
+    for ours in ("wy_inverse_kernel", "state_scan_fwd_kernel", "state_scan_bwd_kernel", "gated_scores_kernel", "wy_dv_bwd_kernel",
                  "wy_dqk_bwd_kernel", "inputs_fwd_kernel", "inputs_bwd_kernel"):
         assert any(ours in n for n in names), (ours, sorted(names))
     for fla_kernel in ("chunk_bwd_kernel_dqkwg", "prepare_wy_repr_bwd_kernel", "chunk_bwd_kernel_dv_local",
                        "chunk_gated_delta_rule_bwd_kernel_dhu", "chunk_gated_delta_rule_fwd_kernel_h",
                        "chunk_fwd_kernel_o", "l2norm_fwd_kernel", "l2norm_bwd_kernel", "fused_beta_sigmoid",
-                       "gdn_gate_chunk_cumsum", "gdn_gate_bwd_kernel", "chunk_local_cumsum"):
+                       "gdn_gate_chunk_cumsum", "gdn_gate_bwd_kernel", "chunk_local_cumsum",
+                       "chunk_gated_delta_rule_fwd_kkt_solve_kernel"):
         assert not any(fla_kernel in n for n in names), (fla_kernel, sorted(names))
 
 

@@ -14,6 +14,7 @@ from kernel_fun.gdn._kernels import scores as scores_mod
 from kernel_fun.gdn._kernels import wy_dqk_bwd as dqk_mod
 from kernel_fun.gdn._kernels import wy_dqkwg_bwd as bwd_mod
 from kernel_fun.gdn._kernels import wy_dv_bwd as dv_mod
+from kernel_fun.gdn._kernels import wy_inverse as inv_mod
 
 CASES = {  # (B, T, H, HV, K, V, cu_seqlens)
     "tail": (1, 100, 1, 1, 64, 64, None),
@@ -69,6 +70,46 @@ def test_gated_scores(name):
         blk = A[b, s:e, :, :e - s]
         assert not blk.isnan().any()
         assert rel_rms(blk, ref[b, s:e, :, :e - s]) < 1e-5
+
+
+def _lower_blocks(n):
+    """[n, n] mask of what wy_inverse writes: the 16-row blocks on and below the diagonal."""
+    o = torch.arange(n) // 16
+    return o[:, None] >= o[None, :]
+
+
+# measured (interpreter): fp32 <= 8.3e-7, fp16 <= 1.7e-4 (A rounded to fp16 at the store); bounds
+# 2.4x and 18x that.
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.float16, 3e-3)])
+@pytest.mark.parametrize("name", list(CASES) + ["strong_decay", "correlated_k"])
+def test_wy_inverse(name, dtype, tol):
+    """A = (I + StrictLower(diag(beta) K K^T Gamma))^-1 against the fp64 solve, every chunk (a
+    1-token document, a chunk's tail), the group's value heads from one program; beta up to 2
+    everywhere, strong decay in two cases, and in the last keys that all point nearly one way (K K^T
+    near 1, weak decay: L's entries up to 2, the inverse's about as large). The blocks above the
+    diagonal stay as they were (NaN here)."""
+    B, T, H, HV, K, V, cu = CASES.get(name, (1, 64, 1, 2, 128, 32, None))
+    t, cu_t = _inputs(B, T, H, HV, K, V, cu, dtype, strong=(name in ("tail", "strong_decay")))
+    if name == "correlated_k":
+        kf = torch.randn(K) + 0.15 * torch.randn(B, T, H, K)
+        t["k"] = torch.nn.functional.normalize(kf, dim=-1).to(dtype)
+        t["g"] = t["g"] * 0.02
+    idx = None
+    if cu_t is not None:
+        from fla.ops.utils.index import prepare_chunk_indices
+        idx = prepare_chunk_indices(cu_t, 64)
+    before = launch_counts("gdn.").get("gdn.wy_inverse", 0)
+    A = inv_mod.wy_inverse(t["k"], t["g"], t["beta"], cu_seqlens=cu_t, chunk_indices=idx)
+    assert launch_counts("gdn.")["gdn.wy_inverse"] == before + 1
+    ref = R.wy_inverse_ref(t["k"], t["g"], t["beta"], cu_t)
+    for b, s, e, _ in R.chunks(B, T, cu_t):
+        n = e - s
+        low = _lower_blocks(64)[:n]  # [n, 64]: the rows' written columns
+        blk = A[b, s:e]  # [n, HV, 64]
+        assert not blk[:, :, :n].transpose(0, 1)[:, low[:, :n]].isnan().any()
+        assert blk.transpose(0, 1)[:, ~low].isnan().all()  # never written
+        got = torch.where(low[:, None, :], blk.double(), 0.0)[:, :, :n]
+        assert rel_rms(got, ref[b, s:e, :, :n]) < tol, name
 
 
 # measured (interpreter): fp32 1e-7..1.5e-6, fp16 2e-5..4.1e-4 (the fp16 roundings of the

@@ -1,6 +1,5 @@
 """fla's own ``GatedDeltaNet`` layer, patched, forward and backward on the CPU: our conv (the
-layer's fused q/k/v call), gdn and gnorm kernels through the interpreter (fla's remaining gdn
-stage, the kkt + solve kernel, as the plain-torch stand-in of tests/gdn), each family's launch
+layer's fused q/k/v call), gdn and gnorm kernels through the interpreter, each family's launch
 witnessed; the layer's output and gradients against the same layer whose chunk_gated_delta_rule
 is the fp64 reference (the exact call the layer makes: state_v_first, the gate in the op, beta
 sigmoid, the l2norm), dense and with a padding mask; under activation checkpointing; a prefill

@@ -70,9 +70,6 @@ FLA_CALLS: tuple = (
     FlaCall("fla.ops.gated_delta_rule.gate", "gdn_gate_chunk_cumsum", (
         "g", "A_log", "chunk_size", "scale", "dt_bias", "cu_seqlens", "chunk_indices")),
     FlaCall("fla.ops.gated_delta_rule.gate", "gdn_gate_bwd", ("g", "A_log", "dt_bias", "dyg")),
-    FlaCall("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_kkt_solve_kernel", kernel_args=(
-        "k", "g", "beta", "A", "cu_seqlens", "chunk_indices", "T", "H", "HV", "K", "BT", "BC", "BK", "USE_G",
-        "IS_VARLEN")),
     # fla's backend dispatch (the registry fla's public ops consult before their Triton default):
     # gdn asks it whether fla would hand a call to an installed backend (FlashQLA).
     FlaCall("fla.backends", "_load_operation_registry", ("operation",)),

@@ -33,6 +33,7 @@ def fla_refusal_bypassed():
 
 
 KERNELS = {
+    "gdn.wy_inverse": "K K^T gated and its WY inverse A, once per qk head for the group's value heads",
     "delta.state_scan_fwd": "the forward state scan (scalar gate) making o; h and v_new for the backward",
     "delta.state_scan_bwd": "the backward state scan (scalar gate) making dv",
     "gdn.gated_scores": "the gated scores the backward scan makes dv from",
@@ -59,7 +60,7 @@ def _inputs(B, T, H, HV, K, V, seed=0):
 def chain_setup() -> dict:
     from ..gdn import chain
 
-    return {"module": chain.__name__, "ours": ["delta.state_scan_fwd", "delta.state_scan_bwd", "gdn.gated_scores",
+    return {"module": chain.__name__, "ours": ["gdn.wy_inverse", "delta.state_scan_fwd", "delta.state_scan_bwd", "gdn.gated_scores",
                                                  "gdn.wy_dv_bwd", "gdn.wy_dqk_bwd"]}
 
 
@@ -227,6 +228,20 @@ CHECK_SHAPE = dict(B=1, T=100, H=1, HV=2, K=32, V=32, dtype="float32", docs=0)
 STAGE_SHAPES = {"cpu": CHECK_SHAPE, "cuda": dict(B=8, T=8192, H=16, HV=16, K=128, V=128, dtype="bfloat16", docs=0)}
 
 
+def _lower_blocks(A, B, T, cu_seqlens):
+    """A ``[B, T, HV, BT]`` with its 16-row blocks above the diagonal zeroed (wy_inverse leaves
+    them unwritten; the fp64 reference has zeros there): a row's block is its place in its chunk."""
+    import torch
+
+    from ..gdn import reference_stages as R
+
+    row = torch.zeros(B, T, dtype=torch.long)
+    for b, s, e, _ in R.chunks(B, T, cu_seqlens):
+        row[b, s:e] = torch.arange(e - s) // 16
+    keep = (row[:, :, None, None] >= torch.arange(A.shape[-1]) // 16).to(A.device)
+    return torch.where(keep, A, torch.zeros((), dtype=A.dtype, device=A.device))
+
+
 def probes(device: str, shape: dict | None = None) -> list:
     """The kernels of gdn's chain as gdn/chain.py calls them, each beside its fp64 stage
     reference (``harness.Probe``; ``check()`` and ``bench --stages gdn`` run these): the
@@ -244,7 +259,7 @@ def probes(device: str, shape: dict | None = None) -> list:
     from .._delta._kernels.state_scan_fwd import state_scan_fwd
     from .._delta.reference import chunk_local_cumsum_ref, intra_ref, state_scan_bwd_ref, state_scan_fwd_ref
     from ..gdn import reference_stages as R
-    from ..gdn._kernels import inputs_bwd, inputs_fwd, scores, wy_dqk_bwd, wy_dv_bwd
+    from ..gdn._kernels import inputs_bwd, inputs_fwd, scores, wy_dqk_bwd, wy_dv_bwd, wy_inverse
     from ..kda.reference_stages import dAv_reference
     from .harness import Probe, UsageError
 
@@ -281,7 +296,8 @@ def probes(device: str, shape: dict | None = None) -> list:
     t = {n: x if n in ("g", "beta") else x.to(low) for n, x in t.items()}  # gate and beta fp32, as the chain's
     # gdn/reference_stages.py computes on the CPU (fp64, per chunk): it gets CPU copies
     cpu = {n: x.cpu() for n, x in t.items()}
-    A = R.wy_inverse_ref(cpu["k"], cpu["g"], cpu["beta"], cu_seqlens=cu_cpu).to(device, low)
+    A64 = R.wy_inverse_ref(cpu["k"], cpu["g"], cpu["beta"], cu_seqlens=cu_cpu)
+    A = A64.to(device, low)
     scale = K ** -0.5
     ref_in = {n: x.double() for n, x in cpu.items()}
     wy_ref = functools.cache(lambda: R.wy_dqkwg_bwd_ref(**ref_in, scale=scale, cu_seqlens=cu_cpu))
@@ -296,6 +312,10 @@ def probes(device: str, shape: dict | None = None) -> list:
           label="gdn wy_dv_bwd"),
         P("gdn.wy_dqk_bwd", lambda c: wy_dqk_bwd.wy_dqk_bwd(**dqk_in, scale=scale, NT=NT, **var, config=c),
           lambda: [wy_ref()[i] for i in (0, 1, 4)], ("dq", "dk", "dg"), module=wy_dqk_bwd, label="gdn wy_dqk_bwd"),
+        P("gdn.wy_inverse", lambda c: (_lower_blocks(wy_inverse.wy_inverse(t["k"], g, beta, **var, config=c), B, T,
+                                                     cu_cpu),),
+          lambda: (A64,), ("A",), module=wy_inverse,
+          label="gdn wy_inverse"),
         P("gdn.gated_scores", lambda c: (scores.gated_scores(t["q"], t["k"], g, 0.3, **var, config=c),),
           lambda: (R.gated_scores_ref(cpu["q"], cpu["k"], cpu["g"], 0.3, cu_seqlens=cu_cpu),), ("A",), module=scores,
           label="gdn gated_scores"),

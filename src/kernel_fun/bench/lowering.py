@@ -337,7 +337,9 @@ def _gdn_specs(name, m, kernel, full, grouped=False):
     # gated_scores' group loops); elsewhere it is one more stride constant, compiled only in the full list
     hvs = (16, 32) if full or grouped else (16,)
     for cfg, hv, varlen in itertools.product(m.CONFIGS + (m.CANDIDATES if full else []), hvs, (False, True) if full else (False,)):
-        c = dict(H=16, HV=hv, K=128, BT=64, KP=128, IS_VARLEN=varlen, DOT_PRECISION="tf32", **cfg.kwargs)
+        c = dict(H=16, HV=hv, K=128, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", **cfg.kwargs)
+        if "KP" in fn.arg_names:
+            c["KP"] = 128
         if "V" in fn.arg_names:
             c["V"] = 128
         if "GP" in fn.arg_names:  # the group's gates padded to a power of two (gated_scores)
@@ -361,6 +363,12 @@ def gdn_wy_dqk(full):
     from kernel_fun.gdn._kernels import wy_dqk_bwd as m
 
     yield from _gdn_specs("gdn_wy_dqk", m, m.wy_dqk_bwd_kernel, full, grouped=True)
+
+
+def gdn_wy_inverse(full):
+    from kernel_fun.gdn._kernels import wy_inverse as m
+
+    yield from _gdn_specs("gdn_wy_inverse", m, m.wy_inverse_kernel, full, grouped=True)
 
 
 def gdn_inputs(full):
@@ -437,6 +445,7 @@ def gnorm(full):
 SPECS = {"intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,
            "state_scan_bwd": state_scan_bwd, "score_grad": score_grad, "gate_bwd": gate_bwd, "cconv": cconv,
            "gdn_scores": gdn_scores, "gdn_wy_dv": gdn_wy_dv, "gdn_wy_dqk": gdn_wy_dqk, "gdn_inputs": gdn_inputs,
+           "gdn_wy_inverse": gdn_wy_inverse,
            "gnorm": gnorm}
 
 

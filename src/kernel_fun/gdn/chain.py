@@ -8,13 +8,13 @@ chain). The gate is kept as its chunk-local cumulative sum in log2 units (fla's 
 | stage | forward | backward |
 |---|---|---|
 | l2norm of q, k; beta sigmoid; gate (+ in-op activation) cumsum | ours, one launch (``_kernels/inputs_fwd.py``); without the l2norm in the op: fla's ``fused_beta_sigmoid_fwd`` and ``gdn_gate_chunk_cumsum`` / ``chunk_local_cumsum`` | ours, one launch (``_kernels/inputs_bwd.py``); without the l2norm: fla's ``fused_beta_sigmoid_bwd``, ``gdn_gate_bwd`` |
-| kkt + solve | fla's ``chunk_gated_delta_rule_fwd_kkt_solve_kernel`` (A only) | (A kept from the forward) |
+| kkt + solve | ours (``_kernels/wy_inverse.py``: A only, one program per (chunk, qk head) for the group's value heads) | (A kept from the forward) |
 | w, u | never formed: the scan makes v_new from A, v, beta | never formed: the recompute scan as the forward; the backward scan makes dv2^T w from A, beta |
 | state scan | ours (``_delta`` state_scan_fwd, o made inside, h never written) | ours: the forward scan again writing h and v_new; the gated scores (``gdn/_kernels/scores.py``); ``_delta`` state_scan_bwd making dv from them |
 | dq, dk, dw, dg + WY backward + reverse cumsum + group sum | | ours, two kernels (``gdn/_kernels/wy_dqkwg_bwd.py``: ``wy_dv_bwd`` then ``wy_dqk_bwd``) |
 
 fla's ``chunk_bwd_dqkwg`` (refused by fla on Hopper with Triton 3.4-3.7.0), ``prepare_wy_repr_bwd``,
-``recompute_w_u_fwd``,
+``recompute_w_u_fwd``, ``chunk_gated_delta_rule_fwd_kkt_solve_kernel``,
 ``chunk_bwd_dv_local``, ``chunk_gated_delta_rule_bwd_dhu``, ``chunk_gated_delta_rule_fwd_h``,
 ``chunk_fwd_o`` and the backward's ``chunk_local_cumsum`` never run. Timed against fla's chain:
 docs/gdn.md (the op bench's per-kernel table).
@@ -22,7 +22,6 @@ docs/gdn.md (the op bench's per-kernel table).
 from __future__ import annotations
 
 from .._common.compat import fla_symbol
-from .._common.tuning import alloc, launch
 # The one place gdn reaches into the shared engine (kept small for the engine's refactors).
 from .._delta import chunking
 from .._delta._kernels.state_scan_bwd import state_scan_bwd
@@ -31,6 +30,7 @@ from ._kernels.inputs_bwd import inputs_bwd
 from ._kernels.inputs_fwd import inputs_fwd
 from ._kernels.scores import gated_scores
 from ._kernels.wy_dqkwg_bwd import wy_dqkwg_bwd
+from ._kernels.wy_inverse import wy_inverse
 
 RCP_LN2 = 1.4426950408889634  # log2(e): fla's gates are cumsummed in log2 space
 BT = 64  # chunk size
@@ -90,24 +90,6 @@ def inputs_backward(q, q_rstd, dq, k, k_rstd, dk, beta_raw, dbeta, use_beta_sigm
                       dq_out=dq_out, dk_out=dk_out)
 
 
-def wy_inverse(k, gc, beta, cu_seqlens, chunk_indices):
-    """A = (I + StrictLower(diag(beta) K K^T Gamma))^-1 ``[B, T, HV, BT]`` in k's dtype (above the
-    diagonal unwritten): fla's fused kkt + solve kernel, launched as fla's
-    ``chunk_gated_delta_rule_fwd_intra`` launches it (which then also forms w and u: here the
-    scans form v_new, and dv2^T w, from A instead)."""
-    B, T, H, K = k.shape
-    HV = beta.shape[2]
-    chunk_indices, NT = chunking.chunk_grid("gdn", B, T, BT, cu_seqlens, chunk_indices)
-    # fla's kernel writes the ten blocks on and below the diagonal only (and, in a sequence's last
-    # chunk, the valid columns): the rest stays unwritten, and our kernels never read it (where-masked).
-    A = alloc((B, T, HV, BT), device=k.device, dtype=k.dtype)
-    # through tuning.launch: fla's heuristics and autotuner wrappers cost the host more than the launch
-    launch(_fla("fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_kkt_solve_kernel"), (NT, B * HV), None,
-           k=k, g=gc, beta=beta, A=A, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, T=T, H=H, HV=HV, K=K,
-           BT=BT, BC=16)
-    return A
-
-
 def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_gate_in_kernel,
             cu_seqlens, cu_seqlens_cpu, chunk_indices=None, prepared=None):
     """q, k already l2-normalized and beta already activated where the call asks.
@@ -119,7 +101,7 @@ def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final
     else:
         chunk_indices, chunk_offsets = chunk_meta(cu_seqlens, cu_seqlens_cpu, chunk_indices)
         gc = gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices)
-    A = wy_inverse(k, gc, beta, cu_seqlens, chunk_indices)
+    A = wy_inverse(k, gc, beta, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
     o, final_state, _, _ = state_scan_fwd(
         q, k, None, None, g=gc, wy=(A, v, beta), scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT)

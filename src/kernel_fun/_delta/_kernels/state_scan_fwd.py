@@ -559,7 +559,7 @@ def state_scan_fwd(
 
     ``wy=(A, v, beta)`` in place of ``w, u`` (pass ``None, None``; GDN and the plain rule, not
     the per-channel gate): A ``[B, T, HV, BT]`` the WY inverse (I + StrictLower(diag(beta) K K^T
-    Gamma))^-1 as fla's kkt + solve kernel writes it (``gdn.chain.wy_inverse``; only its lower
+    Gamma))^-1 as ``gdn/_kernels/wy_inverse.py`` writes it (only its lower
     triangle, diagonal included, is read), v ``[B, T, HV, V]``, beta ``[B, T, HV]``. The scan then never
     reads w = A diag(beta gamma) K and u = A diag(beta) V: per chunk it forms
     v_new = A diag(beta) (v - diag(gamma) K S) (one more [BT, BT] x [BT, BV] product, one rounding
