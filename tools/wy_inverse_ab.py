@@ -4,7 +4,8 @@ program per (chunk, qk head)) against fla 0.6.0's ``chunk_gated_delta_rule_fwd_k
 (one per (chunk, value head); fla's chain zero-fills A before it, which is not counted here), both
 autotuned, the same bf16 k, fp32 gate and beta, at the model's layer shape and the op bench's main
 one; each timed by ``harness.median_ms``, with its distance from the fp64 solve and A's bytes over
-the copy rate measured in the same run.
+the copy rate measured in the same run; at the layer shape also each configuration of ours forced
+(``CONFIGS`` and ``CANDIDATES``). Records: ``bench/records/2026-12-04-h200-gdn-wy-inverse-*.json``.
 
     python tools/wy_inverse_ab.py OUT.json
 """
@@ -63,6 +64,14 @@ def main(path: str) -> int:
                    bytes_floor_ms=round(A_bytes / (ceil["copy_TBps"] * 1e9), 4),
                    ours_config=str(getattr(inv.wy_inverse_kernel_tuned, "best_config", "")),
                    fla_config=str(getattr(getattr(fla_kkt, "fn", None), "best_config", "")))
+        if name == "layer_hv32":
+            from kernel_fun._common.tuning import config_name
+
+            row["configs"] = {}
+            for c in inv.CONFIGS + inv.CANDIDATES:
+                A_c = inv.wy_inverse(k, g, beta, config=c)
+                row["configs"][config_name(c)] = dict(ms=round(median_ms(lambda: inv.wy_inverse(k, g, beta, config=c)), 4),
+                                                      err=err(A_c))
         print(name, row, flush=True)
         out["cases"][name] = row
     with open(path, "w") as f:

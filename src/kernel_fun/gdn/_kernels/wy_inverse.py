@@ -34,9 +34,12 @@ from kernel_fun._delta.chunking import chunk_program
 
 install_interpreter_shims()
 
-# The first is the interpreter's. BK: the K slice a step of the K K^T products loads.
-CONFIGS = [triton.Config({"BK": bk}, num_warps=nw, num_stages=ns)
-           for bk, nw, ns in [(64, 2, 2), (32, 1, 2), (64, 1, 2), (32, 2, 2), (64, 4, 2), (32, 4, 2)]]
+# The first is the interpreter's. BK: the K slice a step of the K K^T products loads. One warp: a
+# [16, 16] tile is one warp's, and more warps repeat it (H200, B=4 T=4096 H=16 HV=32, ms: BK64 w1
+# 0.106, BK32 w1 0.111, BK64 w2 0.188, BK32 w2 0.200, BK64 w4 0.373, BK32 w4 0.382;
+# bench/records/2026-12-04-h200-gdn-wy-inverse-configs-unroll.json). sm_90a (Triton 3.6): 189 registers
+# at HV=16, 255 at HV=32 (the group loop keeps K K^T live), no stack.
+CONFIGS = [triton.Config({"BK": bk}, num_warps=nw, num_stages=2) for bk, nw in [(64, 1), (32, 1), (64, 2)]]
 CANDIDATES: list = []
 
 
