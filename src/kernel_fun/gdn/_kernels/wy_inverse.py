@@ -27,9 +27,9 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
-    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch)
+    alloc, autotune_cache, autotune_configs, config_name, install_interpreter_shims, launch)
 from kernel_fun._common.witness import record_launch
-from kernel_fun._delta.chunking import chunk_program
+from kernel_fun._delta.chunking import chunk_grid, chunk_program
 
 
 install_interpreter_shims()
@@ -210,13 +210,11 @@ def wy_inverse(k, g, beta, cu_seqlens=None, chunk_indices=None, chunk_size: int 
     BT = chunk_size
     if BT != 64 or tuple(g.shape) != (B, T, HV) or tuple(beta.shape) != (B, T, HV) or HV % H:
         raise ValueError(f"wy_inverse: k {tuple(k.shape)} g {tuple(g.shape)} beta {tuple(beta.shape)} BT={BT}")
-    is_varlen = cu_seqlens is not None
-    NT = len(chunk_indices) if is_varlen else cdiv(T, BT)
-    k, g, beta = k.contiguous(), g.contiguous(), beta.contiguous()
+    chunk_indices, NT = chunk_grid("gdn.wy_inverse", B, T, BT, cu_seqlens, chunk_indices)
     A = alloc((B, T, HV, BT), dtype=k.dtype, device=k.device)
-    args = dict(k=k, g=g, beta=beta, A=A, cu_seqlens=cu_seqlens if is_varlen else A,
-                chunk_indices=chunk_indices if is_varlen else A, T=T, H=H, HV=HV, K=K, BT=BT, IS_VARLEN=is_varlen,
-                DOT_PRECISION="ieee" if k.dtype == torch.float32 else "tf32")
-    launch(wy_inverse_kernel_tuned, (NT, B * H), config, **args)
+    varlen = cu_seqlens is not None  # (else A stands in for the two index pointers, never read)
+    launch(wy_inverse_kernel_tuned, (NT, B * H), config, k=k.contiguous(), g=g.contiguous(), beta=beta.contiguous(),
+           A=A, cu_seqlens=cu_seqlens if varlen else A, chunk_indices=chunk_indices if varlen else A, T=T, H=H,
+           HV=HV, K=K, BT=BT, IS_VARLEN=varlen, DOT_PRECISION="ieee" if k.dtype == torch.float32 else "tf32")
     record_launch("gdn.wy_inverse")
     return A
