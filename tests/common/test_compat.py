@@ -69,23 +69,6 @@ def test_fallback_switch_turns_drift_into_warning_and_routing(monkeypatch):
         gate.decide("kda")
 
 
-def test_kernel_argument_drift(monkeypatch):
-    class FakeJit:
-        arg_names = ["q", "k", "v"]
-
-    class FakeAutotuner:
-        fn = FakeJit()
-
-    import fla.ops.kda as mod
-
-    monkeypatch.setattr(mod, "fake_kernel", FakeAutotuner(), raising=False)
-    good = compat.FlaCall("fla.ops.kda", "fake_kernel", kernel_args=("q", "k", "v"))
-    bad = compat.FlaCall("fla.ops.kda", "fake_kernel", kernel_args=("q", "v", "k"))
-    assert compat._check_call(good) == []
-    (problem,) = compat._check_call(bad)
-    assert "kernel arguments changed" in problem
-
-
 def test_untested_version_warns_once(monkeypatch):
     monkeypatch.setattr(compat, "_fla_version", lambda: "0.6.9")
     with pytest.warns(RuntimeWarning, match="0.6.9"):

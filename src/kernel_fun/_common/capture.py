@@ -51,8 +51,7 @@ def mark_warm(family: str, signature, phase: str, device=None) -> None:
         _warm[k] = {phase}
         return
     _warm.move_to_end(k)
-    if phase not in seen:
-        seen.add(phase)
+    seen.add(phase)
 
 
 def capture_gate(family: str, describe, device=None) -> tuple[bool, str]:

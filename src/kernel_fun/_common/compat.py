@@ -22,13 +22,11 @@ INSTALL_HINT = "pip install 'fla-core>=0.6.0,<0.7'"
 
 @dataclass(frozen=True)
 class FlaCall:
-    """One fla symbol we call: where it lives, the keywords we pass, and (for a raw Triton
-    kernel) its ordered argument names."""
+    """One fla symbol we call: where it lives and the keywords we pass."""
 
     module: str
     symbol: str
     keywords: tuple = ()
-    kernel_args: tuple | None = None
 
 
 FLA_CALLS: tuple = (
@@ -104,18 +102,6 @@ def _fla_version() -> str | None:
     return _dist_version("fla-core") or _dist_version("flash-linear-attention")
 
 
-def _kernel_arg_names(obj) -> tuple | None:
-    # Autotuner/Heuristics wrap a JITFunction in .fn; the JITFunction knows arg_names.
-    seen = 0
-    while obj is not None and seen < 8:
-        names = getattr(obj, "arg_names", None)
-        if names is not None:
-            return tuple(names)
-        obj = getattr(obj, "fn", None)
-        seen += 1
-    return None
-
-
 def _check_call(call: FlaCall) -> list:
     where = f"{call.module}.{call.symbol}"
     try:
@@ -126,10 +112,6 @@ def _check_call(call: FlaCall) -> list:
         return [f"{where}: symbol missing"]
     obj = getattr(mod, call.symbol)
     problems = []
-    if call.kernel_args is not None:
-        names = _kernel_arg_names(obj)
-        if names != tuple(call.kernel_args):
-            problems.append(f"{where}: kernel arguments changed (expected {call.kernel_args}, got {names})")
     if call.keywords:
         try:
             params = inspect.signature(obj).parameters

@@ -89,20 +89,9 @@ def launch(kernel, grid, config, *args, **kwargs):
     autotuner gives it; a new key, or a configuration with a ``pre_hook``, goes through the
     autotuner (which tunes, or finds its cached pick) and is remembered. Either way the kernel's
     ``best_config`` is this call's configuration afterwards (launchers read it back: gnorm's
-    backward sizes its dw reduction by it; without that, 4 of its GPU tests failed on 2026-12-03).
-    A ``triton.heuristics`` wrapper around an autotuner (fla's ``CachedAutotuner`` is one: its
-    ``run`` rebuilds fla's key and checks fla's config files first) has its values computed here
-    and its autotuner taken the same way."""
+    backward sizes its dw reduction by it; without that, 4 of its GPU tests failed on 2026-12-03)."""
     if config is not None:
         return kernel.fn[grid](*args, **kwargs, **config.all_kwargs())
-    values = getattr(kernel, "values", None)
-    if isinstance(values, dict) and getattr(kernel, "configs", None) is None and hasattr(kernel, "fn"):
-        # a ``triton.heuristics`` wrapper (fla's kkt kernel: around fla's own autotuner): its values
-        # computed as its ``run`` computes them, then the kernel it wraps, remembered as any other
-        call = {**dict(zip(kernel.arg_names, args)), **kwargs}
-        for name, value in values.items():
-            call[name] = value(call)
-        return launch(kernel.fn, grid, None, **call)
     names, keys, configs = (getattr(kernel, a, None) for a in ("arg_names", "keys", "configs"))
     if names is None or keys is None or not configs:  # not a triton.autotune kernel
         return kernel[grid](*args, **kwargs)

@@ -228,20 +228,6 @@ CHECK_SHAPE = dict(B=1, T=100, H=1, HV=2, K=32, V=32, dtype="float32", docs=0)
 STAGE_SHAPES = {"cpu": CHECK_SHAPE, "cuda": dict(B=8, T=8192, H=16, HV=16, K=128, V=128, dtype="bfloat16", docs=0)}
 
 
-def _lower_blocks(A, B, T, cu_seqlens):
-    """A ``[B, T, HV, BT]`` with its 16-row blocks above the diagonal zeroed (wy_inverse leaves
-    them unwritten; the fp64 reference has zeros there): a row's block is its place in its chunk."""
-    import torch
-
-    from ..gdn import reference_stages as R
-
-    row = torch.zeros(B, T, dtype=torch.long)
-    for b, s, e, _ in R.chunks(B, T, cu_seqlens):
-        row[b, s:e] = torch.arange(e - s) // 16
-    keep = (row[:, :, None, None] >= torch.arange(A.shape[-1]) // 16).to(A.device)
-    return torch.where(keep, A, torch.zeros((), dtype=A.dtype, device=A.device))
-
-
 def probes(device: str, shape: dict | None = None) -> list:
     """The kernels of gdn's chain as gdn/chain.py calls them, each beside its fp64 stage
     reference (``harness.Probe``; ``check()`` and ``bench --stages gdn`` run these): the
@@ -312,10 +298,9 @@ def probes(device: str, shape: dict | None = None) -> list:
           label="gdn wy_dv_bwd"),
         P("gdn.wy_dqk_bwd", lambda c: wy_dqk_bwd.wy_dqk_bwd(**dqk_in, scale=scale, NT=NT, **var, config=c),
           lambda: [wy_ref()[i] for i in (0, 1, 4)], ("dq", "dk", "dg"), module=wy_dqk_bwd, label="gdn wy_dqk_bwd"),
-        P("gdn.wy_inverse", lambda c: (_lower_blocks(wy_inverse.wy_inverse(t["k"], g, beta, **var, config=c), B, T,
-                                                     cu_cpu),),
-          lambda: (A64,), ("A",), module=wy_inverse,
-          label="gdn wy_inverse"),
+        P("gdn.wy_inverse", lambda c: (R.lower_blocks(wy_inverse.wy_inverse(t["k"], g, beta, **var, config=c), B, T,
+                                                      cu_cpu),),
+          lambda: (A64,), ("A",), module=wy_inverse, label="gdn wy_inverse"),
         P("gdn.gated_scores", lambda c: (scores.gated_scores(t["q"], t["k"], g, 0.3, **var, config=c),),
           lambda: (R.gated_scores_ref(cpu["q"], cpu["k"], cpu["g"], 0.3, cu_seqlens=cu_cpu),), ("A",), module=scores,
           label="gdn gated_scores"),

@@ -99,6 +99,17 @@ def _inverse(kc, gc_nat, bc, kk=None):
     return torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False)
 
 
+def lower_blocks(A, B, T, cu_seqlens=None):
+    """A ``[B, T, HV, BT]`` with its 16-row blocks above the diagonal zeroed: what the WY inverse
+    kernel writes (it leaves those blocks unwritten; ``wy_inverse_ref`` has zeros there). A row's
+    block is its place in its chunk (chunks restart at each document)."""
+    row = torch.zeros(B, T, dtype=torch.long)
+    for b, s, e, _ in chunks(B, T, cu_seqlens):
+        row[b, s:e] = torch.arange(e - s) // 16
+    keep = (row[:, :, None, None] >= torch.arange(A.shape[-1]) // 16).to(A.device)
+    return torch.where(keep, A, torch.zeros((), dtype=A.dtype, device=A.device))
+
+
 def wy_inverse_ref(k, g, beta, cu_seqlens=None):
     """fla's forward intra stage's A ``[B, T, HV, BT]`` fp64 (zero outside the chunk's rows and
     above the diagonal) from k ``[B, T, H, K]``, g ``[B, T, HV]`` (chunk-local cumulative log2
