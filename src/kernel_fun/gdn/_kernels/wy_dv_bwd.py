@@ -51,9 +51,12 @@ install_interpreter_shims()
 # docstring): one more [BV, BT] x [BT, BT] product per V block, one fewer [BT, BV] load, and the
 # four-warp BV32 form no longer spills (Nsight Compute on 2026-12-02 had the three-accumulator
 # BV32-w4 at 255 registers, 2.4 M spill requests, 12.5% occupancy: docs/gdn.md). 19% faster at HV=32.
-_CONFIG_TUPLES = [(32, 4, 2, True), (64, 8, 2, False)]
+# Three stages (2026-12-04, the same probe; bench/records/2026-12-04-h200-stages-gdn-wy-dv-stages-48070d5.json):
+# MERGE_D BV32 w4 s3 0.580-0.582 | prod_b8 1.151 against s2's 0.603-0.606 | 1.201 (sm_90a: 106 KB of
+# shared memory, still two programs an SM; 16 B of stack); BV16 w4 s2 / s3 0.735 / 0.669.
+_CONFIG_TUPLES = [(32, 4, 3, True), (64, 8, 2, False)]
 _CANDIDATE_TUPLES = [(32, 4, 2, False), (128, 8, 2, False), (16, 4, 2, False), (64, 4, 2, False), (32, 8, 2, False),
-                     (32, 4, 1, True), (32, 8, 2, True), (64, 8, 2, True)]
+                     (32, 4, 1, True), (32, 8, 2, True), (64, 8, 2, True), (32, 4, 2, True), (16, 4, 3, True)]
 
 
 def _config(bv, nw, ns, merge_d):
