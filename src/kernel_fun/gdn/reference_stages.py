@@ -187,9 +187,7 @@ def wy_dqkwg_bwd_ref(q, k, v, v_new, g, beta, h, dh, do, dv2, scale, cu_seqlens=
 def wy_dv_bwd_ref(q, k, v, v_new, g, beta, h, dh, do, dv2, scale, cu_seqlens=None):
     """What ``wy_dv_bwd`` (the first backward half) returns, by the same autograd:
     ``(dv [B, T, HV, V], dbeta [B, T, HV], dAqk, dAkk [B, T, HV, BT])``, dAqk and dAkk the
-    gradients of the gate-free Q K^T and K K^T of each chunk (row t, column j of its chunk; the
-    gradients are lower triangular), stored as the kernel stores them: each with its transpose's
-    strict upper triangle above the diagonal."""
+    gradients of the gate-free Q K^T and K K^T of each chunk (row t, column j of its chunk)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dv = torch.zeros(B, T, HV, V, dtype=F64)
@@ -200,7 +198,6 @@ def wy_dv_bwd_ref(q, k, v, v_new, g, beta, h, dh, do, dv2, scale, cu_seqlens=Non
                                                                cu_seqlens):
         dv[b, s:e] = gv.transpose(0, 1)
         db[b, s:e] = gb.T
-        gqk, gkk = (x + torch.tril(x, -1).transpose(-1, -2) for x in (gqk, gkk))
         dAqk[b, s:e, :, :e - s] = gqk.transpose(0, 1)
         dAkk[b, s:e, :, :e - s] = gkk.transpose(0, 1)
     return dv, db, dAqk, dAkk

@@ -19,8 +19,7 @@ result does not depend on their order, so it is deterministic); the dGz part is 
 Registers: dq, dk [BT, BK] fp32 (32 KB at BK = 64: 64 a thread on 4 warps), every product M = 64
 rows (wgmma). At BK = K = 128, dq and dk alone are 128 registers a thread on 4 warps, and on 8
 warps the grouped case (HV = 2H) spilled (sm_90a, 255 registers, 224-312 B of stack). Transpose-
-free: h^T and dh^T are loaded transposed from memory, dAqk^T and dAkk^T come stored in the upper
-triangles of dAqk's and dAkk's tiles (``wy_dv_bwd``: one load a matrix); no dot result is
+free: h^T, dh^T and dAqk^T, dAkk^T are loaded transposed from memory; no dot result is
 transposed (the Triton 3.4-3.7.0 Hopper miscompile, fla #640). The group's dq, dk accumulate in
 one pair of registers (the per-head gate factors are folded into the operands) and are written
 once; each head's share of rowsum(dq * Q) is the difference of the rowsums before and after it.
@@ -81,8 +80,8 @@ def wy_dqk_bwd_kernel(
     dh,  # [B, NT, HV, K, V]: the gradient of the state after each chunk
     do,  # [B, T, HV, V]
     dv,  # [B, T, HV, V]: diag(beta) A^T dv2 (the first half's), rows s_dv elements apart
-    dAqk,  # [B, T, HV, BT]: dAqk, its transpose's strict upper triangle above the diagonal
-    dAkk,  # [B, T, HV, BT]: dAkk + dAkk^T
+    dAqk,  # [B, T, HV, BT]
+    dAkk,  # [B, T, HV, BT]
     dgz,  # [B, T, HV] fp32
     dq,  # [B, T, H, K]
     dk,  # [B, T, H, K]
@@ -164,12 +163,10 @@ def wy_dqk_bwd_kernel(
         b_dgl = tl.exp2(b_gl) * tl.sum(b_hdh, 0) + tl.sum((tl.sum(b_dk * b_k32, 1) - r_k0)[None, :], 1)
 
         m_tt = m_t[:, None] & m_t[None, :]
-        # Output, intra-chunk: dq += dAqk K, dk += dAqk^T Q; the first half stored dAqk with its
-        # transpose's strict upper triangle above the diagonal: one tile holds both
+        # Output, intra-chunk: dq += dAqk K, dk += dAqk^T Q (dAqk^T loaded transposed)
         p_s = dAqk + (row0 * HV + i_hv) * BT
-        b_sm = tl.load(p_s + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_tt, other=0.0)
-        b_s = tl.where(o_i[:, None] >= o_i[None, :], b_sm, 0.0).to(dt_in)
-        b_st = tl.where(o_i[:, None] <= o_i[None, :], b_sm, 0.0).to(dt_in)
+        b_s = tl.load(p_s + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_tt, other=0.0)
+        b_st = tl.load(p_s + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_tt, other=0.0)
         b_dq = tl.dot(b_s, b_k, b_dq, input_precision=DOT_PRECISION)
         b_dk = tl.dot(b_st, b_q, b_dk, input_precision=DOT_PRECISION)
 
@@ -178,10 +175,11 @@ def wy_dqk_bwd_kernel(
         b_dgh += (tl.sum(b_dq * b_q32, 1) - r_q0) - (tl.sum(b_dk * b_k32, 1) - r_k0)
         b_dgh += tl.where(o_i == last, b_dgl, 0.0)
 
-        # A: dk += diag(beta) Z K + Z^T diag(beta) K = (dAkk + dAkk^T) K, stored so by the first half
+        # A: dk += diag(beta) Z K + Z^T diag(beta) K = (dAkk + dAkk^T) K
         p_z = dAkk + (row0 * HV + i_hv) * BT
-        b_z = tl.load(p_z + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_tt, other=0.0)
-        b_dk = tl.dot(b_z, b_k, b_dk, input_precision=DOT_PRECISION)
+        b_z = tl.load(p_z + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_tt, other=0.0).to(tl.float32)
+        b_z += tl.load(p_z + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_tt, other=0.0).to(tl.float32)
+        b_dk = tl.dot(b_z.to(dt_in), b_k, b_dk, input_precision=DOT_PRECISION)
         if G > 1:
             r_q0 = tl.sum(b_dq * b_q32, 1)
             r_k0 = tl.sum(b_dk * b_k32, 1)

@@ -45,9 +45,8 @@ the fused kernel's 12X. On the H200 the pair takes 3.68 ms at that shape against
 wy_repr_bwd + dv_local 3.14 ms, before the four-warp configs (docs/gdn.md).
 
 No dot result is ever transposed into another dot (the Triton 3.4-3.7.0 Hopper pattern): every
-transposed operand is loaded transposed from memory (A^T, h^T, dh^T, v_new^T, k^T, v^T), or
-stored transposed by the first half (dAqk^T, dAkk^T, in the upper triangles of dAqk's and dAkk's
-tiles).
+transposed operand is loaded transposed from memory (A^T, h^T, dh^T, v_new^T, k^T, v^T, and
+dAqk^T, dAkk^T written by the first half).
 """
 from __future__ import annotations
 

@@ -22,10 +22,8 @@ Why the split: the fused kernel held dq, dk [BT, K] and three [BT, BT] fp32 accu
 at K = 128) and spilled in every configuration (255 registers, 824-2112 B of stack, sm_90a). This
 half holds only the three [BT, BT] ones (48 KB). Transpose-free: A^T, v_new^T, v^T, h^T and k^T
 are loaded transposed from memory; no dot result is transposed (the Triton 3.4-3.7.0 Hopper
-miscompile, fla #640); dAqk and dAkk are written with their transposes' strict upper triangles
-above the diagonal (dAkk's tile is then dAkk + dAkk^T), so that the second half reads each matrix
-and its transpose in one natural load (a second, transposed store here, against a second, transposed
-load a value head and K block there).
+miscompile, fla #640); dAqk and dAkk are written in natural layout and the second half loads them
+transposed.
 """
 from __future__ import annotations
 
@@ -89,8 +87,8 @@ def wy_dv_bwd_kernel(
     dv2,  # [B, T, HV, V]: the full gradient of v_new
     dv,  # [B, T, HV, V], rows s_dv elements apart (HV * V, or a column slice of a fused q/k/v gradient)
     db,  # [B, T, HV] fp32
-    dAqk,  # [B, T, HV, BT]: scale * (do vn^T) * Gamma, its transpose's strict upper triangle above
-    dAkk,  # [B, T, HV, BT]: diag(beta) Z + (diag(beta) Z)^T
+    dAqk,  # [B, T, HV, BT]: scale * (do vn^T) * Gamma
+    dAkk,  # [B, T, HV, BT]: diag(beta) Z
     dgz,  # [B, T, HV] fp32: the Z-part of dG (before the reverse cumsum)
     cu_seqlens,  # [N + 1] | unused
     chunk_indices,  # [NT, 2] | unused
@@ -199,17 +197,8 @@ def wy_dv_bwd_kernel(
     # Gamma, formed with where before any product (exp2 overflows above the diagonal; 0 * inf
     # would be NaN)
     b_Gam = tl.where(m_lower, tl.exp2(tl.where(m_lower, b_g[:, None] - b_g[None, :], 0.0)), 0.0)
-    # dAqk and dAkk are stored with their transposes' strict upper triangles filled in above the
-    # diagonal (the second half then loads one tile for a matrix and its transpose): the natural
-    # store writes the lower triangle, the transposed one (i, j) to (j, i) for i > j, row j valid,
-    # zeros where row i is past the chunk. The two stores' elements are disjoint.
     p_s = (row0 * HV + i_hv) * BT + o_i[:, None] * (HV * BT) + o_i[None, :]
-    p_st = (row0 * HV + i_hv) * BT + o_i[None, :] * (HV * BT) + o_i[:, None]
-    m_low_rows = m_t[:, None] & (o_i[:, None] >= o_i[None, :])
-    m_up_cols = m_t[None, :] & (o_i[:, None] > o_i[None, :])
-    b_x = (b_ds * b_Gam * scale).to(dAqk.dtype.element_ty)
-    tl.store(dAqk + p_s, b_x, mask=m_low_rows)
-    tl.store(dAqk + p_st, b_x, mask=m_up_cols)
+    tl.store(dAqk + p_s, (b_ds * b_Gam * scale).to(dAqk.dtype.element_ty), mask=m_t[:, None])
 
     # A = (I + L)^-1:  dL = -A^T dA A^T on the strict lower triangle,
     # dA = dw (beta gamma K)^T + dv2 (beta V)^T = dA_u - D diag(beta gamma)
@@ -220,9 +209,7 @@ def wy_dv_bwd_kernel(
     b_da = tl.dot(b_at, b_da, input_precision=DOT_PRECISION).to(dt_in)
     b_da = tl.dot(b_da, b_at, input_precision=DOT_PRECISION)
     b_z = tl.where(m_strict, -b_da * b_Gam, 0.0)  # dL * Gamma
-    b_x = (b_z * b_beta[:, None]).to(dAkk.dtype.element_ty)
-    tl.store(dAkk + p_s, b_x, mask=m_low_rows)
-    tl.store(dAkk + p_st, b_x, mask=m_up_cols)  # dAkk + dAkk^T (zero diagonal)
+    tl.store(dAkk + p_s, (b_z * b_beta[:, None]).to(dAkk.dtype.element_ty), mask=m_t[:, None])
 
     b_k = tl.load(k + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
     b_kk = tl.dot(b_k, b_kt, input_precision=DOT_PRECISION)  # K K^T
@@ -251,8 +238,7 @@ def wy_dv_bwd(k, v, v_new, g, beta, A, h, do, dv2, scale, NT: int, cu_seqlens=No
     ``wy_dqkwg_bwd``): k ``[B, T, H, K]``; v, v_new, do, dv2 ``[B, T, HV, V]``; g, beta
     ``[B, T, HV]``; A ``[B, T, HV, BT]``; h ``[B, NT, HV, K, V]``. Returns ``(dv [B, T, HV, V]``
     in v's dtype, ``dbeta [B, T, HV]`` fp32, ``dAqk, dAkk [B, T, HV, BT]`` in k's dtype (rows of
-    each chunk; above the diagonal each holds its transpose's strict upper triangle, so dAkk's
-    tile is dAkk + dAkk^T; columns past the chunk zero), ``dGz [B, T, HV]`` fp32). ``dv``: where to write dv
+    each chunk, zero above the diagonal), ``dGz [B, T, HV]`` fp32). ``dv``: where to write dv
     (rows strided, ``row_stride``'s layout), else a new tensor."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
