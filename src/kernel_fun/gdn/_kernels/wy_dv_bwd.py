@@ -56,7 +56,7 @@ install_interpreter_shims()
 # shared memory, still two programs an SM; 16 B of stack); BV16 w4 s2 / s3 0.735 / 0.669.
 _CONFIG_TUPLES = [(32, 4, 3, True), (64, 8, 2, False)]
 _CANDIDATE_TUPLES = [(32, 4, 2, False), (128, 8, 2, False), (16, 4, 2, False), (64, 4, 2, False), (32, 8, 2, False),
-                     (32, 4, 1, True), (32, 8, 2, True), (64, 8, 2, True), (32, 4, 2, True), (16, 4, 3, True)]
+                     (32, 4, 1, True), (32, 8, 2, True), (64, 8, 2, True), (32, 4, 2, True)]
 
 
 def _config(bv, nw, ns, merge_d):
