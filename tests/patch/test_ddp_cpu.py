@@ -94,11 +94,20 @@ def _worker(rank: int, port: int, out_dir: str):
             after = launch_counts()
             out[mode] = {"grads": grads, "launches": {k: n - before.get(k, 0) for k, n in after.items()}}
         torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
+        del net, layer, out, grads  # DDP's reducer holds the process group
         dist.barrier()
     finally:
         dist.destroy_process_group()
         kernel_fun.unpatch_fla()
         mp.undo()
+    # Past here the rank's work is on disk. Leave without the interpreter's finalization: gloo's
+    # worker threads can still hold objects then, and tearing them down there aborted a rank
+    # ("terminate called without an active exception", SIGABRT) in one CI run of two
+    # (2026-12-04; torch's #179291 describes the race). An exception above still takes
+    # spawn's path (its error file, exit code 1).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _free_port() -> int:
