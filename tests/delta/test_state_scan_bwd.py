@@ -15,6 +15,8 @@ from kernel_fun._common.witness import launches
 from kernel_fun._delta import reference as ref
 from kernel_fun._delta._kernels.state_scan_bwd import CANDIDATES, CONFIGS, config_name, state_scan_bwd
 
+# BV=32 with k loaded once (K_ONCE, a candidate: the wy= form only)
+K_ONCE32 = next(c for c in CANDIDATES if c.kwargs.get("K_ONCE") and c.kwargs["BV"] == 32)
 BT = 64
 SCALE = 0.3
 TOL = {torch.float16: 3e-3, torch.float32: 2e-5}
@@ -205,12 +207,30 @@ def test_wy_in_place_of_w(poisoned, case, dtype):
         x["q"], x["k"], x["w"], x["do"], x["dv"], g=x.get("g"), dht=x["dht"], scale=SCALE, cu_seqlens=cu,
         chunk_size=BT)
     h0 = torch.zeros(dh0_ref.shape)
-    for config in (None, CONFIGS[1]):
+    for config in (None, CONFIGS[1], K_ONCE32):
         dh, dh0, dv2 = state_scan_bwd(x["q"], x["k"], None, x["do"], x["dv"], g=x.get("g"), h0=h0, dht=x["dht"],
                                       scale=SCALE, cu_seqlens=cu, chunk_size=BT, wy=(x["A_wy"], x["beta"]),
                                       config=config)
         for name, got, want in (("dh", dh, dh_ref), ("dh0", dh0, dh0_ref), ("dv2", dv2, dv2_ref)):
             _check(name, got, want, TOL[dtype])
+
+
+@pytest.mark.parametrize("case", ["fixed", "varlen"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_wy_k_once_is_the_same_computation(case, dtype):
+    """K_ONCE (k loaded once a chunk and its transpose taken, where the other form loads k^T and k)
+    makes, bit for bit, what BV=32 without it makes, with the gated scores made inside (``A=``)."""
+    cu = CU if case == "varlen" else None
+    x = _inputs("g", dtype, cu_seqlens=cu, **({"B": 1, "T": 170} if cu is not None else {}))
+    N = x["dht"].shape[0]
+    Aqk = torch.randn(*x["A_wy"].shape, generator=torch.Generator().manual_seed(5)).to(dtype)
+    outs = [state_scan_bwd(x["q"], x["k"], None, x["do"], None, g=x["g"], h0=torch.zeros(N, *x["dht"].shape[1:]),
+                           dht=x["dht"], scale=SCALE, cu_seqlens=cu, chunk_size=BT, A=Aqk, wy=(x["A_wy"], x["beta"]),
+                           config=c)
+            for c in (CONFIGS[0], K_ONCE32)]
+    assert CONFIGS[0].kwargs["BV"] == K_ONCE32.kwargs["BV"] == 32
+    for name, a, b in zip(("dh", "dh0", "dv2"), *outs):
+        assert torch.isfinite(a).all() and torch.equal(a, b), name
 
 
 def test_wy_argument_errors():

@@ -233,16 +233,16 @@ def state_scan_bwd(full):
     # beta (wy=, the chain's) or read
     for cfg, varlen, wy in itertools.product(m.CONFIGS + m.CANDIDATES if full else m.CONFIGS,
                                              (False, True) if full else (False,), (False, True)):
-        c = dict(HQ=16, HK=16, HV=16, K=128, V=128, BT=64, KP=128, BV=cfg.kwargs["BV"], GATE=1, USE_DHT=True,
-                 STORE_DH0=True, IS_VARLEN=varlen, DOT_PRECISION="tf32", DV_FROM_A=True, WY_FROM_A=wy)
+        c = dict(HQ=16, HK=16, HV=16, K=128, V=128, BT=64, KP=128, GATE=1, USE_DHT=True,
+                 STORE_DH0=True, IS_VARLEN=varlen, DOT_PRECISION="tf32", DV_FROM_A=True, WY_FROM_A=wy, **cfg.kwargs)
         yield (f"state_scan_bwd gdn varlen={varlen} wy={wy} {m.config_name(cfg)}", m.state_scan_bwd_kernel, ptr, c, cfg)
     gates = (0, 1, 2) if full else (2,)
     for cfg, gate, varlen, dva in itertools.product(m.CONFIGS + m.CANDIDATES if full else m.CONFIGS, gates, (False, True) if full else (False,),
                                                     (False, True)):
         if dva and gate != 2:
             continue  # dv from A: KDA's chain only
-        c = dict(HQ=16, HK=16, HV=16, K=128, V=256, BT=64, KP=128, BV=cfg.kwargs["BV"], GATE=gate, USE_DHT=True,
-                 STORE_DH0=True, IS_VARLEN=varlen, DOT_PRECISION="tf32", DV_FROM_A=dva)
+        c = dict(HQ=16, HK=16, HV=16, K=128, V=256, BT=64, KP=128, GATE=gate, USE_DHT=True,
+                 STORE_DH0=True, IS_VARLEN=varlen, DOT_PRECISION="tf32", DV_FROM_A=dva, **cfg.kwargs)
         yield (f"state_scan_bwd GATE={gate} varlen={varlen} dv_from_A={dva} {m.config_name(cfg)}",
                m.state_scan_bwd_kernel, ptr, c, cfg)
 

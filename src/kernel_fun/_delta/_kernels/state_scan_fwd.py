@@ -91,11 +91,22 @@ _CONFIG_TUPLES = [
 ]
 _ALL = [triton.Config({"BV": bv, "VK": vk}, num_warps=nw, num_stages=ns, maxnreg=mr)
         for bv, nw, ns, mr, vk in _CONFIG_TUPLES]
+# K_ONCE (value-major, v_new from A: GDN's forward and its backward's recompute): k loaded once a
+# chunk as it lies and its transpose taken (of a loaded tile, never of a dot result: the Triton
+# 3.4-3.7.0 Hopper miscompile needs the latter), where the other form loads k^T transposed from
+# memory and k again for the state update. The same products on the same values. sm_90a (Triton
+# 3.6, K = V = 128, HV = 16; tools/sass_stats.py, 2026-12-04): VK-BV64-w4-s2 115 KB of shared memory
+# -> 82 KB (so two programs an SM, where 115 KB allowed one; 255 registers either way), the
+# recompute 82 -> 49 KB; VK-BV128-w8-s2 115 -> 83 KB. Not yet timed or checked on a GPU: candidates.
+_ALL += [triton.Config({"BV": bv, "VK": True, "K_ONCE": True}, num_warps=nw, num_stages=2)
+         for bv, nw in ((64, 4), (128, 8), (32, 4))]
 
 
 def config_name(c) -> str:
-    """A short name of a configuration: ``BV128-w8-s2-rNone`` (key-major) or ``VK-BV128-w8-s2-rNone``."""
-    return f"{'VK-' if c.kwargs.get('VK') else ''}BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}-r{c.maxnreg}"
+    """A short name of a configuration: ``BV128-w8-s2-rNone`` (key-major) or ``VK-BV128-w8-s2-rNone``
+    (``-konce`` appended with K_ONCE)."""
+    return (f"{'VK-' if c.kwargs.get('VK') else ''}BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}-r{c.maxnreg}"
+            + ("-konce" if c.kwargs.get("K_ONCE") else ""))
 
 
 def _prune(configs, named_args, **kwargs):
@@ -192,6 +203,7 @@ def state_scan_fwd_kernel(
     DOT_PRECISION: tl.constexpr,
     VK: tl.constexpr = False,
     WY_FROM_A: tl.constexpr = False,
+    K_ONCE: tl.constexpr = False,
 ):
     # One program per (V-block, value head, sequence); the V-blocks of one head are adjacent
     # program ids, so they run together and share q, k, w and the gate through L2.
@@ -284,7 +296,12 @@ def state_scan_fwd_kernel(
                 # v_new^T = (v^T - S^T k^T diag(gamma)) diag(beta) A^T: w and u never formed
                 # (k^T and A^T loaded transposed; A's upper triangle dropped with where). Made
                 # before the output's products, so that its operands are dead before q^T loads.
-                b_kt = tl.load(k + o_i[None, :] * (HK * K) + o_k[:, None], mask=m_kt, other=0.0)
+                if K_ONCE:  # k as it lies, once a chunk; its transpose taken (of a loaded tile)
+                    b_k = tl.load(k + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
+                                  other=0.0)
+                    b_kt = tl.trans(b_k)
+                else:
+                    b_kt = tl.load(k + o_i[None, :] * (HK * K) + o_k[:, None], mask=m_kt, other=0.0)
                 b_ks = tl.dot(b_sc, b_kt, input_precision=DOT_PRECISION)
                 if GATE == 1:
                     b_ks *= tl.exp2(b_g)[None, :]
@@ -326,7 +343,8 @@ def state_scan_fwd_kernel(
                 b_vu = b_vnc
 
             # State update: S^T = S^T diag(exp2(G_last)) + v_new^T kg.
-            b_k = tl.load(k + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+            if not (WY_FROM_A and K_ONCE):
+                b_k = tl.load(k + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
             if GATE == 2:
                 b_glk = tl.load(g + last * (HV * K) + o_k, mask=m_k, other=0.0).to(tl.float32)
                 b_s *= tl.exp2(b_glk)[None, :]
