@@ -180,7 +180,7 @@ for step in "$@"; do
         timeout "$T" python3 -m kernel_fun bench --stages gdn --shape "$shape" \
           --kernel delta.state_scan_fwd --kernel delta.state_scan_bwd \
           --config VK-BV64-w4-s2-rNone --config VK-BV64-w4-s2-rNone-konce --config VK-BV128-w8-s2-rNone \
-          --config VK-BV128-w8-s2-rNone-konce --config BV64-w4-s2 --config BV64-w4-s2-konce \
+          --config VK-BV128-w8-s2-rNone-konce --config VK-BV32-w4-s2-r168-konce --config BV64-w4-s2 --config BV64-w4-s2-konce \
           --config BV128-w8-s2 --config BV128-w8-s2-konce --config autotuned \
           --json "$OUT/stages_scan_konce_${shape//[,=]/_}.json" 2>&1 | tee -a "$OUT/scan_konce_stages.log"
       done ;;
