@@ -11,6 +11,7 @@
 #        the delta scans are kda's and gdn's),
 #        cconv_diag (tools/cconv_diag.py timed, then under Nsight Compute),
 #        cconv_host (host cost against device time of the two forwards, tools/cconv_host.py),
+#        model_idle (tools/model_idle.py: IDLE_FAMILY gdn|kda, IDLE_ARMS ours|fla|ours,fla),
 #        gdn_host (where gdn's host time per call goes: tools/gdn_host.py; GDN_HOST_SHAPE="B=4,T=4096,HV=32"),
 #        flashqla (installs the FlashQLA wheels carried in .whl_fq/ into /tmp/site_fq, on this step's
 #        path only; runs tools/flashqla_probe.py, then the gdn bench's *_vs_flashqla cases:
@@ -184,6 +185,10 @@ for step in "$@"; do
           --config BV128-w8-s2 --config BV128-w8-s2-konce --config autotuned \
           --json "$OUT/stages_scan_konce_${shape//[,=]/_}.json" 2>&1 | tee -a "$OUT/scan_konce_stages.log"
       done ;;
+    model_idle) # where a model step's GPU idles and what the host does then (tools/model_idle.py);
+      # IDLE_FAMILY gdn|kda (gdn), IDLE_ARMS ours,fla (ours)
+      timeout "$T" python3 tools/model_idle.py "$OUT/model_idle.json" "${IDLE_FAMILY:-gdn}" "${IDLE_ARMS:-ours}" 2>&1 \
+        | tee "$OUT/model_idle.log" | tail -80 ;;
     gnorm_tests) timeout "$T" python3 -m pytest -m gpu tests/gnorm -q -x -rs --durations=5 2>&1 | tee "$OUT/gnorm_tests.log" | tail -30 ;;
     gnorm_bench) timeout "$T" python3 -m kernel_fun bench --family gnorm --json "$OUT/gnorm_bench.json" 2>&1 | tee "$OUT/gnorm_bench.log" ;;
     model_kda) timeout "$T" python3 -m kernel_fun bench --model kda ${MODEL_ARGS:-} --json "$OUT/model_kda.json" 2>&1 | tee "$OUT/model_kda.log" ;;
