@@ -63,9 +63,10 @@ CANDIDATES = [triton.Config({"BV": 64}, num_warps=8, num_stages=2)]
 # loaded once as it lies and its transpose taken (of a loaded tile, never of a dot result: the
 # Triton 3.4-3.7.0 Hopper miscompile needs the latter). The same products on the same values.
 # sm_90a (Triton 3.6, K = V = 128, HV = 16, dv from the scores; tools/sass_stats.py, 2026-12-04):
-# BV64-w4-s2 132 KB of shared memory -> 99 KB (two programs an SM where one fitted: at the layer's
-# B=4 HV=32 its 256 programs fit one wave; 255 registers either way), BV128-w8-s2 140 -> 107 KB,
-# BV32-w4-s2 74 -> 58 KB. Not yet timed or checked on a GPU: candidates.
+# BV64-w4-s2 132 KB of shared memory -> 99 KB (two programs an SM where one fitted, at 228 KB an SM
+# less 1 KB a program: at the layer's B=4 HV=32 its 256 programs fit one wave; 255 registers either
+# way), BV128-w8-s2 140 -> 107 KB, BV32-w4-s2 74 -> 58 KB. Not yet timed or checked on a GPU:
+# candidates.
 CANDIDATES += [triton.Config({"BV": bv, "K_ONCE": True}, num_warps=nw, num_stages=2)
                for bv, nw in ((64, 4), (128, 8), (32, 4))]
 

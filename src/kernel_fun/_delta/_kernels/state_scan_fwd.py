@@ -95,11 +95,11 @@ _ALL = [triton.Config({"BV": bv, "VK": vk}, num_warps=nw, num_stages=ns, maxnreg
 # chunk as it lies and its transpose taken (of a loaded tile, never of a dot result: the Triton
 # 3.4-3.7.0 Hopper miscompile needs the latter), where the other form loads k^T transposed from
 # memory and k again for the state update. The same products on the same values. sm_90a (Triton
-# 3.6, K = V = 128, HV = 16; tools/sass_stats.py, 2026-12-04): VK-BV64-w4-s2 115 KB of shared memory
-# -> 82 KB (so two programs an SM, where 115 KB allowed one; 255 registers either way), the
-# recompute 82 -> 49 KB; VK-BV128-w8-s2 115 -> 83 KB; the recompute at VK-BV32-w4 with maxnreg 168:
-# 168 registers, no stack, 37 KB (three programs an SM; 221 registers without the cap). Not yet
-# timed or checked on a GPU: candidates.
+# 3.6, K = V = 128, HV = 16; tools/sass_stats.py, 2026-12-04): VK-BV64-w4-s2 115.2 KB of shared
+# memory -> 82 KB (two programs an SM either way: 228 KB an SM less 1 KB a program leaves 115.7 KB
+# each; 255 registers either way), the recompute 82 -> 49 KB; VK-BV128-w8-s2 115 -> 83 KB; the
+# recompute at VK-BV32-w4 with maxnreg 168: 168 registers, no stack, 37 KB (three programs an SM;
+# 221 registers without the cap). Not yet timed or checked on a GPU: candidates.
 _ALL += [triton.Config({"BV": bv, "VK": True, "K_ONCE": True}, num_warps=nw, num_stages=2, maxnreg=mr)
          for bv, nw, mr in ((64, 4, None), (128, 8, None), (32, 4, None), (32, 4, 168))]
 
