@@ -11,7 +11,9 @@ not a timing.
 
 The kernels, their argument types and the configurations come from the package's lowering specs
 (``kernel_fun.bench.lowering``, behind ``kernel-fun check --lower``); this prints what ptxas made
-of each (``lowering.stats``: the cuobjdump that ships with the triton wheel reads the cubin). Run with TRITON_INTERPRET
+of each (``lowering.stats``: the cuobjdump that ships with the triton wheel reads the cubin), and
+``per_sm``, the programs that fit on one SM at once by registers, shared memory (228 KB less 1 KB a
+program) and warps (``lowering.programs_per_sm``). Run with TRITON_INTERPRET
 unset and kernel-fun importable (installed, or ``PYTHONPATH=src``).
 """
 from __future__ import annotations

@@ -89,11 +89,28 @@ def build(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None, 
                           options=options(num_warps, num_stages, maxnreg))
 
 
+# What bounds the programs resident on one SM, the same for sm_90 and sm_100 (CUDA C++ Programming
+# Guide, compute capabilities 9.0 and 10.0): 64 K registers, allocated a warp at a time in units
+# of 256; 228 KB of shared memory, of which each program also takes 1 KB for the system; 64 warps;
+# 32 programs.
+SM_REGISTERS, SM_SHARED, SHARED_RESERVED, SM_WARPS, SM_PROGRAMS = 65536, 228 * 1024, 1024, 64, 32
+
+
+def programs_per_sm(regs: int, shared_bytes: int, num_warps: int) -> int:
+    """How many programs of a kernel fit on one SM at once (occupancy in programs), from its
+    registers a thread, its shared memory and its warps: the least of the four bounds."""
+    per_warp = -(-regs * 32 // 256) * 256
+    by_regs = SM_REGISTERS // (per_warp * num_warps)
+    by_shared = SM_SHARED // (shared_bytes + SHARED_RESERVED)
+    return max(0, min(by_regs, by_shared, SM_WARPS // num_warps, SM_PROGRAMS))
+
+
 def stats(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None, target=None, sass=True) -> dict:
     """Compile for ``target`` (default sm_90a) and read the cubin back with the wheel's cuobjdump:
-    registers, stack (spills), local memory, spill instructions, shared memory, SASS and MUFU
-    counts (tests hold kernels to no spills; tools/sass_stats.py prints them). ``sass=False``
-    skips the disassembly (about 0.5 s a kernel): the instruction counts are then None."""
+    registers, stack (spills), local memory, spill instructions, shared memory, programs an SM
+    (``programs_per_sm``), SASS and MUFU counts (tests hold kernels to no spills;
+    tools/sass_stats.py prints them). ``sass=False`` skips the disassembly (about 0.5 s a kernel):
+    the instruction counts are then None."""
     import re
     import subprocess
     import tempfile
@@ -109,6 +126,7 @@ def stats(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None, 
     # ptxas puts spilled registers on the stack (STACK, reached by LDL/STL), not in LOCAL
     out = dict(regs=int(m.group(1)), stack_bytes=int(m.group(2)), local_bytes=int(m.group(3)),
                shared_bytes=k.metadata.shared, spill_ops=None, sass=None, mufu=None)
+    out["per_sm"] = programs_per_sm(out["regs"], out["shared_bytes"], num_warps)
     if code is not None:
         out.update(spill_ops=len(re.findall(r"\b(?:LDL|STL)\b", code)),
                    sass=len(re.findall(r"^\s+/\*[0-9a-f]{4,6}\*/", code, re.M)), mufu=code.count("MUFU"))
