@@ -102,7 +102,7 @@ def programs_per_sm(regs: int, shared_bytes: int, num_warps: int) -> int:
     per_warp = -(-regs * 32 // 256) * 256
     by_regs = SM_REGISTERS // (per_warp * num_warps)
     by_shared = SM_SHARED // (shared_bytes + SHARED_RESERVED)
-    return max(0, min(by_regs, by_shared, SM_WARPS // num_warps, SM_PROGRAMS))
+    return min(by_regs, by_shared, SM_WARPS // num_warps, SM_PROGRAMS)
 
 
 def stats(fn, pointer_types, constexprs, num_warps, num_stages=1, maxnreg=None, target=None, sass=True) -> dict:
