@@ -3,8 +3,7 @@
 # named steps, each under its own timeout, logging to $OUT. Usage: tools/gpu_run.sh STEP...
 # Steps: doctor, gnorm_tests, gnorm_bench, model_kda (kernel-fun bench --model kda; MODEL_ARGS
 #        passes e.g. "--shape steps=8"), model_gdn, gdn_tests, gdn_bench, cconv_tests, cconv_bench,
-#        delta_tests, kda_stage_tests, kda_tests, kda_bench, candidates, scan_konce (the delta scans'
-#        K_ONCE candidates: GPU tests, then gdn's stages beside the shipped forms at two shapes),
+#        delta_tests, kda_stage_tests, kda_tests, kda_bench, candidates,
 #        gpu_tests (every GPU test, SHARDS processes at once; TEST_PATHS narrows),
 #        stages_cconv, stages_kda, stages_gdn, stages_gnorm (kernel-fun bench --stages FAMILY:
 #        every config of every shipped kernel forced, checked against its stage reference, timed;
@@ -172,20 +171,6 @@ for step in "$@"; do
     cconv_host) timeout "$T" python3 tools/cconv_host.py "$OUT/cconv_host.json" 2>&1 | tee "$OUT/cconv_host.log" | tail -30 ;;
     stages_cconv|stages_kda|stages_gdn|stages_gnorm) fam=${step#stages_}
       timeout "$T" python3 -m kernel_fun bench --stages "$fam" ${STAGES_ARGS:-} --json "$OUT/stages_$fam.json" 2>&1 | tee "$OUT/stages_$fam.log" | tail -80 ;;
-    scan_konce) # the delta scans' K_ONCE candidates (k loaded once a chunk): gdn's stages of both scans,
-      # each K_ONCE config beside the shipped form it would replace, at the model's layer (B=4 T=4096
-      # H=16 HV=32) then at prod_b8, a process a shape; then their GPU tests (every K_ONCE config
-      # against fla and fp64). About 20 compiles: give it STEP_TIMEOUT=500.
-      for shape in B=4,T=4096,H=16,HV=32 B=8,T=8192,H=16,HV=16; do
-        timeout "$T" python3 -m kernel_fun bench --stages gdn --shape "$shape" \
-          --kernel delta.state_scan_fwd --kernel delta.state_scan_bwd \
-          --config VK-BV64-w4-s2-rNone --config VK-BV64-w4-s2-rNone-konce --config VK-BV128-w8-s2-rNone \
-          --config VK-BV128-w8-s2-rNone-konce --config VK-BV32-w4-s2-r168-konce --config BV64-w4-s2 --config BV64-w4-s2-konce \
-          --config BV128-w8-s2 --config BV128-w8-s2-konce --config BV64-w4-s2-rNone --config autotuned \
-          --json "$OUT/stages_scan_konce_${shape//[,=]/_}.json" 2>&1 | tee -a "$OUT/scan_konce_stages.log"
-      done
-      timeout "$T" python3 -m pytest -m gpu -q -rs tests/delta/test_state_scan_fwd_gpu.py \
-        tests/delta/test_state_scan_bwd_gpu.py -k "konce" 2>&1 | tee "$OUT/scan_konce_tests.log" | tail -30 ;;
     model_idle) # where a model step's GPU idles and what the host does then (tools/model_idle.py);
       # IDLE_FAMILY gdn|kda (gdn), IDLE_ARMS ours,fla (ours)
       timeout "$T" python3 tools/model_idle.py "$OUT/model_idle.json" "${IDLE_FAMILY:-gdn}" "${IDLE_ARMS:-ours}" 2>&1 \

@@ -7,7 +7,7 @@ from kernel_fun.bench.lowering import programs_per_sm
 
 @pytest.mark.parametrize("regs,shared,warps,expect", [
     (255, 131584, 4, 1),   # the backward scan's BV64-w4-s2: 132 KB, over the 115.7 KB two need
-    (255, 98816, 4, 2),    # its K_ONCE form
+    (255, 98816, 4, 2),    # the same with k loaded once a chunk: 99 KB
     (255, 115204, 4, 2),   # the forward scan's VK-BV64-w4-s2: just under 115.7 KB
     (255, 115713, 4, 1),   # one byte over
     (168, 37124, 4, 3),    # 168 registers: 5376 a warp, three four-warp programs in 64 K

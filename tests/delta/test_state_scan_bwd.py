@@ -15,8 +15,6 @@ from kernel_fun._common.witness import launches
 from kernel_fun._delta import reference as ref
 from kernel_fun._delta._kernels.state_scan_bwd import CANDIDATES, CONFIGS, config_name, state_scan_bwd
 
-# BV=32 with k loaded once (K_ONCE, a candidate: the wy= form only)
-K_ONCE32 = next(c for c in CANDIDATES if c.kwargs.get("K_ONCE") and c.kwargs["BV"] == 32)
 BT = 64
 SCALE = 0.3
 TOL = {torch.float16: 3e-3, torch.float32: 2e-5}
@@ -199,38 +197,28 @@ def test_reference_is_autograd_of_the_forward():
 def test_wy_in_place_of_w(poisoned, case, dtype):
     """``wy=(A_wy, beta)`` (GDN's backward without fla's recompute_w_u): dv2^T w made as
     ((dv2^T A_wy) diag(beta gamma)) K, A_wy's upper triangle NaN; against the reference scan fed w,
-    with the gated scores made inside (``A=``, as the GDN chain calls it) and as a given dv."""
+    with a given dv and with the gated scores made inside (``A=``, NaN above the diagonal, as the GDN
+    chain calls it: dv = tril(A)^T do)."""
+    from kernel_fun.kda.reference_stages import dAv_reference
+
     cu = CU if case == "varlen" else None
     x = _inputs("none" if case == "none_gate" else "g", dtype, cu_seqlens=cu,
                 **({"B": 1, "T": 170} if cu is not None else {}))
-    dh_ref, dh0_ref, dv2_ref = ref.state_scan_bwd_ref(
-        x["q"], x["k"], x["w"], x["do"], x["dv"], g=x.get("g"), dht=x["dht"], scale=SCALE, cu_seqlens=cu,
-        chunk_size=BT)
-    h0 = torch.zeros(dh0_ref.shape)
-    for config in (None, CONFIGS[1], K_ONCE32):
-        dh, dh0, dv2 = state_scan_bwd(x["q"], x["k"], None, x["do"], x["dv"], g=x.get("g"), h0=h0, dht=x["dht"],
-                                      scale=SCALE, cu_seqlens=cu, chunk_size=BT, wy=(x["A_wy"], x["beta"]),
-                                      config=config)
-        for name, got, want in (("dh", dh, dh_ref), ("dh0", dh0, dh0_ref), ("dv2", dv2, dv2_ref)):
-            _check(name, got, want, TOL[dtype])
-
-
-@pytest.mark.parametrize("case", ["fixed", "varlen"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_wy_k_once_is_the_same_computation(case, dtype):
-    """K_ONCE (k loaded once a chunk and its transpose taken, where the other form loads k^T and k)
-    makes, bit for bit, what BV=32 without it makes, with the gated scores made inside (``A=``)."""
-    cu = CU if case == "varlen" else None
-    x = _inputs("g", dtype, cu_seqlens=cu, **({"B": 1, "T": 170} if cu is not None else {}))
-    N = x["dht"].shape[0]
-    Aqk = torch.randn(*x["A_wy"].shape, generator=torch.Generator().manual_seed(5)).to(dtype)
-    outs = [state_scan_bwd(x["q"], x["k"], None, x["do"], None, g=x["g"], h0=torch.zeros(N, *x["dht"].shape[1:]),
-                           dht=x["dht"], scale=SCALE, cu_seqlens=cu, chunk_size=BT, A=Aqk, wy=(x["A_wy"], x["beta"]),
-                           config=c)
-            for c in (CONFIGS[0], K_ONCE32)]
-    assert CONFIGS[0].kwargs["BV"] == K_ONCE32.kwargs["BV"] == 32
-    for name, a, b in zip(("dh", "dh0", "dv2"), *outs):
-        assert torch.isfinite(a).all() and torch.equal(a, b), name
+    B, T, HV, _ = x["w"].shape
+    A = (torch.randn(B, T, HV, BT, generator=torch.Generator().manual_seed(5)) * 0.2).to(dtype)
+    A = A.masked_fill(torch.isnan(x["A_wy"]), float("nan"))  # the same unwritten upper triangle
+    _, dv_local = dAv_reference(x["do"], x["do"], A, SCALE, cu_seqlens=cu, chunk_size=BT)
+    h0 = torch.zeros(x["dht"].shape)
+    for dv, A_in in ((x["dv"], None), (None, A)):
+        dh_ref, dh0_ref, dv2_ref = ref.state_scan_bwd_ref(
+            x["q"], x["k"], x["w"], x["do"], x["dv"] if dv is not None else dv_local, g=x.get("g"), dht=x["dht"],
+            scale=SCALE, cu_seqlens=cu, chunk_size=BT)
+        for config in (None, CONFIGS[1]):
+            dh, dh0, dv2 = state_scan_bwd(x["q"], x["k"], None, x["do"], dv, g=x.get("g"), h0=h0, dht=x["dht"],
+                                          scale=SCALE, cu_seqlens=cu, chunk_size=BT, A=A_in,
+                                          wy=(x["A_wy"], x["beta"]), config=config)
+            for name, got, want in (("dh", dh, dh_ref), ("dh0", dh0, dh0_ref), ("dv2", dv2, dv2_ref)):
+                _check(name, got, want, TOL[dtype])
 
 
 def test_wy_argument_errors():

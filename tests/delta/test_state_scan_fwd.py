@@ -228,8 +228,6 @@ def test_argument_errors():
 # The value-major layout (VK: the state held as S^T [BV, K]) is a second code path of the same
 # kernel; the interpreter runs the first configuration (key-major) unless one is forced.
 VK32 = next(c for c in ALL_CONFIGS if c.kwargs["VK"] and c.kwargs["BV"] == 32)
-# the same with k loaded once a chunk (K_ONCE, a candidate: GDN's wy= form only)
-VK32_K_ONCE = next(c for c in ALL_CONFIGS if c.kwargs["VK"] and c.kwargs["BV"] == 32 and c.kwargs.get("K_ONCE"))
 
 
 @pytest.mark.parametrize("gate", ["gk", "g", "g_aqk", "none"])
@@ -287,7 +285,7 @@ def test_chunked_reference_matches_recurrence(gate, varlen):
     assert rel_rms(o, o2) < 1e-10 and rel_rms(ht, ht2) < 1e-10
 
 
-@pytest.mark.parametrize("layout", ["key_major", "value_major", "value_major_k_once"])
+@pytest.mark.parametrize("layout", ["key_major", "value_major"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("gate", ["g", "none"])
 def test_wy_from_A(poisoned, layout, dtype, gate):
@@ -295,7 +293,7 @@ def test_wy_from_A(poisoned, layout, dtype, gate):
     o, h, v_new and the final state against the reference, with A's upper triangle NaN (never
     multiplied), T = 130 (a partial chunk), grouped values; then packed documents, and the
     backward's recompute (no output, queries NaN)."""
-    config = {"key_major": None, "value_major": VK32, "value_major_k_once": VK32_K_ONCE}[layout]
+    config = {"key_major": None, "value_major": VK32}[layout]
     for cu, T, store_o in ((None, 130, True), (CU, 180, True), (CU, 180, False)):
         B = 1 if cu is not None else 2
         x, h0 = _stage_inputs(gate, dtype, B=B, T=T, cu_seqlens=cu)
@@ -313,24 +311,6 @@ def test_wy_from_A(poisoned, layout, dtype, gate):
         _check("final_state", ht, ht_ref, tol)
         _check("h", h, h_ref, tol)
         _check("v_new", vn, vn_ref, tol, rows=None if cu is None else slice(0, int(cu[-1])))
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_wy_k_once_is_the_same_computation(dtype):
-    """K_ONCE (k loaded once a chunk, its transpose taken) makes, bit for bit, what the value-major
-    form that loads k twice makes: forward and recompute, fixed length and packed, grouped values."""
-    for cu, T, store_o in ((None, 130, True), (CU, 180, True), (CU, 180, False)):
-        x, h0 = _stage_inputs("g", dtype, B=1 if cu is not None else 2, T=T, cu_seqlens=cu)
-        outs = [state_scan_fwd(x["q"], x["k"], None, None, g=x["g"], scale=SCALE, initial_state=h0,
-                               output_final_state=True, cu_seqlens=cu, save_h=True, save_v_new=True,
-                               store_o=store_o, wy=(x["A"], x["v"], x["beta"]), config=c)
-                for c in (VK32, VK32_K_ONCE)]
-        for name, a, b in zip(("o", "final_state", "h", "v_new"), *outs):
-            if a is None:
-                assert b is None
-                continue
-            rows = slice(None) if cu is None or name in ("final_state", "h") else slice(0, int(cu[-1]))
-            assert torch.equal(a[:, rows], b[:, rows]), (name, cu is not None, store_o)
 
 
 def test_wy_from_A_argument_errors():

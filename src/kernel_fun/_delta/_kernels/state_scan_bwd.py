@@ -59,20 +59,10 @@ CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
 # they join CONFIGS only after both): BV=64 on 8 warps, 206 registers and no stack with dv
 # from A (the 4-warp one: 255 and 88 bytes), at one 136 KB CTA per SM either way.
 CANDIDATES = [triton.Config({"BV": 64}, num_warps=8, num_stages=2)]
-# K_ONCE (GDN's call, w from A_wy: k is read twice a chunk, as k^T for dv2 and as w's factor): k
-# loaded once as it lies and its transpose taken (of a loaded tile, never of a dot result: the
-# Triton 3.4-3.7.0 Hopper miscompile needs the latter). The same products on the same values.
-# sm_90a (Triton 3.6, K = V = 128, HV = 16, dv from the scores; tools/sass_stats.py, 2026-12-04):
-# BV64-w4-s2 132 KB of shared memory -> 99 KB (two programs an SM where one fitted, at 228 KB an SM
-# less 1 KB a program: at the layer's B=4 HV=32 its 256 programs fit one wave; 255 registers either
-# way), BV128-w8-s2 140 -> 107 KB, BV32-w4-s2 74 -> 58 KB. Not yet timed or checked on a GPU:
-# candidates.
-CANDIDATES += [triton.Config({"BV": bv, "K_ONCE": True}, num_warps=nw, num_stages=2)
-               for bv, nw in ((64, 4), (128, 8), (32, 4))]
 
 
 def config_name(c) -> str:
-    return f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}" + ("-konce" if c.kwargs.get("K_ONCE") else "")
+    return f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}"
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -98,7 +88,6 @@ def state_scan_bwd_kernel(
     BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     GATE: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DV_FROM_A: tl.constexpr = False, WY_FROM_A: tl.constexpr = False,
-    K_ONCE: tl.constexpr = False,
 ):
     i_v, i_nh, i_n, i_hv, i_hq, i_hk, bos, _, T, boh = scan_program(
         cu_seqlens, chunk_offsets, seq_order, T, V, HQ, HK, HV, BT, BV, IS_VARLEN, True)
@@ -145,9 +134,13 @@ def state_scan_bwd_kernel(
 
         tl.store(dh + i_t * HV * K * V + s_off, b_ds.to(dh.dtype.element_ty), mask=m_vk)
 
-        # dv2^T = dS^T k^T (+ dv^T); k^T [KP, BT] loaded transposed from memory, or (K_ONCE, with
-        # WY_FROM_A, which reads k again as w's factor) k [BT, KP] loaded once, its transpose taken
-        if WY_FROM_A and K_ONCE:
+        # dv2^T = dS^T k^T (+ dv^T); k^T [KP, BT] loaded transposed from memory, or (WY_FROM_A, which
+        # needs k again as w's factor) k [BT, KP] loaded once as it lies and its transpose taken (of
+        # a loaded tile: the Triton 3.4-3.7.0 Hopper miscompile needs a transposed dot result). H200,
+        # gdn's stages, 2026-12-04 (bench/records/2026-12-04-h200-stages-gdn-scans-konce-*.json):
+        # BV128-w8-s2 0.560 -> 0.562 ms at B=4 T=4096 HV=32, 1.135 -> 1.129 at B=8 T=8192 HV=16;
+        # BV64-w4-s2 0.956 -> 0.695 (132 -> 99 KB of shared memory: two programs an SM).
+        if WY_FROM_A:
             b_w = tl.load(k + (t0 + o_i)[:, None] * (HK * K) + o_k[None, :], mask=m_tk, other=0.0)
             b_kt = tl.trans(b_w)
         else:
@@ -178,8 +171,6 @@ def state_scan_bwd_kernel(
             b_bg = tl.load(beta + (t0 + o_i) * HV, mask=m_t, other=0.0).to(tl.float32)
             if GATE == 1:
                 b_bg *= tl.exp2(b_g)
-            if not K_ONCE:
-                b_w = tl.load(k + (t0 + o_i)[:, None] * (HK * K) + o_k[None, :], mask=m_tk, other=0.0)
             b_dvw = (b_da * b_bg[None, :]).to(w.dtype.element_ty)
         else:
             b_w = tl.load(w + (t0 + o_i)[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.0)

@@ -91,24 +91,11 @@ _CONFIG_TUPLES = [
 ]
 _ALL = [triton.Config({"BV": bv, "VK": vk}, num_warps=nw, num_stages=ns, maxnreg=mr)
         for bv, nw, ns, mr, vk in _CONFIG_TUPLES]
-# K_ONCE (value-major, v_new from A: GDN's forward and its backward's recompute): k loaded once a
-# chunk as it lies and its transpose taken (of a loaded tile, never of a dot result: the Triton
-# 3.4-3.7.0 Hopper miscompile needs the latter), where the other form loads k^T transposed from
-# memory and k again for the state update. The same products on the same values. sm_90a (Triton
-# 3.6, K = V = 128, HV = 16; tools/sass_stats.py, 2026-12-04): VK-BV64-w4-s2 115.2 KB of shared
-# memory -> 82 KB (two programs an SM either way: 228 KB an SM less 1 KB a program leaves 115.7 KB
-# each; 255 registers either way), the recompute 82 -> 49 KB; VK-BV128-w8-s2 115 -> 83 KB; the
-# recompute at VK-BV32-w4 with maxnreg 168: 168 registers, no stack, 37 KB (three programs an SM;
-# 221 registers without the cap). Not yet timed or checked on a GPU: candidates.
-_ALL += [triton.Config({"BV": bv, "VK": True, "K_ONCE": True}, num_warps=nw, num_stages=2, maxnreg=mr)
-         for bv, nw, mr in ((64, 4, None), (128, 8, None), (32, 4, None), (32, 4, 168))]
 
 
 def config_name(c) -> str:
-    """A short name of a configuration: ``BV128-w8-s2-rNone`` (key-major) or ``VK-BV128-w8-s2-rNone``
-    (``-konce`` appended with K_ONCE)."""
-    return (f"{'VK-' if c.kwargs.get('VK') else ''}BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}-r{c.maxnreg}"
-            + ("-konce" if c.kwargs.get("K_ONCE") else ""))
+    """A short name of a configuration: ``BV128-w8-s2-rNone`` (key-major) or ``VK-BV128-w8-s2-rNone``."""
+    return f"{'VK-' if c.kwargs.get('VK') else ''}BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}-r{c.maxnreg}"
 
 
 def _prune(configs, named_args, **kwargs):
@@ -205,7 +192,6 @@ def state_scan_fwd_kernel(
     DOT_PRECISION: tl.constexpr,
     VK: tl.constexpr = False,
     WY_FROM_A: tl.constexpr = False,
-    K_ONCE: tl.constexpr = False,
 ):
     # One program per (V-block, value head, sequence); the V-blocks of one head are adjacent
     # program ids, so they run together and share q, k, w and the gate through L2.
@@ -296,14 +282,16 @@ def state_scan_fwd_kernel(
                 b_g = tl.load(g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
             if WY_FROM_A:
                 # v_new^T = (v^T - S^T k^T diag(gamma)) diag(beta) A^T: w and u never formed
-                # (k^T and A^T loaded transposed; A's upper triangle dropped with where). Made
-                # before the output's products, so that its operands are dead before q^T loads.
-                if K_ONCE:  # k as it lies, once a chunk; its transpose taken (of a loaded tile)
-                    b_k = tl.load(k + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
-                                  other=0.0)
-                    b_kt = tl.trans(b_k)
-                else:
-                    b_kt = tl.load(k + o_i[None, :] * (HK * K) + o_k[:, None], mask=m_kt, other=0.0)
+                # (A^T loaded transposed; A's upper triangle dropped with where). Made before the
+                # output's products, so that its operands are dead before q^T loads. k is loaded
+                # once a chunk as it lies (the state update's operand) and its transpose taken: of
+                # a loaded tile, never of a dot result (the Triton 3.4-3.7.0 Hopper miscompile
+                # needs the latter). Against loading k^T transposed and k again (H200, gdn's
+                # stages, 2026-12-04, bench/records/2026-12-04-h200-stages-gdn-scans-konce-*.json):
+                # VK-BV64-w4-s2 0.351 -> 0.346 ms at B=4 T=4096 HV=32, 0.701 -> 0.677 at B=8
+                # T=8192 HV=16; 115 -> 82 KB of shared memory; the same values bit for bit.
+                b_k = tl.load(k + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+                b_kt = tl.trans(b_k)
                 b_ks = tl.dot(b_sc, b_kt, input_precision=DOT_PRECISION)
                 if GATE == 1:
                     b_ks *= tl.exp2(b_g)[None, :]
@@ -345,7 +333,7 @@ def state_scan_fwd_kernel(
                 b_vu = b_vnc
 
             # State update: S^T = S^T diag(exp2(G_last)) + v_new^T kg.
-            if not (WY_FROM_A and K_ONCE):
+            if not WY_FROM_A:
                 b_k = tl.load(k + o_i[:, None] * (HK * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
             if GATE == 2:
                 b_glk = tl.load(g + last * (HV * K) + o_k, mask=m_k, other=0.0).to(tl.float32)
