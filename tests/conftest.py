@@ -126,3 +126,37 @@ def compile_counts():
         return sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"]
 
     return count
+
+
+@pytest.fixture
+def no_memory_growth():
+    """``check(step, n)``: run ``step()`` n times after a baseline and assert that the live CUDA
+    memory (``memory_allocated``) ends no higher than the baseline. On failure the message gives
+    the growth after each step (one-off or per step: a leak grows each step) and the live blocks
+    allocated after the baseline with the Python frames that allocated them."""
+    import torch
+
+    def check(step, n):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
+        try:
+            growth = []
+            for _ in range(n):
+                step()
+                torch.cuda.synchronize()
+                growth.append(torch.cuda.memory_allocated() - base)
+            snap = torch.cuda.memory._snapshot() if growth[-1] > 0 else None
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+        if snap is None:
+            return
+        live = [(b["size"], [f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}"
+                             for f in b.get("frames") or [] if f["filename"].endswith(".py")][:6])
+                for seg in snap["segments"] for b in seg["blocks"]
+                if b["state"] == "active_allocated" and b.get("frames")]
+        live.sort(key=lambda r: -r[0])
+        raise AssertionError(f"live CUDA memory grew: base {base} B, growth after each step {growth}; "
+                             f"{len(live)} live blocks allocated after the baseline (largest first): {live[:5]}")
+
+    return check

@@ -24,9 +24,7 @@ _spec.loader.exec_module(importlib.util.module_from_spec(_spec))
 import test_chain_gpu as T  # noqa: E402
 
 
-def main():
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 50
-    out = sys.argv[2] if len(sys.argv) > 2 else None
+def trace(n: int, out=None):
     t, do, _, flags = T._case("layer_grouped")
     flags = dict(flags, output_final_state=False)
     for _ in range(3):
@@ -77,4 +75,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    trace(int(sys.argv[1]) if len(sys.argv) > 1 else 50, sys.argv[2] if len(sys.argv) > 2 else None)

@@ -213,7 +213,7 @@ def _step(t, do, flags):
             for k, v in _run(gdn.chunk_gated_delta_rule, t, do, None, **flags).items()}
 
 
-def test_graph_capture_memory_aliasing_stream_determinism():
+def test_graph_capture_memory_aliasing_stream_determinism(no_memory_growth):
     t, do, _, flags = _case("layer_grouped")
     flags = dict(flags, output_final_state=False)
     eager = {k: v.clone() for k, v in _step(t, do, flags).items() if v is not None}
@@ -243,12 +243,7 @@ def test_graph_capture_memory_aliasing_stream_determinism():
     for k, v in eager.items():
         assert torch.equal(static[k], v), k
     del graph, static
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    for _ in range(50):
-        _step(t, do, flags)
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() <= base
+    no_memory_growth(lambda: _step(t, do, flags), 50)
 
 
 def test_against_fla_forward_at_production_heads():

@@ -178,7 +178,7 @@ def _step(t, do, flags):
     return {k: (v.detach() if v is not None else None) for k, v in _run(kda.chunk_kda, t, do, None, **flags).items()}
 
 
-def test_graph_capture_memory_aliasing_stream_determinism():
+def test_graph_capture_memory_aliasing_stream_determinism(no_memory_growth):
     t = _make(2, 1024, 2, 4, 128, 128)  # the head configuration of CASES: no new autotune key
     flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True)
     do = _cotangents(t["v"])
@@ -213,13 +213,7 @@ def test_graph_capture_memory_aliasing_stream_determinism():
     for k, v in eager.items():
         assert torch.equal(static[k], v), k
     del graph, static
-    # no memory growth
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    for _ in range(50):
-        _step(t, do, flags)
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() <= base
+    no_memory_growth(lambda: _step(t, do, flags), 50)
 
 
 def test_launch_witness_replaced_fla_kernels_did_not_run():
