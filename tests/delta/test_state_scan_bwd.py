@@ -209,10 +209,10 @@ def test_wy_in_place_of_w(poisoned, case, dtype):
     A = A.masked_fill(torch.isnan(x["A_wy"]), float("nan"))  # the same unwritten upper triangle
     _, dv_local = dAv_reference(x["do"], x["do"], A, SCALE, cu_seqlens=cu, chunk_size=BT)
     h0 = torch.zeros(x["dht"].shape)
-    for dv, A_in in ((x["dv"], None), (None, A)):
+    for dv, A_in, dv_ref in ((x["dv"], None, x["dv"]), (None, A, dv_local)):
         dh_ref, dh0_ref, dv2_ref = ref.state_scan_bwd_ref(
-            x["q"], x["k"], x["w"], x["do"], x["dv"] if dv is not None else dv_local, g=x.get("g"), dht=x["dht"],
-            scale=SCALE, cu_seqlens=cu, chunk_size=BT)
+            x["q"], x["k"], x["w"], x["do"], dv_ref, g=x.get("g"), dht=x["dht"], scale=SCALE, cu_seqlens=cu,
+            chunk_size=BT)
         for config in (None, CONFIGS[1]):
             dh, dh0, dv2 = state_scan_bwd(x["q"], x["k"], None, x["do"], dv, g=x.get("g"), h0=h0, dht=x["dht"],
                                           scale=SCALE, cu_seqlens=cu, chunk_size=BT, A=A_in,

@@ -293,7 +293,7 @@ def test_wy_from_A(poisoned, layout, dtype, gate):
     o, h, v_new and the final state against the reference, with A's upper triangle NaN (never
     multiplied), T = 130 (a partial chunk), grouped values; then packed documents, and the
     backward's recompute (no output, queries NaN)."""
-    config = {"key_major": None, "value_major": VK32}[layout]
+    config = VK32 if layout == "value_major" else None
     for cu, T, store_o in ((None, 130, True), (CU, 180, True), (CU, 180, False)):
         B = 1 if cu is not None else 2
         x, h0 = _stage_inputs(gate, dtype, B=B, T=T, cu_seqlens=cu)
