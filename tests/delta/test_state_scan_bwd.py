@@ -209,16 +209,24 @@ def test_wy_in_place_of_w(poisoned, case, dtype):
     A = A.masked_fill(torch.isnan(x["A_wy"]), float("nan"))  # the same unwritten upper triangle
     _, dv_local = dAv_reference(x["do"], x["do"], A, SCALE, cu_seqlens=cu, chunk_size=BT)
     h0 = torch.zeros(x["dht"].shape)
-    for dv, A_in, dv_ref in ((x["dv"], None, x["dv"]), (None, A, dv_local)):
+    # the third leg: A stored with zeros above the diagonal, as gdn's gated scores write it, and
+    # A_tril=True (loaded without the triangular mask), as the GDN chain calls it
+    A_zero = A.nan_to_num(0.0)
+    for dv, A_in, tril, dv_ref in ((x["dv"], None, False, x["dv"]), (None, A, False, dv_local),
+                                   (None, A_zero, True, dv_local)):
         dh_ref, dh0_ref, dv2_ref = ref.state_scan_bwd_ref(
             x["q"], x["k"], x["w"], x["do"], dv_ref, g=x.get("g"), dht=x["dht"], scale=SCALE, cu_seqlens=cu,
             chunk_size=BT)
         for config in (None, CONFIGS[1]):
             dh, dh0, dv2 = state_scan_bwd(x["q"], x["k"], None, x["do"], dv, g=x.get("g"), h0=h0, dht=x["dht"],
                                           scale=SCALE, cu_seqlens=cu, chunk_size=BT, A=A_in,
-                                          wy=(x["A_wy"], x["beta"]), config=config)
+                                          wy=(x["A_wy"], x["beta"]), config=config, A_tril=tril)
             for name, got, want in (("dh", dh, dh_ref), ("dh0", dh0, dh0_ref), ("dv2", dv2, dv2_ref)):
                 _check(name, got, want, TOL[dtype])
+    # A_tril=True reaches the kernel: the entries above the diagonal are read (NaN there shows)
+    _, _, dv2 = state_scan_bwd(x["q"], x["k"], None, x["do"], None, g=x.get("g"), dht=x["dht"], scale=SCALE,
+                               cu_seqlens=cu, chunk_size=BT, A=A, wy=(x["A_wy"], x["beta"]), A_tril=True)
+    assert torch.isnan(dv2).any()
 
 
 def test_wy_argument_errors():

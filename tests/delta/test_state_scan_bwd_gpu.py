@@ -138,22 +138,27 @@ def test_dv_from_A_against_fla_dAv_and_dhu(name, config):
 
 
 @pytest.mark.parametrize("config", [None] + CONFIGS + CANDIDATES, ids=lambda c: "autotuned" if c is None else config_name(c))
-@pytest.mark.parametrize("name", ["gdn", "gdn_varlen_scores"])
+@pytest.mark.parametrize("name", ["gdn", "gdn_varlen_scores", "gdn_varlen_scores_tril"])
 def test_wy_every_config(name, config):
     """GDN's form without fla's recompute_w_u (``wy=(A_wy, beta)``: dv2^T w made as ((dv2^T A_wy)
     diag(beta gamma)) K): against fla's dhu fed fla's bf16 w (the rounding points differ: 5e-3),
     and against the fp64 reference fed the exact w of the same A_wy, beta, k, no worse than fla.
     ``_scores``: with the intra-chunk dv made inside from a score matrix (``A=``, as the GDN chain
-    calls it), packed documents."""
+    calls it), packed documents; ``_tril``: the scores zero above the diagonal and ``A_tril=True``,
+    exactly the chain's call (gated_scores writes them so)."""
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu
 
     from kernel_fun.kda.reference_stages import dAv_reference
 
     c = _case(gate="g", V=128, cu_seqlens=CU if "varlen" in name else None)
     scores = None
-    if name.endswith("scores"):
+    if "scores" in name:
         B, T, HV, _ = c["do"].shape
         scores = (torch.randn(B, T, HV, BT, device="cuda") * 0.2).to(torch.bfloat16)
+        if name.endswith("tril"):
+            bounds = c["cu_seqlens"].tolist() if c["cu_seqlens"] is not None else [0, T]
+            row = torch.cat([torch.arange(e - s) % BT for s, e in zip(bounds[:-1], bounds[1:])]).cuda()
+            scores = scores.masked_fill((torch.arange(BT, device="cuda")[None, :] > row[:, None])[None, :, None, :], 0.0)
         _, dv_local = dAv_reference(c["do"], c["do"], scores, c["scale"], cu_seqlens=c["cu_seqlens"], chunk_size=BT)
         c["dv"] = dv_local.to(torch.bfloat16)  # fla's dhu reads it in bf16; the reference below in fp64
     fla = chunk_gated_delta_rule_bwd_dhu(**_args(c))
@@ -166,7 +171,7 @@ def test_wy_every_config(name, config):
                                cu_seqlens=c["cu_seqlens"], chunk_size=BT)
     args = {**_args(c), "w": None}
     if scores is not None:
-        args.update(dv=None, A=scores)
+        args.update(dv=None, A=scores, A_tril=name.endswith("tril"))
     ours = state_scan_bwd(**args, wy=c["wy"], config=config)
     for n, o, f, e in zip(("dh", "dh0", "dv2"), ours, fla, r):
         assert torch.isfinite(o).all(), n

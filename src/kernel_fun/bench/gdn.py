@@ -357,8 +357,9 @@ def probes(device: str, shape: dict | None = None) -> list:
           lambda: fwd_ref()[2:], ("h", "v_new"), module=scan_fwd_mod, label="gdn state_scan_fwd",
           note="saving h and v_new, no output (the backward's recompute)"),
     ]
-    # The backward scan making dv from the gated scores (the reference's, so only the scan is
-    # under test) and dv2^T w from A and beta, against the reference scan fed w and dv = tril(Aqk)^T do.
+    # The backward scan making dv from the gated scores (the reference's, zero above the diagonal
+    # as the kernel's, so only the scan is under test; A_tril=True as the chain passes it) and
+    # dv2^T w from A and beta, against the reference scan fed w and dv = tril(Aqk)^T do.
     Aqk = R.gated_scores_ref(cpu["q"], cpu["k"], cpu["g"], scale, cu_seqlens=cu_cpu)
     Aqk_dev = Aqk.to(device, low)  # once: a copy inside the timed call would time the host link
 
@@ -369,7 +370,7 @@ def probes(device: str, shape: dict | None = None) -> list:
 
     out.append(P("delta.state_scan_bwd", lambda c: state_scan_bwd(
         t["q"], t["k"], None, t["do"], None, g=g, h0=h0, dht=dht, scale=scale, chunk_size=64, A=Aqk_dev,
-        wy=(wy[0], beta), **scan_var, config=c),
+        wy=(wy[0], beta), A_tril=True, **scan_var, config=c),
         bwd_ref, ("dh", "dh0", "dv"), module=scan_bwd_mod, label="gdn state_scan_bwd"))
     return out
 

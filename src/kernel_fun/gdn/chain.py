@@ -124,7 +124,8 @@ def backward(q, k, v, gc, beta, A, scale, initial_state, do, dht, cu_seqlens, ch
     # dv2^T w made from A and beta in the scan (w = A diag(beta gamma) K)
     dh, dh0, dv2 = state_scan_bwd(
         q, k, None, do, None, g=gc, h0=initial_state, dht=dht, scale=scale, cu_seqlens=cu_seqlens,
-        chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, A=Aqk, wy=(A, beta))
+        chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, A=Aqk, wy=(A, beta),
+        A_tril=True)  # gated_scores stores zeros above the diagonal
     del Aqk
     dq, dk, dv, db, dg = wy_dqkwg_bwd(q, k, v, v_new, gc, beta, A, h, dh, do, dv2, scale, cu_seqlens=cu_seqlens,
                                       chunk_indices=chunk_indices, chunk_size=BT, dv_out=dv_out)

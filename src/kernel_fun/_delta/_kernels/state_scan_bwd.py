@@ -88,6 +88,7 @@ def state_scan_bwd_kernel(
     BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     GATE: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DV_FROM_A: tl.constexpr = False, WY_FROM_A: tl.constexpr = False,
+    A_TRIL: tl.constexpr = False,
 ):
     i_v, i_nh, i_n, i_hv, i_hq, i_hk, bos, _, T, boh = scan_program(
         cu_seqlens, chunk_offsets, seq_order, T, V, HQ, HK, HV, BT, BV, IS_VARLEN, True)
@@ -134,26 +135,37 @@ def state_scan_bwd_kernel(
 
         tl.store(dh + i_t * HV * K * V + s_off, b_ds.to(dh.dtype.element_ty), mask=m_vk)
 
-        # dv2^T = dS^T k^T (+ dv^T); k^T [KP, BT] loaded transposed from memory, or (WY_FROM_A, which
-        # needs k again as w's factor) k [BT, KP] loaded once as it lies and its transpose taken (of
-        # a loaded tile: the Triton 3.4-3.7.0 Hopper miscompile needs a transposed dot result). H200,
-        # gdn's stages, 2026-12-04 (bench/records/2026-12-04-h200-stages-gdn-scans-konce-*.json):
-        # BV128-w8-s2 0.560 -> 0.562 ms at B=4 T=4096 HV=32, 1.135 -> 1.129 at B=8 T=8192 HV=16;
-        # BV64-w4-s2 0.956 -> 0.695 (132 -> 99 KB of shared memory: two programs an SM).
+        # The chunk's tiles that do not depend on the state are loaded before its first product,
+        # so that the loads the pipeliner leaves synchronous (the scalar G_last; A under its
+        # triangular mask) are in flight while that product runs instead of after it.
+        # k^T [KP, BT] loaded transposed from memory, or (WY_FROM_A, which needs k again as w's
+        # factor) k [BT, KP] loaded once as it lies and its transpose taken (of a loaded tile: the
+        # Triton 3.4-3.7.0 Hopper miscompile needs a transposed dot result). H200, gdn's stages,
+        # 2026-12-04 (bench/records/2026-12-04-h200-stages-gdn-scans-konce-*.json): BV128-w8-s2
+        # 0.560 -> 0.562 ms at B=4 T=4096 HV=32, 1.135 -> 1.129 at B=8 T=8192 HV=16; BV64-w4-s2
+        # 0.956 -> 0.695 (132 -> 99 KB of shared memory: two programs an SM).
         if WY_FROM_A:
             b_w = tl.load(k + (t0 + o_i)[:, None] * (HK * K) + o_k[None, :], mask=m_tk, other=0.0)
             b_kt = tl.trans(b_w)
         else:
             b_kt = tl.load(k + (t0 + o_i)[None, :] * (HK * K) + o_k[:, None], mask=m_kt, other=0.0)
-        b_dv2 = tl.dot(b_ds.to(b_kt.dtype), b_kt, input_precision=DOT_PRECISION)
         if GATE == 1:
             b_g = tl.load(g + (t0 + o_i) * HV, mask=m_t, other=0.0).to(tl.float32)
             b_gl = tl.load(g + (t0 + last) * HV).to(tl.float32)
-            b_dv2 *= tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)[None, :]
         b_dot = tl.load(do + (t0 + o_i)[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0)
         if DV_FROM_A:  # the intra-chunk dv^T = do^T tril(A), A's rows (tokens) valid, i >= j
-            m_a = m_t[:, None] & (o_i[:, None] >= o_i[None, :])
-            b_a = tl.load(A + (t0 + o_i)[:, None] * (HV * BT) + o_i[None, :], mask=m_a, other=0.0)
+            if A_TRIL:  # stored with zeros above the diagonal: masked by rows only, so that the
+                # pipeliner copies it ahead into shared memory, where the product reads it
+                b_a = tl.load(A + (t0 + o_i)[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0)
+            else:
+                m_a = m_t[:, None] & (o_i[:, None] >= o_i[None, :])
+                b_a = tl.load(A + (t0 + o_i)[:, None] * (HV * BT) + o_i[None, :], mask=m_a, other=0.0)
+
+        # dv2^T = dS^T k^T (+ dv^T)
+        b_dv2 = tl.dot(b_ds.to(b_kt.dtype), b_kt, input_precision=DOT_PRECISION)
+        if GATE == 1:
+            b_dv2 *= tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)[None, :]
+        if DV_FROM_A:
             b_dv2 += tl.dot(b_dot, b_a.to(b_dot.dtype), input_precision=DOT_PRECISION)
         else:
             b_dv2 += tl.load(dv + (t0 + o_i)[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0).to(tl.float32)
@@ -192,7 +204,8 @@ def state_scan_bwd_kernel(
 
 state_scan_bwd_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(),
-    key=["HQ", "HK", "HV", "K", "V", "BT", "GATE", "USE_DHT", "STORE_DH0", "IS_VARLEN", "DV_FROM_A", "WY_FROM_A"],
+    key=["HQ", "HK", "HV", "K", "V", "BT", "GATE", "USE_DHT", "STORE_DH0", "IS_VARLEN", "DV_FROM_A", "WY_FROM_A",
+         "A_TRIL"],
     prune_configs_by={"early_config_prune": _prune},
 )(state_scan_bwd_kernel)
 
@@ -219,6 +232,7 @@ def state_scan_bwd(
     config: triton.Config | None = None,
     A: torch.Tensor | None = None,
     wy: tuple | None = None,
+    A_tril: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """The backward state scan; drop-in for fla's ``chunk_gated_delta_rule_bwd_dhu``.
 
@@ -229,6 +243,9 @@ def state_scan_bwd(
     h0: only whether dh0 is wanted (its values are not read). scale: required.
     A ``[B, T, HV, BT]`` (KDA's Aqk; with ``dv=None``): the intra-chunk dv = tril(A)^T do is
     made here per chunk instead of read (fla's chunk_kda_bwd_dAv writes it for dhu to read).
+    ``A_tril=True`` says that A's entries above the diagonal are stored as zeros (gdn's gated
+    scores write them so): A is then loaded without the triangular mask, which lets Triton's
+    pipeliner copy it a chunk ahead (with the mask the load stays synchronous).
     ``wy=(A_wy, beta)`` in place of w (pass ``w=None``; the scalar gate or none): A_wy
     ``[B, T, HV, BT]`` the WY inverse (only its lower triangle, diagonal included, is read),
     beta ``[B, T, HV]``; ``dv2^T w`` is made as ``((dv2^T A_wy) diag(beta gamma)) K`` (one more
@@ -297,7 +314,7 @@ def state_scan_bwd(
         KP=max(16, next_pow2(K)), GATE=gate_kind, USE_DHT=dht is not None,
         STORE_DH0=dh0 is not None, IS_VARLEN=is_varlen,
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32", DV_FROM_A=A is not None,
-        WY_FROM_A=beta is not None,
+        WY_FROM_A=beta is not None, A_TRIL=A is not None and A_tril,
     )
     launch(state_scan_bwd_kernel_tuned, scan_grid(V, N * HV), config, **args)
     record_launch("delta.state_scan_bwd")
