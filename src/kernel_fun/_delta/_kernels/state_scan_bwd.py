@@ -136,8 +136,11 @@ def state_scan_bwd_kernel(
         tl.store(dh + i_t * HV * K * V + s_off, b_ds.to(dh.dtype.element_ty), mask=m_vk)
 
         # The chunk's tiles that do not depend on the state are loaded before its first product,
-        # so that the loads the pipeliner leaves synchronous (the scalar G_last; A under its
-        # triangular mask) are in flight while that product runs instead of after it.
+        # so that a load the pipeliner leaves synchronous (the scalar G_last) is in flight while
+        # that product runs instead of after it, and A (with A_TRIL) is copied a chunk ahead. H200,
+        # gdn's call at the layer's shape (B=4 T=4096 H=16 HV=32, 2026-12-04,
+        # bench/records/2026-12-04-h200-stages-gdn-scan-bwd-hoist-ab-37f4230.json): BV128-w8-s2
+        # 0.565 -> 0.492 ms, BV64-w4-s2 0.697 -> 0.651.
         # k^T [KP, BT] loaded transposed from memory, or (WY_FROM_A, which needs k again as w's
         # factor) k [BT, KP] loaded once as it lies and its transpose taken (of a loaded tile: the
         # Triton 3.4-3.7.0 Hopper miscompile needs a transposed dot result). H200, gdn's stages,
@@ -152,20 +155,25 @@ def state_scan_bwd_kernel(
         if GATE == 1:
             b_g = tl.load(g + (t0 + o_i) * HV, mask=m_t, other=0.0).to(tl.float32)
             b_gl = tl.load(g + (t0 + last) * HV).to(tl.float32)
-        b_dot = tl.load(do + (t0 + o_i)[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0)
-        if DV_FROM_A:  # the intra-chunk dv^T = do^T tril(A), A's rows (tokens) valid, i >= j
-            if A_TRIL:  # stored with zeros above the diagonal: masked by rows only, so that the
-                # pipeliner copies it ahead into shared memory, where the product reads it
-                b_a = tl.load(A + (t0 + o_i)[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0)
-            else:
-                m_a = m_t[:, None] & (o_i[:, None] >= o_i[None, :])
-                b_a = tl.load(A + (t0 + o_i)[:, None] * (HV * BT) + o_i[None, :], mask=m_a, other=0.0)
+        if A_TRIL:  # (with DV_FROM_A) A stored with zeros above the diagonal: masked by rows only, so
+            # that the pipeliner copies it a chunk ahead into shared memory, where the product reads it
+            b_dot = tl.load(do + (t0 + o_i)[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0)
+            b_a = tl.load(A + (t0 + o_i)[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0)
 
         # dv2^T = dS^T k^T (+ dv^T)
         b_dv2 = tl.dot(b_ds.to(b_kt.dtype), b_kt, input_precision=DOT_PRECISION)
         if GATE == 1:
             b_dv2 *= tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)[None, :]
-        if DV_FROM_A:
+        if not A_TRIL:
+            b_dot = tl.load(do + (t0 + o_i)[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0)
+        if DV_FROM_A:  # the intra-chunk dv^T = do^T tril(A), A's rows (tokens) valid, i >= j
+            if not A_TRIL:
+                # under the triangular mask (KDA's Aqk: fla leaves the upper triangle unwritten) the load
+                # is synchronous; issued here, after the first product: issued before it, the KDA
+                # chain's scan ran 11% slower on the H200 (BV128-w8-s2 1.319 -> 1.471 ms at kda's stage
+                # shape, 2026-12-04, bench/records/raw/2026-12-04-h200-stages-kda-scan-bwd-hoist-ab.json)
+                m_a = m_t[:, None] & (o_i[:, None] >= o_i[None, :])
+                b_a = tl.load(A + (t0 + o_i)[:, None] * (HV * BT) + o_i[None, :], mask=m_a, other=0.0)
             b_dv2 += tl.dot(b_dot, b_a.to(b_dot.dtype), input_precision=DOT_PRECISION)
         else:
             b_dv2 += tl.load(dv + (t0 + o_i)[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0).to(tl.float32)
