@@ -248,11 +248,12 @@ def state_scan_bwd(full):
     ptr = {n: "*bf16" for n in ("q", "k", "w", "do", "dv", "A", "dh", "dv2", "beta")}
     ptr.update(cu_seqlens="*i64", chunk_offsets="*i64", seq_order="*i32", scale="fp32")
     # GDN's call: the scalar gate, dv from its gated scores, at the layer's V = 128; w from A_wy and
-    # beta (wy=, the chain's) or read
+    # beta (wy=, the chain's, with the scores zero above the diagonal: A_TRIL) or read
     for cfg, varlen, wy in itertools.product(m.CONFIGS + m.CANDIDATES if full else m.CONFIGS,
                                              (False, True) if full else (False,), (False, True)):
         c = dict(HQ=16, HK=16, HV=16, K=128, V=128, BT=64, KP=128, GATE=1, USE_DHT=True,
-                 STORE_DH0=True, IS_VARLEN=varlen, DOT_PRECISION="tf32", DV_FROM_A=True, WY_FROM_A=wy, **cfg.kwargs)
+                 STORE_DH0=True, IS_VARLEN=varlen, DOT_PRECISION="tf32", DV_FROM_A=True, WY_FROM_A=wy,
+                 A_TRIL=wy, **cfg.kwargs)
         yield (f"state_scan_bwd gdn varlen={varlen} wy={wy} {m.config_name(cfg)}", m.state_scan_bwd_kernel, ptr, c, cfg)
     gates = (0, 1, 2) if full else (2,)
     for cfg, gate, varlen, dva in itertools.product(m.CONFIGS + m.CANDIDATES if full else m.CONFIGS, gates, (False, True) if full else (False,),
