@@ -58,11 +58,15 @@ CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
 # Not yet timed or checked on a GPU (the GPU tests and ``kernel-fun bench --stages kda`` force them;
 # they join CONFIGS only after both): BV=64 on 8 warps, 206 registers and no stack with dv
 # from A (the 4-warp one: 255 and 88 bytes), at one 136 KB CTA per SM either way.
-CANDIDATES = [triton.Config({"BV": 64}, num_warps=8, num_stages=2)]
+# GL_AHEAD (the scalar gate only; not yet timed, 2026-12-04): G_last of the next chunk loaded a chunk
+# ahead and carried across the loop, so that no load is left on the scan's dependent chain (without
+# it the scalar load, which the pipeliner does not take, is issued before the chunk's first product).
+CANDIDATES = [triton.Config({"BV": 64}, num_warps=8, num_stages=2),
+              triton.Config({"BV": 128, "GL_AHEAD": True}, num_warps=8, num_stages=2)]
 
 
 def config_name(c) -> str:
-    return f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}"
+    return f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}" + ("-glahead" if c.kwargs.get("GL_AHEAD") else "")
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -88,7 +92,7 @@ def state_scan_bwd_kernel(
     BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     GATE: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DV_FROM_A: tl.constexpr = False, WY_FROM_A: tl.constexpr = False,
-    A_TRIL: tl.constexpr = False,
+    A_TRIL: tl.constexpr = False, GL_AHEAD: tl.constexpr = False,
 ):
     i_v, i_nh, i_n, i_hv, i_hq, i_hk, bos, _, T, boh = scan_program(
         cu_seqlens, chunk_offsets, seq_order, T, V, HQ, HK, HV, BT, BV, IS_VARLEN, True)
@@ -123,6 +127,8 @@ def state_scan_bwd_kernel(
     if USE_DHT:
         b_ds += tl.load(dht + i_nh * K * V + s_off, mask=m_vk, other=0.0).to(tl.float32)
 
+    if GATE == 1 and GL_AHEAD:  # G_last of the first chunk the loop takes (the last one): row T - 1
+        b_gl_next = tl.load(g + (T - 1) * HV, mask=T > 0, other=0.0).to(tl.float32)
     for i_r in range(NT):
         i_t = NT - 1 - i_r
         t0 = i_t * BT
@@ -154,7 +160,11 @@ def state_scan_bwd_kernel(
             b_kt = tl.load(k + (t0 + o_i)[None, :] * (HK * K) + o_k[:, None], mask=m_kt, other=0.0)
         if GATE == 1:
             b_g = tl.load(g + (t0 + o_i) * HV, mask=m_t, other=0.0).to(tl.float32)
-            b_gl = tl.load(g + (t0 + last) * HV).to(tl.float32)
+            if GL_AHEAD:  # this chunk's, loaded a chunk ago; the next chunk's (full: it ends at t0 - 1)
+                b_gl = b_gl_next
+                b_gl_next = tl.load(g + (t0 - 1) * HV, mask=i_t > 0, other=0.0).to(tl.float32)
+            else:
+                b_gl = tl.load(g + (t0 + last) * HV).to(tl.float32)
         if A_TRIL:  # (with DV_FROM_A) A stored with zeros above the diagonal: masked by rows only, so
             # that the pipeliner copies it a chunk ahead into shared memory, where the product reads it
             b_dot = tl.load(do + (t0 + o_i)[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0)
