@@ -15,6 +15,8 @@ from kernel_fun._common.witness import launches
 from kernel_fun._delta import reference as ref
 from kernel_fun._delta._kernels.state_scan_bwd import CANDIDATES, CONFIGS, config_name, state_scan_bwd
 
+from chunk_masks import above_diagonal  # noqa: E402  (tests/delta/conftest.py puts this folder on sys.path)
+
 GL_AHEAD = next(c for c in CANDIDATES if c.kwargs.get("GL_AHEAD"))  # the scalar gate's G_last a chunk ahead
 
 BT = 64
@@ -51,8 +53,7 @@ def _inputs(gate, dtype, B=2, T=130, HQ=1, HV=2, K=32, V=64, cu_seqlens=None, de
              dht=torch.randn(N, HV, K, V, generator=gen) if dht else None, **gate_kw)
     # the WY inverse and beta (the wy= form), A's upper triangle NaN: it must never be multiplied
     bounds = [int(c) for c in cu_seqlens] if cu_seqlens is not None else [0, T]
-    row = torch.cat([torch.arange(e - s) % BT for s, e in zip(bounds[:-1], bounds[1:])])
-    above = (torch.arange(BT)[None, :] > row[:, None])[None, :, None, :]
+    above = above_diagonal(bounds, BT)[None, :, None, :]
     x["A_wy"] = it["Akk"][:, : bounds[-1]].masked_fill(above, float("nan")).to(dtype)
     if bounds[-1] < T:
         x["A_wy"] = torch.cat([x["A_wy"], it["Akk"][:, bounds[-1]:].to(dtype)], 1)
@@ -139,8 +140,7 @@ def test_dv_made_from_A(poisoned, case, dtype):
     B, T, HV, _ = x["w"].shape
     A = (torch.randn(B, T, HV, BT, generator=gen) * 0.2).to(dtype)
     bounds = cu.tolist() if cu is not None else [0, T]
-    row = torch.cat([torch.arange(e - s) % BT for s, e in zip(bounds[:-1], bounds[1:])])  # row in its chunk
-    above = (torch.arange(BT)[None, :] > row[:, None])[None, :, None, :]  # fla's Aqk leaves these unwritten
+    above = above_diagonal(bounds, BT)[None, :, None, :]  # fla's Aqk leaves these unwritten
     A = A.masked_fill(above, float("nan"))
     _, dv_local = dAv_reference(x["do"], x["do"], A, SCALE, cu_seqlens=cu, chunk_size=BT)
     dh_ref, dh0_ref, dv2_ref = ref.state_scan_bwd_ref(

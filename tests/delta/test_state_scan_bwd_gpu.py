@@ -14,6 +14,8 @@ from kernel_fun._common.witness import launches
 from kernel_fun._delta import reference as ref
 from kernel_fun._delta._kernels.state_scan_bwd import CANDIDATES, CONFIGS, config_name, state_scan_bwd
 
+from chunk_masks import above_diagonal  # noqa: E402  (tests/delta/conftest.py puts this folder on sys.path)
+
 pytestmark = pytest.mark.gpu
 
 BT = 64
@@ -157,8 +159,7 @@ def test_wy_every_config(name, config):
         scores = (torch.randn(B, T, HV, BT, device="cuda") * 0.2).to(torch.bfloat16)
         if name.endswith("tril"):
             bounds = c["cu_seqlens"].tolist() if c["cu_seqlens"] is not None else [0, T]
-            row = torch.cat([torch.arange(e - s) % BT for s, e in zip(bounds[:-1], bounds[1:])]).cuda()
-            scores = scores.masked_fill((torch.arange(BT, device="cuda")[None, :] > row[:, None])[None, :, None, :], 0.0)
+            scores = scores.masked_fill(above_diagonal(bounds, BT).cuda()[None, :, None, :], 0.0)
         _, dv_local = dAv_reference(c["do"], c["do"], scores, c["scale"], cu_seqlens=c["cu_seqlens"], chunk_size=BT)
         c["dv"] = dv_local.to(torch.bfloat16)  # fla's dhu reads it in bf16; the reference below in fp64
     fla = chunk_gated_delta_rule_bwd_dhu(**_args(c))

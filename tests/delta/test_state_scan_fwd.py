@@ -13,10 +13,12 @@ import torch.nn.functional as F
 
 from kernel_fun._common.witness import launches
 from kernel_fun._delta import reference as ref
+from kernel_fun._common.numerics import rel_rms
 from kernel_fun._delta._kernels.state_scan_fwd import CANDIDATES, CONFIGS, config_name, state_scan_fwd
 
+from chunk_masks import above_diagonal  # noqa: E402  (tests/delta/conftest.py puts this folder on sys.path)
+
 ALL_CONFIGS = CONFIGS + CANDIDATES
-from kernel_fun._common.numerics import rel_rms
 
 BT = 64
 SCALE = 0.3
@@ -48,8 +50,7 @@ def _stage_inputs(gate, dtype, B=2, T=130, HQ=1, HV=2, K=32, V=64, cu_seqlens=No
     h0 = torch.randn(N, HV, K, V, generator=gen, dtype=torch.float32) if with_h0 else None
     # fla leaves Aqk's upper triangle unwritten: make it NaN, the scan must never read it.
     bounds = [int(c) for c in cu_seqlens] if cu_seqlens is not None else [0, T]
-    pos = torch.cat([torch.arange(e - s) % BT for s, e in zip(bounds[:-1], bounds[1:])])
-    upper = torch.arange(BT)[None, :] > pos[:, None]  # [T, BT]
+    upper = above_diagonal(bounds, BT)  # [T, BT]
     it["Aqk"][:, : bounds[-1]].masked_fill_(upper[None, :, None, :], float("nan"))
     it["Akk"][:, : bounds[-1]].masked_fill_(upper[None, :, None, :], float("nan"))  # (the wy= form's A)
     x = {
