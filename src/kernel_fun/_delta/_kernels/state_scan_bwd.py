@@ -166,7 +166,9 @@ def state_scan_bwd_kernel(
             else:
                 b_gl = tl.load(g + (t0 + last) * HV).to(tl.float32)
         if A_TRIL:  # (with DV_FROM_A) A stored with zeros above the diagonal: masked by rows only, so
-            # that the pipeliner copies it a chunk ahead into shared memory, where the product reads it
+            # that the pipeliner copies it a chunk ahead into shared memory, where the product reads it.
+            # do is loaded here with it, and after the first product otherwise: each of the two forms
+            # compiles to the code that was measured (gdn's here, KDA's and the rest below)
             b_dot = tl.load(do + (t0 + o_i)[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0)
             b_a = tl.load(A + (t0 + o_i)[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0)
 
