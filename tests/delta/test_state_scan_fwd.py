@@ -7,6 +7,8 @@ meets in the chains (w, u from the WY inverse, kg, Aqk with the gate and scale i
 """
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -293,17 +295,20 @@ def test_wy_from_A(poisoned, layout, dtype, gate):
     """``wy=(A, v, beta)`` (GDN's forward: fla's recompute_w_u never runs) gives what w, u give:
     o, h, v_new and the final state against the reference, with A's upper triangle NaN (never
     multiplied), T = 130 (a partial chunk), grouped values; then packed documents, and the
-    backward's recompute (no output, queries NaN)."""
+    backward's recompute (no output, queries NaN). Each also with ``wy_tril=True`` (the chain's call)
+    on A with zeros above the diagonal, as wy_inverse writes it; with NaN there that flag shows."""
     config = VK32 if layout == "value_major" else None
-    for cu, T, store_o in ((None, 130, True), (CU, 180, True), (CU, 180, False)):
+    for (cu, T, store_o), tril in itertools.product(((None, 130, True), (CU, 180, True), (CU, 180, False)),
+                                                    (False, True)):
         B = 1 if cu is not None else 2
         x, h0 = _stage_inputs(gate, dtype, B=B, T=T, cu_seqlens=cu)
         o_ref, ht_ref, h_ref, vn_ref = _reference(x, h0, cu)
         q = x["q"] if store_o else torch.full_like(x["q"], float("nan"))
+        A = x["A"].nan_to_num(0.0) if tril else x["A"]
         o, ht, h, vn = state_scan_fwd(
             q, x["k"], None, None, g=x.get("g"), scale=SCALE, initial_state=h0, output_final_state=True,
-            cu_seqlens=cu, save_h=True, save_v_new=True, store_o=store_o, wy=(x["A"], x["v"], x["beta"]),
-            config=config)
+            cu_seqlens=cu, save_h=True, save_v_new=True, store_o=store_o, wy=(A, x["v"], x["beta"]),
+            wy_tril=tril, config=config)
         tol = TOL[dtype]
         if store_o:
             _check("o", o, o_ref, tol)
@@ -312,6 +317,11 @@ def test_wy_from_A(poisoned, layout, dtype, gate):
         _check("final_state", ht, ht_ref, tol)
         _check("h", h, h_ref, tol)
         _check("v_new", vn, vn_ref, tol, rows=None if cu is None else slice(0, int(cu[-1])))
+    # wy_tril=True reaches the kernel: the entries above the diagonal are read (NaN there shows)
+    x, h0 = _stage_inputs(gate, dtype)
+    _, ht, _, _ = state_scan_fwd(x["q"], x["k"], None, None, g=x.get("g"), scale=SCALE, initial_state=h0,
+                                 output_final_state=True, wy=(x["A"], x["v"], x["beta"]), wy_tril=True, config=config)
+    assert torch.isnan(ht).any()
 
 
 def test_wy_from_A_argument_errors():

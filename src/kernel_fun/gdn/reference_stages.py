@@ -100,9 +100,9 @@ def _inverse(kc, gc_nat, bc, kk=None):
 
 
 def lower_blocks(A, B, T, cu_seqlens=None):
-    """A ``[B, T, HV, BT]`` with its 16-row blocks above the diagonal zeroed: what the WY inverse
-    kernel writes (it leaves those blocks unwritten; ``wy_inverse_ref`` has zeros there). A row's
-    block is its place in its chunk (chunks restart at each document)."""
+    """A ``[B, T, HV, BT]`` with its 16-row blocks above the diagonal zeroed (as the WY inverse kernel
+    writes them, and ``wy_inverse_ref`` has them). A row's block is its place in its chunk (chunks
+    restart at each document)."""
     row = torch.zeros(B, T, dtype=torch.long)
     for b, s, e, _ in chunks(B, T, cu_seqlens):
         row[b, s:e] = torch.arange(e - s) // 16

@@ -17,8 +17,12 @@ program holds each diagonal block twice, L and L^T (K K^T is symmetric, so L^T i
 gated the other way), so that row i of L comes out of L^T already indexed by rows, the weighted
 sum over rows comes out indexed by columns, and no step converts a layout (fla's converts one
 vector a step through shared memory). The off-diagonal blocks of the inverse follow by the block
-recurrence X_ij = -X_ii sum_{j<=m<i} L_im X_mj, in tf32 (as fla's), written below the diagonal
-only: the blocks above are never read (every reader masks them).
+recurrence X_ij = -X_ii sum_{j<=m<i} L_im X_mj, in tf32 (as fla's). The six blocks above the
+diagonal are written as zeros (3 KB more a chunk and value head: 8 KB of A written instead of 5,
+about 25 MB a layer at B=4 T=4096 HV=32), so that the three scans that read A can load it without
+the triangular mask (``wy_tril=True``): with the mask, Triton 3.6 reads the tile the pipeliner
+copied into shared memory back to registers, masks it and writes it to shared memory again, once a
+chunk, on each scan's dependent chain.
 """
 from __future__ import annotations
 
@@ -193,6 +197,13 @@ def wy_inverse_kernel(
         _store(p_a, x31, 3, 1, n_valid, HV, BT)
         _store(p_a, x32, 3, 2, n_valid, HV, BT)
         _store(p_a, x3, 3, 3, n_valid, HV, BT)
+        zero = tl.zeros([16, 16], dtype=tl.float32)
+        _store(p_a, zero, 0, 1, n_valid, HV, BT)
+        _store(p_a, zero, 0, 2, n_valid, HV, BT)
+        _store(p_a, zero, 0, 3, n_valid, HV, BT)
+        _store(p_a, zero, 1, 2, n_valid, HV, BT)
+        _store(p_a, zero, 1, 3, n_valid, HV, BT)
+        _store(p_a, zero, 2, 3, n_valid, HV, BT)
 
 
 wy_inverse_kernel_tuned = triton.autotune(
@@ -202,8 +213,8 @@ wy_inverse_kernel_tuned = triton.autotune(
 
 def wy_inverse(k, g, beta, cu_seqlens=None, chunk_indices=None, chunk_size: int = 64,
                *, config: triton.Config | None = None):
-    """``A [B, T, HV, BT]`` (k's dtype; the blocks above the diagonal unwritten, zero above the
-    diagonal within the diagonal blocks) from k ``[B, T, H, K]``, g
+    """``A [B, T, HV, BT]`` (k's dtype; lower triangular, its zeros above the diagonal written: the
+    scans may read it with ``wy_tril=True``) from k ``[B, T, H, K]``, g
     ``[B, T, HV]`` fp32 (chunk-local cumulative log2 gate) and the activated beta ``[B, T, HV]``."""
     B, T, H, K = k.shape
     HV = g.shape[2]
