@@ -49,11 +49,11 @@ def inputs_fwd_kernel(
     q, k,  # [B, T, H, K], any strides with the last 1
     v, v_out,  # [B, T, HV, V], any strides with the last 1; its contiguous copy (COPY_V)
     g,  # [B, T, HV]: the raw gate input (GATE_IN_KERNEL) or the per-token log gate
-    beta,  # [B, T, HV]: raw (BETA_SIGMOID) or as given (then not read)
+    beta,  # [B, T, HV]: raw (BETA_SIGMOID) or as given
     A_log, dt_bias,  # [HV] fp32 (GATE_IN_KERNEL; dt_bias when HAS_DT_BIAS)
     q_out, q_rstd, k_out, k_rstd,  # [B, T, H, K] in q's dtype; [B, T, H] fp32
     gc,  # [B, T, HV] fp32 out: the chunk-local cumulative gate times gate_scale
-    beta_out,  # [B, T, HV] fp32 out (BETA_SIGMOID)
+    beta_out,  # [B, T, HV] fp32 out: beta_scale * sigmoid(beta) (BETA_SIGMOID) or beta as given
     cu_seqlens, chunk_indices,
     T,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
@@ -70,8 +70,7 @@ def inputs_fwd_kernel(
     # Every load is issued before the first store, so that a program's reads are in flight together
     # (not one tensor's load, then its store, then the next load).
     b_g = tl.load(g + p, mask=m_t, other=0.0)
-    if BETA_SIGMOID:
-        b_b = tl.load(beta + p, mask=m_t, other=0.0)
+    b_b = tl.load(beta + p, mask=m_t, other=0.0)
     if COPY_V:
         o_v = tl.arange(0, VP)
         m_tv = m_t[:, None] & (o_v < V)[None, :]
@@ -96,6 +95,8 @@ def inputs_fwd_kernel(
     tl.store(gc + p, tl.cumsum(b_g, axis=0) * gate_scale, mask=m_t)
     if BETA_SIGMOID:
         tl.store(beta_out + p, beta_scale * tl.sigmoid(b_b.to(tl.float32)), mask=m_t)
+    else:  # the value as given, in fp32 (exact): see inputs_fwd
+        tl.store(beta_out + p, b_b.to(tl.float32), mask=m_t)
     if COPY_V:
         tl.store(v_out + (row0 + o_i)[:, None] * (HV * V) + i_hv * V + o_v[None, :], b_v, mask=m_tv)
     # l2norm: y = x / sqrt(sum(x^2) + eps) in x's dtype, rstd fp32 (as fla's l2norm_fwd)
@@ -130,7 +131,10 @@ def inputs_fwd(q, k, v, g, beta, A_log, dt_bias, gate_in_kernel: bool, beta_sigm
     HV, V]`` contiguous (copied in the launch where it is strided); gc ``[B, T, HV]`` fp32, the
     chunk-local cumulative sum of the gate (``-exp(A_log) softplus(g + dt_bias)`` with
     ``gate_in_kernel``, else g itself) times ``gate_scale``; beta ``beta_scale * sigmoid(beta)``
-    in fp32 with ``beta_sigmoid``, else beta as given. One launch."""
+    with ``beta_sigmoid``, else beta as given, in fp32 either way: the scans load beta once a chunk
+    as a strided [BT] vector, which Triton 3.6's pipeliner copies ahead at 4 bytes an element and
+    leaves synchronous at 2 (a bf16 beta, what modeling code that applies the sigmoid itself passes,
+    put that load on each scan's dependent chain; sm_90a TTGIR). One launch."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BT = chunk_size
@@ -148,7 +152,7 @@ def inputs_fwd(q, k, v, g, beta, A_log, dt_bias, gate_in_kernel: bool, beta_sigm
                                                                             device=k.device)
     q_rstd, k_rstd = (alloc((B, T, H), dtype=torch.float32, device=q.device) for _ in range(2))
     gc = alloc((B, T, HV), dtype=torch.float32, device=q.device)
-    beta_out = alloc((B, T, HV), dtype=torch.float32, device=q.device) if beta_sigmoid else beta
+    beta_out = alloc((B, T, HV), dtype=torch.float32, device=q.device)
     dummy = gc
     launch(inputs_fwd_kernel_tuned, (NT, B * HV), config,
            q=q, k=k, v=v, v_out=v_out, g=g, beta=beta, A_log=A_log if gate_in_kernel else dummy,
