@@ -241,6 +241,11 @@ def test_inputs_fwd(name, dtype, tol):
                          ("q_rstd", q_rstd, qn[..., 0] / x["q"][..., 0]), ("k_rstd", k_rstd, kn[..., 0] / x["k"][..., 0])):
         assert got.is_contiguous() and torch.isfinite(got).all(), n
         assert rel_rms(got.double(), want) < tol, (n, rel_rms(got.double(), want))
+    # beta as given (the sigmoid applied outside the op): the same values, in fp32 (the scans' beta
+    # loads are pipelined at 4 bytes an element)
+    beta_given = inputs_fwd(low["q"], low["k"], low["v"], low["g"], low["beta"], low["A_log"], low["dt_bias"],
+                            gate_in, False, 1.0, 1 / math.log(2.0), cu_t, idx)[6]
+    assert beta_given.dtype == torch.float32 and torch.equal(beta_given, low["beta"].float())
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)], ids=["fp32", "fp16"])

@@ -80,8 +80,8 @@ def wy_dqk_bwd_kernel(
     dh,  # [B, NT, HV, K, V]: the gradient of the state after each chunk
     do,  # [B, T, HV, V]
     dv,  # [B, T, HV, V]: diag(beta) A^T dv2 (the first half's), rows s_dv elements apart
-    dAqk,  # [B, T, HV, BT]
-    dAkk,  # [B, T, HV, BT]
+    dAqk,  # [B, T, HV, BT], every column of the chunk's rows written (zeros above the diagonal)
+    dAkk,  # [B, T, HV, BT], likewise
     dgz,  # [B, T, HV] fp32
     dq,  # [B, T, H, K]
     dk,  # [B, T, H, K]
@@ -162,11 +162,13 @@ def wy_dqk_bwd_kernel(
         # this head's state + w part of rowsum(dk * K) (for the last row's dG)
         b_dgl = tl.exp2(b_gl) * tl.sum(b_hdh, 0) + tl.sum((tl.sum(b_dk * b_k32, 1) - r_k0)[None, :], 1)
 
-        m_tt = m_t[:, None] & m_t[None, :]
-        # Output, intra-chunk: dq += dAqk K, dk += dAqk^T Q (dAqk^T loaded transposed)
+        # Output, intra-chunk: dq += dAqk K, dk += dAqk^T Q (dAqk^T loaded transposed). dAqk and dAkk
+        # are masked by their rows only: the first half writes every column of the chunk's rows (zeros
+        # above the diagonal and past the chunk's end), and a mask along the contiguous dimension
+        # would split each load into 2-byte accesses (sm_90a).
         p_s = dAqk + (row0 * HV + i_hv) * BT
-        b_s = tl.load(p_s + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_tt, other=0.0)
-        b_st = tl.load(p_s + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_tt, other=0.0)
+        b_s = tl.load(p_s + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0)
+        b_st = tl.load(p_s + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_t[None, :], other=0.0)
         b_dq = tl.dot(b_s, b_k, b_dq, input_precision=DOT_PRECISION)
         b_dk = tl.dot(b_st, b_q, b_dk, input_precision=DOT_PRECISION)
 
@@ -177,8 +179,8 @@ def wy_dqk_bwd_kernel(
 
         # A: dk += diag(beta) Z K + Z^T diag(beta) K = (dAkk + dAkk^T) K
         p_z = dAkk + (row0 * HV + i_hv) * BT
-        b_z = tl.load(p_z + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_tt, other=0.0).to(tl.float32)
-        b_z += tl.load(p_z + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_tt, other=0.0).to(tl.float32)
+        b_z = tl.load(p_z + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
+        b_z += tl.load(p_z + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_t[None, :], other=0.0).to(tl.float32)
         b_dk = tl.dot(b_z.to(dt_in), b_k, b_dk, input_precision=DOT_PRECISION)
         if G > 1:
             r_q0 = tl.sum(b_dq * b_q32, 1)

@@ -65,7 +65,7 @@ def wy_dqkwg_bwd(q, k, v, v_new, g, beta, A, h, dh, do, dv2, scale, cu_seqlens=N
 
     q, k ``[B, T, H, K]``; v, v_new, do, dv2 ``[B, T, HV, V]`` (dv2: the full gradient of v_new,
     from the backward state scan); g ``[B, T, HV]`` fp32 chunk-local cumulative log2 gate; beta
-    ``[B, T, HV]`` (activated); A ``[B, T, HV, BT]`` (fla's forward intra stage's inverse); h,
+    ``[B, T, HV]`` (activated); A ``[B, T, HV, BT]`` (the WY inverse, with its zeros above the diagonal stored: ``wy_inverse``'s); h,
     dh ``[B, NT, HV, K, V]`` (the states before each chunk and their gradients after it, key-major);
     cu_seqlens ``[N + 1]`` with chunk_indices ``[NT, 2]`` (fla's prepare_chunk_indices) for packed
     documents. Returns ``(dq, dk [B, T, H, K]`` in ``out_dtype`` (q's by default), ``dv [B, T, HV, V]``

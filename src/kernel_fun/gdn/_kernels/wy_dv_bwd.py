@@ -81,7 +81,7 @@ def wy_dv_bwd_kernel(
     v_new,  # [B, T, HV, V]
     g,  # [B, T, HV] fp32, chunk-local cumulative log2 gate
     beta,  # [B, T, HV]
-    A,  # [B, T, HV, BT]: (I + L)^-1, lower triangular
+    A,  # [B, T, HV, BT]: (I + L)^-1, lower triangular, its zeros above the diagonal written (wy_inverse)
     h,  # [B, NT, HV, K, V]: the state before each chunk
     do,  # [B, T, HV, V]
     dv2,  # [B, T, HV, V]: the full gradient of v_new
@@ -110,7 +110,6 @@ def wy_dv_bwd_kernel(
     m_tk = m_t[:, None] & m_k[None, :]
     m_kt = m_k[:, None] & m_t[None, :]
     m_tt = m_t[:, None] & m_t[None, :]
-    m_upper = (o_i[:, None] <= o_i[None, :]) & m_tt  # [j, i], i >= j: A^T's mask
 
     # Per-chunk base pointers (int64); offsets inside a chunk fit in int32.
     k += (row0 * H + i_h) * K
@@ -120,13 +119,14 @@ def wy_dv_bwd_kernel(
     b_beta = tl.load(beta + row0 * HV + i_hv + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
     b_gam = tl.where(m_t, tl.exp2(b_g), 0.0)
     b_bg = b_beta * b_gam
+    # A as wy_inverse writes it: every column of the chunk's rows, zeros above the diagonal (and so
+    # past the chunk's end); masked by its rows only, so that no mask runs along the contiguous
+    # dimension (which would split each load into 2-byte accesses) and no where is needed.
     p_A = A + (row0 * HV + i_hv) * BT
-    if MERGE_D:  # A as stored [i, j], lower triangle: the V loop makes (A^T dv2)^T = dv2^T A
-        b_al = tl.load(p_A + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_tt, other=0.0)
-        b_al = tl.where((o_i[:, None] >= o_i[None, :]) & m_tt, b_al, 0.0).to(dt_in)
+    if MERGE_D:  # A as stored [i, j]: the V loop makes (A^T dv2)^T = dv2^T A
+        b_al = tl.load(p_A + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0)
     else:
-        b_at = tl.load(p_A + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_tt, other=0.0)  # A^T [j, i]
-        b_at = tl.where(m_upper, b_at, 0.0).to(dt_in)
+        b_at = tl.load(p_A + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_t[None, :], other=0.0)  # A^T [j, i]
     b_kt = tl.load(k + o_i[None, :] * (H * K) + o_k[:, None], mask=m_kt, other=0.0)  # k^T from memory
     p_h = h + (i_tg * HV + i_hv) * K * V
     p_v = v + (row0 * HV + i_hv) * V
@@ -186,12 +186,10 @@ def wy_dv_bwd_kernel(
     m_lower = (o_i[:, None] >= o_i[None, :]) & m_tt  # [i, j], i >= j, both tokens valid
     m_strict = (o_i[:, None] > o_i[None, :]) & m_tt
     if MERGE_D:  # A^T for the dA products below, loaded after the loop (not live across it)
-        b_at = tl.load(p_A + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_tt, other=0.0)
-        b_at = tl.where(m_upper, b_at, 0.0).to(dt_in)
+        b_at = tl.load(p_A + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_t[None, :], other=0.0)
     else:
         # rowsum(A^T dw * K)_i = -sum_j A_ji D_ji, A loaded as stored
-        b_a = tl.load(p_A + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_tt, other=0.0)
-        b_a = tl.where(m_lower, b_a, 0.0).to(tl.float32)
+        b_a = tl.load(p_A + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
         b_dkk = -tl.sum(b_a * b_D, 0)
 
     # Gamma, formed with where before any product (exp2 overflows above the diagonal; 0 * inf
@@ -236,9 +234,11 @@ def wy_dv_bwd(k, v, v_new, g, beta, A, h, do, dv2, scale, NT: int, cu_seqlens=No
               chunk_size: int = 64, dv=None, *, config: triton.Config | None = None):
     """The first half of the GDN backward (shapes checked and made contiguous by the caller,
     ``wy_dqkwg_bwd``): k ``[B, T, H, K]``; v, v_new, do, dv2 ``[B, T, HV, V]``; g, beta
-    ``[B, T, HV]``; A ``[B, T, HV, BT]``; h ``[B, NT, HV, K, V]``. Returns ``(dv [B, T, HV, V]``
-    in v's dtype, ``dbeta [B, T, HV]`` fp32, ``dAqk, dAkk [B, T, HV, BT]`` in k's dtype (rows of
-    each chunk, zero above the diagonal), ``dGz [B, T, HV]`` fp32). ``dv``: where to write dv
+    ``[B, T, HV]``; A ``[B, T, HV, BT]`` with its zeros above the diagonal stored, as ``wy_inverse``
+    writes it (only A's rows are masked); h ``[B, NT, HV, K, V]``. Returns ``(dv [B, T, HV, V]``
+    in v's dtype, ``dbeta [B, T, HV]`` fp32, ``dAqk, dAkk [B, T, HV, BT]`` in k's dtype (every
+    column of each chunk's rows, zero above the diagonal and past the chunk's end: the second half
+    masks them by rows only), ``dGz [B, T, HV]`` fp32). ``dv``: where to write dv
     (rows strided, ``row_stride``'s layout), else a new tensor."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
