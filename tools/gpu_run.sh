@@ -22,6 +22,11 @@
 #        and dv-from-A stage tests)
 # candidates: the stage-level GPU tests that force every configuration, candidates included.
 # STAGES_ARGS is passed to the stages_* steps (e.g. STAGES_ARGS="--kernel cconv.fwd" with stages_cconv alone).
+# stages_ab: the A/B of a change against an older tree, in one call: AB_FAMILY's (default gdn)
+#        --stages (with STAGES_ARGS) run from AB_OLD (default ab_old/src: `git archive REV src | (mkdir -p
+#        ab_old && tar x -C ab_old)` before the call; untracked, so it travels; delete it before
+#        committing) and from src, alternated old, new, ROUNDS times (default 2), a process each;
+#        records $OUT/stages_ab_{old,new}_N.json.
 # KDA_CASES="--case prod_b16 ...", GDN_CASES, CCONV_CASES pick bench cases; KDA_TEST_K="..." is passed to pytest -k.
 # bench_cases: BENCH_FAMILY=kda BENCH_CASES="prod_b16 varlen_16docs", a process per case (STEP_TIMEOUT each).
 set -u
@@ -169,6 +174,18 @@ for step in "$@"; do
           --json "$OUT/gdn_flashqla.json" 2>&1 | tee "$OUT/gdn_flashqla.log" ) ;;
     gdn_host) timeout "$T" python3 tools/gdn_host.py "$OUT/gdn_host.json" ${GDN_HOST_SHAPE:-} 2>&1 | tee "$OUT/gdn_host.log" | tail -60 ;;
     cconv_host) timeout "$T" python3 tools/cconv_host.py "$OUT/cconv_host.json" 2>&1 | tee "$OUT/cconv_host.log" | tail -30 ;;
+    stages_ab)  # one family's --stages, the tree at AB_OLD (default ab_old/src) against src, alternated
+      old=${AB_OLD:-ab_old/src}
+      if [ ! -d "$old/kernel_fun" ]; then
+        echo "no $old/kernel_fun: before the call, git archive REV src | (mkdir -p ab_old && tar x -C ab_old)"; continue; fi
+      for r in $(seq 1 "${ROUNDS:-2}"); do
+        for side in old new; do
+          [ "$side" = old ] && tree=$old || tree=src
+          echo "--- round $r, $side ($tree)"
+          PYTHONPATH=/tmp/site:$tree timeout "$T" python3 -m kernel_fun bench --stages "${AB_FAMILY:-gdn}" ${STAGES_ARGS:-} \
+            --json "$OUT/stages_ab_${side}_$r.json" 2>&1 | tee "$OUT/stages_ab_${side}_$r.log" | tail -40
+        done
+      done ;;
     stages_cconv|stages_kda|stages_gdn|stages_gnorm) fam=${step#stages_}
       timeout "$T" python3 -m kernel_fun bench --stages "$fam" ${STAGES_ARGS:-} --json "$OUT/stages_$fam.json" 2>&1 | tee "$OUT/stages_$fam.log" | tail -80 ;;
     model_idle) # where a model step's GPU idles and what the host does then (tools/model_idle.py);
