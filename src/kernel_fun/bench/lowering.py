@@ -408,8 +408,9 @@ def gdn_inputs(full):
     for name, m, kernel in (("fwd", f, f.inputs_fwd_kernel), ("bwd", b, b.inputs_bwd_kernel)):
         fn = _jit_fn(kernel)
         ptr = {n: ("*fp32" if n in fp32 else "*bf16") for n in fn.arg_names}
-        ptr.update({n: "i32" for n in ptr if n == "T" or n.startswith("s_")},
-                   **{n: "i32:16" for n in ("s_dqk",) if n in ptr},  # H * K or the fused q/k/v row
+        # the strides: multiples of 16 at the layer's call (the fused q/k/v row, H * K, K), which Triton
+        # specializes at launch; without it the q, k, v loads compile to 2-byte accesses
+        ptr.update({n: ("i32:16" if n.startswith("s_") else "i32") for n in ptr if n == "T" or n.startswith("s_")},
                    **{n: "fp32" for n in ("gate_scale", "beta_scale", "eps") if n in ptr},
                    cu_seqlens="*i64", chunk_indices="*i64")
         for cfg, fl in itertools.product(m.CONFIGS + (m.CANDIDATES if full else []), flags):
