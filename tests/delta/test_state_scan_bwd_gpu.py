@@ -146,8 +146,8 @@ def test_wy_every_config(name, config):
     diag(beta gamma)) K): against fla's dhu fed fla's bf16 w (the rounding points differ: 5e-3),
     and against the fp64 reference fed the exact w of the same A_wy, beta, k, no worse than fla.
     ``_scores``: with the intra-chunk dv made inside from a score matrix (``A=``, as the GDN chain
-    calls it), packed documents; ``_tril``: the scores zero above the diagonal and ``A_tril=True``,
-    exactly the chain's call (gated_scores writes them so)."""
+    calls it), packed documents; ``_tril``: the scores and A_wy zero above the diagonal and
+    ``A_tril=True, wy_tril=True``, exactly the chain's call (gated_scores and wy_inverse write them so)."""
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu
 
     from kernel_fun.kda.reference_stages import dAv_reference
@@ -171,9 +171,14 @@ def test_wy_every_config(name, config):
     r = ref.state_scan_bwd_ref(c["q"], c["k"], w_exact, c["do"], c["dv"], g=c["g"], dht=c["dht"], scale=c["scale"],
                                cu_seqlens=c["cu_seqlens"], chunk_size=BT)
     args = {**_args(c), "w": None}
+    wy = c["wy"]
     if scores is not None:
         args.update(dv=None, A=scores, A_tril=name.endswith("tril"))
-    ours = state_scan_bwd(**args, wy=c["wy"], config=config)
+    if name.endswith("tril"):  # A_wy with its zeros above the diagonal written, as wy_inverse writes it
+        bounds = c["cu_seqlens"].tolist() if c["cu_seqlens"] is not None else [0, c["do"].shape[1]]
+        wy = (A_wy.masked_fill(above_diagonal(bounds, BT).cuda()[None, :, None, :], 0.0), beta)
+        args.update(wy_tril=True)
+    ours = state_scan_bwd(**args, wy=wy, config=config)
     for n, o, f, e in zip(("dh", "dh0", "dv2"), ours, fla, r):
         assert torch.isfinite(o).all(), n
         e_ours, e_fla = rel_rms(o, e), rel_rms(f, e)
