@@ -127,13 +127,14 @@ def test_wy_dqkwg_bwd(name, dtype, tol):
         assert err < tol, (n, err)
 
 
+@pytest.mark.parametrize("G", [2, 1])
 @pytest.mark.parametrize("config", dqk_mod.CONFIGS + dqk_mod.CANDIDATES, ids=config_name)
-def test_wy_dqk_bwd_every_config_k128_grouped(config):
+def test_wy_dqk_bwd_every_config_k128_grouped(config, G):
     """Every configuration of the second half forced (the interpreter's autotuner runs only the
     first): K = 128 with a K block of 64 (two programs per chunk adding their parts of dg) and
-    of 128 (one), over a group of two value heads with a tail chunk; dg starts as NaN where the
-    launcher does not zero it."""
-    B, T, H, HV, K, V = 1, 80, 1, 2, 128, 64
+    of 128 (one), over a group of two value heads (and one) with a tail chunk; dg starts as NaN
+    where the launcher does not zero it."""
+    B, T, H, HV, K, V = 1, 80, 1, G, 128, 64
     t, _ = _inputs(B, T, H, HV, K, V, None, torch.float32, seed=3)
     ref = R.wy_dqkwg_bwd_ref(**{n: x.double() for n, x in t.items() if n != "A"}, scale=K ** -0.5)
     out = bwd_mod.wy_dqkwg_bwd(**t, scale=K ** -0.5, out_dtype=torch.float32, dqk_config=config)

@@ -60,6 +60,9 @@ install_interpreter_shims()
 CONFIGS = [triton.Config({"BK": bk, "BV": bv}, num_warps=nw, num_stages=ns)
            for bk, bv, nw, ns in [(64, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2)]]
 CANDIDATES = [triton.Config({"BK": bk, "BV": bv}, num_warps=8, num_stages=2) for bk, bv in ((64, 64), (128, 32))]
+# FLAT (2026-12-04, not yet timed): the group's (value head, value block) pairs in one loop, so that the
+# next head's first block is copied during this head's epilogue instead of waited for after it.
+CANDIDATES += [triton.Config({"BK": 64, "BV": bv, "FLAT": True}, num_warps=4, num_stages=2) for bv in (64, 32)]
 # Quarter-K programs (BK32 on 4 warps, dG in per-K-block slices summed by the launcher; 163-218
 # registers, no stack at HV=16) lost on the H200 (2026-12-02, B=4 T=4096 H=16, records
 # bench/records/2026-12-02-h200-stages-gdn-wy-dqk-quarter-k-hv{32,16}-c5b3a36.json): 1.346-1.659 ms
@@ -68,6 +71,80 @@ CANDIDATES = [triton.Config({"BK": bk, "BV": bv}, num_warps=8, num_stages=2) for
 # lost too (2026-12-03, B=4 T=4096 H=16 HV=32): BK64-BV64 1.020, BK64-BV32 1.029 against the shipped
 # 0.830 ms (bench/records/2026-12-03-h200-stages-gdn-wy-dqk-maxnreg-82af0e9.json; git 82af0e9 has them).
 MIN_BK = min(c.kwargs["BK"] for c in CONFIGS)  # of the autotuner's configs (whether dg needs zeroing)
+
+
+@triton.jit
+def _state_block(p_do, p_vn, p_dv, p_h, p_dh, s_dv, b_dq, b_dk, b_hdh, b_dos_f, b_decay, b_gam, i_v, o_i, m_t, o_k,
+                 m_k, HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One value block of one value head: its state products into dq, dk and its part of sum(S * dS)."""
+    dt_in = p_do.dtype.element_ty
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    m_tv = m_t[:, None] & m_v[None, :]
+    m_vk = m_v[:, None] & m_k[None, :]
+    b_do = tl.load(p_do + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
+    b_vn = tl.load(p_vn + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
+    b_dvv = tl.load(p_dv + o_i[:, None] * s_dv + o_v[None, :], mask=m_tv, other=0.0)
+    # S^T and dS^T [BV, K] tiles of the [K, V] states, loaded transposed
+    b_ht = tl.load(p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0).to(dt_in)
+    b_dht = tl.load(p_dh + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0).to(dt_in)
+    b_hdh += tl.sum(tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), 1), 0)
+
+    b_dog = (b_do.to(tl.float32) * b_dos_f[:, None]).to(dt_in)
+    b_dq = tl.dot(b_dog, b_ht, b_dq, input_precision=DOT_PRECISION)
+    b_vnd = (b_vn.to(tl.float32) * b_decay[:, None]).to(dt_in)
+    b_dk = tl.dot(b_vnd, b_dht, b_dk, input_precision=DOT_PRECISION)
+    # w = A diag(beta gamma) K:  dk += diag(beta gamma) A^T dw = -diag(gamma) dv S^T
+    b_dvg = (b_dvv.to(tl.float32) * (-b_gam)[:, None]).to(dt_in)
+    b_dk = tl.dot(b_dvg, b_ht, b_dk, input_precision=DOT_PRECISION)
+    return b_dq, b_dk, b_hdh
+
+
+@triton.jit
+def _head_epilogue(q, k, dAqk, dAkk, dgz, dg, b_dq, b_dk, r_q0, r_k0, b_hdh, b_gl, row0, i_hv, i_kb, o_i, m_t, o_k,
+                   m_tk, last, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                   NK: tl.constexpr, G: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """A value head's intra-chunk products into dq, dk and its dg (reverse-cumsummed, stored or added
+    into the zeroed dg where K is split); returns dq, dk and the rowsums the next head starts from."""
+    b_q = tl.load(q + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
+    b_k = tl.load(k + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
+    b_q32 = b_q.to(tl.float32)
+    b_k32 = b_k.to(tl.float32)
+    # this head's state + w part of rowsum(dk * K) (for the last row's dG)
+    b_dgl = tl.exp2(b_gl) * tl.sum(b_hdh, 0) + tl.sum((tl.sum(b_dk * b_k32, 1) - r_k0)[None, :], 1)
+
+    # Output, intra-chunk: dq += dAqk K, dk += dAqk^T Q (dAqk^T loaded transposed). dAqk and dAkk
+    # are masked by their rows only: the first half writes every column of the chunk's rows (zeros
+    # above the diagonal and past the chunk's end), and a mask along the contiguous dimension
+    # would split each load into 2-byte accesses (sm_90a).
+    p_s = dAqk + (row0 * HV + i_hv) * BT
+    b_s = tl.load(p_s + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0)
+    b_st = tl.load(p_s + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_t[None, :], other=0.0)
+    b_dq = tl.dot(b_s, b_k, b_dq, input_precision=DOT_PRECISION)
+    b_dk = tl.dot(b_st, b_q, b_dk, input_precision=DOT_PRECISION)
+
+    p_gz = dgz + row0 * HV + i_hv + o_i * HV
+    b_dgh = tl.where(i_kb == 0, tl.load(p_gz, mask=m_t, other=0.0), 0.0)  # block 0 adds the Z part
+    b_dgh += (tl.sum(b_dq * b_q32, 1) - r_q0) - (tl.sum(b_dk * b_k32, 1) - r_k0)
+    b_dgh += tl.where(o_i == last, b_dgl, 0.0)
+
+    # A: dk += diag(beta) Z K + Z^T diag(beta) K = (dAkk + dAkk^T) K
+    p_z = dAkk + (row0 * HV + i_hv) * BT
+    b_z = tl.load(p_z + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
+    b_z += tl.load(p_z + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_t[None, :], other=0.0).to(tl.float32)
+    b_dk = tl.dot(b_z.to(b_k.dtype), b_k, b_dk, input_precision=DOT_PRECISION)
+    if G > 1:
+        r_q0 = tl.sum(b_dq * b_q32, 1)
+        r_k0 = tl.sum(b_dk * b_k32, 1)
+
+    # dG reverse-cumsummed within the chunk: dg_t = sum over s >= t of dG_s
+    b_dgh = tl.where(m_t, b_dgh, 0.0)
+    b_rc = tl.sum(b_dgh[None, :], 1) - tl.cumsum(b_dgh, 0) + b_dgh  # [1, N]: see wy_dv_bwd
+    if NK == 1:
+        tl.store(dg + row0 * HV + i_hv + o_i * HV, b_rc.to(dg.dtype.element_ty), mask=m_t)
+    else:  # this block's part of a sum over K, into the zeroed dg
+        tl.atomic_add(dg + row0 * HV + i_hv + o_i * HV, b_rc.to(dg.dtype.element_ty), mask=m_t)
+    return b_dq, b_dk, r_q0, r_k0
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -93,7 +170,7 @@ def wy_dqk_bwd_kernel(
     s_dv,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, FLAT: tl.constexpr = False,
 ):
     # one program per (chunk, qk head, K block): chunk_program's 'value head' is the qk head here
     NK: tl.constexpr = (KP + BK - 1) // BK
@@ -113,86 +190,57 @@ def wy_dqk_bwd_kernel(
     k += (row0 * H + i_h) * K
     dq += (row0 * H + i_h) * K
     dk += (row0 * H + i_h) * K
-    dt_in = q.dtype.element_ty
 
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     r_q0 = tl.zeros([BT], dtype=tl.float32)  # rowsum(dq * q), rowsum(dk * k) of the heads before
     r_k0 = tl.zeros([BT], dtype=tl.float32)
-    for i_g in range(G):
-        i_hv = i_h * G + i_g
-        p_g = g + row0 * HV + i_hv
-        b_g = tl.load(p_g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
-        b_gl = tl.load(p_g + last * HV).to(tl.float32)
-        b_gam = tl.where(m_t, tl.exp2(b_g), 0.0)
-        b_decay = tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)  # gamma_L / gamma, <= 1
-        b_dos_f = b_gam * scale
-        p_h = h + (i_tg * HV + i_hv) * K * V
-        p_dh = dh + (i_tg * HV + i_hv) * K * V
-        p_vn = v_new + (row0 * HV + i_hv) * V
-        p_do = do + (row0 * HV + i_hv) * V
-        p_dv = dv + row0 * s_dv + i_hv * V
-
+    if FLAT:
+        # The group's (value head, value block) pairs in one loop, each head's epilogue on its last
+        # block: the pipeliner then copies the next head's first block during this head's epilogue
+        # (with a loop per head, each head starts with a wait for its first block). G_last comes from
+        # the head's gate row (a scalar load would be left synchronous).
+        NV: tl.constexpr = (V + BV - 1) // BV
         b_hdh = tl.zeros([1], dtype=tl.float32)  # sum(S * dS)
-        for i_v in range(tl.cdiv(V, BV)):
-            o_v = i_v * BV + tl.arange(0, BV)
-            m_v = o_v < V
-            m_tv = m_t[:, None] & m_v[None, :]
-            m_vk = m_v[:, None] & m_k[None, :]
-            b_do = tl.load(p_do + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
-            b_vn = tl.load(p_vn + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0)
-            b_dvv = tl.load(p_dv + o_i[:, None] * s_dv + o_v[None, :], mask=m_tv, other=0.0)
-            # S^T and dS^T [BV, K] tiles of the [K, V] states, loaded transposed
-            b_ht = tl.load(p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0).to(dt_in)
-            b_dht = tl.load(p_dh + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0).to(dt_in)
-            b_hdh += tl.sum(tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), 1), 0)
+        for j in range(G * NV):
+            i_g = j // NV
+            i_v = j % NV
+            i_hv = i_h * G + i_g
+            b_g = tl.load(g + row0 * HV + i_hv + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
+            b_gl = tl.sum(tl.where(o_i == last, b_g, 0.0), 0)
+            b_gam = tl.where(m_t, tl.exp2(b_g), 0.0)
+            b_decay = tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)  # gamma_L / gamma, <= 1
+            b_dq, b_dk, b_hdh = _state_block(
+                do + (row0 * HV + i_hv) * V, v_new + (row0 * HV + i_hv) * V, dv + row0 * s_dv + i_hv * V,
+                h + (i_tg * HV + i_hv) * K * V, dh + (i_tg * HV + i_hv) * K * V, s_dv, b_dq, b_dk, b_hdh,
+                b_gam * scale, b_decay, b_gam, i_v, o_i, m_t, o_k, m_k, HV, V, BV, DOT_PRECISION)
+            if i_v == NV - 1:
+                b_dq, b_dk, r_q0, r_k0 = _head_epilogue(
+                    q, k, dAqk, dAkk, dgz, dg, b_dq, b_dk, r_q0, r_k0, b_hdh, b_gl, row0, i_hv, i_kb, o_i, m_t,
+                    o_k, m_tk, last, H, HV, K, BT, NK, G, DOT_PRECISION)
+                b_hdh = tl.zeros([1], dtype=tl.float32)
+    else:
+        for i_g in range(G):
+            i_hv = i_h * G + i_g
+            p_g = g + row0 * HV + i_hv
+            b_g = tl.load(p_g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
+            b_gl = tl.load(p_g + last * HV).to(tl.float32)
+            b_gam = tl.where(m_t, tl.exp2(b_g), 0.0)
+            b_decay = tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)  # gamma_L / gamma, <= 1
+            b_dos_f = b_gam * scale
+            p_h = h + (i_tg * HV + i_hv) * K * V
+            p_dh = dh + (i_tg * HV + i_hv) * K * V
+            p_vn = v_new + (row0 * HV + i_hv) * V
+            p_do = do + (row0 * HV + i_hv) * V
+            p_dv = dv + row0 * s_dv + i_hv * V
 
-            b_dog = (b_do.to(tl.float32) * b_dos_f[:, None]).to(dt_in)
-            b_dq = tl.dot(b_dog, b_ht, b_dq, input_precision=DOT_PRECISION)
-            b_vnd = (b_vn.to(tl.float32) * b_decay[:, None]).to(dt_in)
-            b_dk = tl.dot(b_vnd, b_dht, b_dk, input_precision=DOT_PRECISION)
-            # w = A diag(beta gamma) K:  dk += diag(beta gamma) A^T dw = -diag(gamma) dv S^T
-            b_dvg = (b_dvv.to(tl.float32) * (-b_gam)[:, None]).to(dt_in)
-            b_dk = tl.dot(b_dvg, b_ht, b_dk, input_precision=DOT_PRECISION)
-
-        b_q = tl.load(q + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
-        b_k = tl.load(k + o_i[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
-        b_q32 = b_q.to(tl.float32)
-        b_k32 = b_k.to(tl.float32)
-        # this head's state + w part of rowsum(dk * K) (for the last row's dG)
-        b_dgl = tl.exp2(b_gl) * tl.sum(b_hdh, 0) + tl.sum((tl.sum(b_dk * b_k32, 1) - r_k0)[None, :], 1)
-
-        # Output, intra-chunk: dq += dAqk K, dk += dAqk^T Q (dAqk^T loaded transposed). dAqk and dAkk
-        # are masked by their rows only: the first half writes every column of the chunk's rows (zeros
-        # above the diagonal and past the chunk's end), and a mask along the contiguous dimension
-        # would split each load into 2-byte accesses (sm_90a).
-        p_s = dAqk + (row0 * HV + i_hv) * BT
-        b_s = tl.load(p_s + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0)
-        b_st = tl.load(p_s + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_t[None, :], other=0.0)
-        b_dq = tl.dot(b_s, b_k, b_dq, input_precision=DOT_PRECISION)
-        b_dk = tl.dot(b_st, b_q, b_dk, input_precision=DOT_PRECISION)
-
-        p_gz = dgz + row0 * HV + i_hv + o_i * HV
-        b_dgh = tl.where(i_kb == 0, tl.load(p_gz, mask=m_t, other=0.0), 0.0)  # block 0 adds the Z part
-        b_dgh += (tl.sum(b_dq * b_q32, 1) - r_q0) - (tl.sum(b_dk * b_k32, 1) - r_k0)
-        b_dgh += tl.where(o_i == last, b_dgl, 0.0)
-
-        # A: dk += diag(beta) Z K + Z^T diag(beta) K = (dAkk + dAkk^T) K
-        p_z = dAkk + (row0 * HV + i_hv) * BT
-        b_z = tl.load(p_z + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
-        b_z += tl.load(p_z + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_t[None, :], other=0.0).to(tl.float32)
-        b_dk = tl.dot(b_z.to(dt_in), b_k, b_dk, input_precision=DOT_PRECISION)
-        if G > 1:
-            r_q0 = tl.sum(b_dq * b_q32, 1)
-            r_k0 = tl.sum(b_dk * b_k32, 1)
-
-        # dG reverse-cumsummed within the chunk: dg_t = sum over s >= t of dG_s
-        b_dgh = tl.where(m_t, b_dgh, 0.0)
-        b_rc = tl.sum(b_dgh[None, :], 1) - tl.cumsum(b_dgh, 0) + b_dgh  # [1, N]: see wy_dv_bwd
-        if NK == 1:
-            tl.store(dg + row0 * HV + i_hv + o_i * HV, b_rc.to(dg.dtype.element_ty), mask=m_t)
-        else:  # this block's part of a sum over K, into the zeroed dg
-            tl.atomic_add(dg + row0 * HV + i_hv + o_i * HV, b_rc.to(dg.dtype.element_ty), mask=m_t)
+            b_hdh = tl.zeros([1], dtype=tl.float32)  # sum(S * dS)
+            for i_v in range(tl.cdiv(V, BV)):
+                b_dq, b_dk, b_hdh = _state_block(p_do, p_vn, p_dv, p_h, p_dh, s_dv, b_dq, b_dk, b_hdh, b_dos_f,
+                                                 b_decay, b_gam, i_v, o_i, m_t, o_k, m_k, HV, V, BV, DOT_PRECISION)
+            b_dq, b_dk, r_q0, r_k0 = _head_epilogue(
+                q, k, dAqk, dAkk, dgz, dg, b_dq, b_dk, r_q0, r_k0, b_hdh, b_gl, row0, i_hv, i_kb, o_i, m_t, o_k,
+                m_tk, last, H, HV, K, BT, NK, G, DOT_PRECISION)
 
     tl.store(dq + o_i[:, None] * (H * K) + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + o_i[:, None] * (H * K) + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_tk)
