@@ -108,9 +108,16 @@ def test_wy_inverse(name, dtype, tol):
 
 # measured (interpreter): fp32 1e-7..1.5e-6, fp16 2e-5..4.1e-4 (the fp16 roundings of the
 # gated operands and of Z); bounds about 5x that.
+_FLAT = [c for c in dqk_mod.CANDIDATES if c.kwargs.get("FLAT")]
+
+
+@pytest.mark.parametrize("dqk_config", [None] + _FLAT, ids=lambda c: "autotuned" if c is None else config_name(c))
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
 @pytest.mark.parametrize("name", list(CASES))
-def test_wy_dqkwg_bwd(name, dtype, tol):
+def test_wy_dqkwg_bwd(name, dtype, tol, dqk_config):
+    """Both halves against the fp64 reference on every case (a tail chunk, grouped values, packed
+    documents with a 1-token one, K = 128), with the second half autotuned and as each FLAT
+    candidate."""
     B, T, H, HV, K, V, cu = CASES[name]
     t, cu_t = _inputs(B, T, H, HV, K, V, cu, dtype, strong=(name == "tail"))
     idx = None
@@ -119,7 +126,8 @@ def test_wy_dqkwg_bwd(name, dtype, tol):
         idx = prepare_chunk_indices(cu_t, 64)
     names = ("gdn.wy_dv_bwd", "gdn.wy_dqk_bwd")
     before = [launch_counts("gdn.").get(n, 0) for n in names]
-    out = bwd_mod.wy_dqkwg_bwd(**t, scale=K ** -0.5, cu_seqlens=cu_t, chunk_indices=idx, out_dtype=torch.float32)
+    out = bwd_mod.wy_dqkwg_bwd(**t, scale=K ** -0.5, cu_seqlens=cu_t, chunk_indices=idx, out_dtype=torch.float32,
+                               dqk_config=dqk_config)
     assert [launch_counts("gdn.")[n] for n in names] == [b + 1 for b in before]
     ref = R.wy_dqkwg_bwd_ref(**{n: x.double() for n, x in t.items() if n != "A"}, scale=K ** -0.5, cu_seqlens=cu_t)
     for n, o, r in zip(("dq", "dk", "dv", "dbeta", "dg"), out, ref):
