@@ -197,13 +197,9 @@ def wy_inverse_kernel(
         _store(p_a, x31, 3, 1, n_valid, HV, BT)
         _store(p_a, x32, 3, 2, n_valid, HV, BT)
         _store(p_a, x3, 3, 3, n_valid, HV, BT)
-        zero = tl.zeros([16, 16], dtype=tl.float32)
-        _store(p_a, zero, 0, 1, n_valid, HV, BT)
-        _store(p_a, zero, 0, 2, n_valid, HV, BT)
-        _store(p_a, zero, 0, 3, n_valid, HV, BT)
-        _store(p_a, zero, 1, 2, n_valid, HV, BT)
-        _store(p_a, zero, 1, 3, n_valid, HV, BT)
-        _store(p_a, zero, 2, 3, n_valid, HV, BT)
+        for r in tl.static_range(3):  # the zeros above the diagonal (the scans read A unmasked)
+            for c in tl.static_range(r + 1, 4):
+                _store(p_a, tl.zeros([16, 16], dtype=tl.float32), r, c, n_valid, HV, BT)
 
 
 wy_inverse_kernel_tuned = triton.autotune(
