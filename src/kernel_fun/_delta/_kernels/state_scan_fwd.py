@@ -283,11 +283,11 @@ def state_scan_fwd_kernel(
                 b_g = tl.load(g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
             if WY_FROM_A:
                 # v_new^T = (v^T - S^T k^T diag(gamma)) diag(beta) A^T: w and u never formed
-                # (A^T loaded transposed; A's upper triangle dropped with where). Made before the
-                # output's products, so that its operands are dead before q^T loads. k is loaded
-                # once a chunk as it lies (the state update's operand) and its transpose taken: of
-                # a loaded tile, never of a dot result (the Triton 3.4-3.7.0 Hopper miscompile
-                # needs the latter). Against loading k^T transposed and k again (H200, gdn's
+                # (A^T loaded transposed; A's upper triangle dropped with where, unless stored as zeros:
+                # WY_TRIL). Made before the output's products, so that its operands are dead before q^T
+                # loads. k is loaded once a chunk as it lies (the state update's operand) and its
+                # transpose taken: of a loaded tile, never of a dot result (the Triton 3.4-3.7.0 Hopper
+                # miscompile needs the latter). Against loading k^T transposed and k again (H200, gdn's
                 # stages, 2026-12-04, bench/records/2026-12-04-h200-stages-gdn-scans-konce-*.json):
                 # VK-BV64-w4-s2 0.351 -> 0.346 ms at B=4 T=4096 HV=32, 0.701 -> 0.677 at B=8
                 # T=8192 HV=16; 115 -> 82 KB of shared memory; the same values bit for bit.
