@@ -74,10 +74,11 @@ MIN_BK = min(c.kwargs["BK"] for c in CONFIGS)  # of the autotuner's configs (whe
 
 
 @triton.jit
-def _state_block(p_do, p_vn, p_dv, p_h, p_dh, s_dv, b_dq, b_dk, b_hdh, b_dos_f, b_decay, b_gam, i_v, o_i, m_t, o_k,
-                 m_k, HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One value block of one value head: its state products into dq, dk and its part of sum(S * dS)."""
-    dt_in = p_do.dtype.element_ty
+def _state_block(q, p_do, p_vn, p_dv, p_h, p_dh, s_dv, b_dq, b_dk, b_hdh, b_dos_f, b_decay, b_gam, i_v, o_i, m_t,
+                 o_k, m_k, HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One value block of one value head: its state products into dq, dk (operands in q's dtype) and
+    its part of sum(S * dS)."""
+    dt_in = q.dtype.element_ty
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     m_tv = m_t[:, None] & m_v[None, :]
@@ -132,7 +133,7 @@ def _head_epilogue(q, k, dAqk, dAkk, dgz, dg, b_dq, b_dk, r_q0, r_k0, b_hdh, b_g
     p_z = dAkk + (row0 * HV + i_hv) * BT
     b_z = tl.load(p_z + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
     b_z += tl.load(p_z + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_t[None, :], other=0.0).to(tl.float32)
-    b_dk = tl.dot(b_z.to(b_k.dtype), b_k, b_dk, input_precision=DOT_PRECISION)
+    b_dk = tl.dot(b_z.to(q.dtype.element_ty), b_k, b_dk, input_precision=DOT_PRECISION)
     if G > 1:
         r_q0 = tl.sum(b_dq * b_q32, 1)
         r_k0 = tl.sum(b_dk * b_k32, 1)
@@ -211,7 +212,7 @@ def wy_dqk_bwd_kernel(
             b_gam = tl.where(m_t, tl.exp2(b_g), 0.0)
             b_decay = tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)  # gamma_L / gamma, <= 1
             b_dq, b_dk, b_hdh = _state_block(
-                do + (row0 * HV + i_hv) * V, v_new + (row0 * HV + i_hv) * V, dv + row0 * s_dv + i_hv * V,
+                q, do + (row0 * HV + i_hv) * V, v_new + (row0 * HV + i_hv) * V, dv + row0 * s_dv + i_hv * V,
                 h + (i_tg * HV + i_hv) * K * V, dh + (i_tg * HV + i_hv) * K * V, s_dv, b_dq, b_dk, b_hdh,
                 b_gam * scale, b_decay, b_gam, i_v, o_i, m_t, o_k, m_k, HV, V, BV, DOT_PRECISION)
             if i_v == NV - 1:
@@ -236,7 +237,7 @@ def wy_dqk_bwd_kernel(
 
             b_hdh = tl.zeros([1], dtype=tl.float32)  # sum(S * dS)
             for i_v in range(tl.cdiv(V, BV)):
-                b_dq, b_dk, b_hdh = _state_block(p_do, p_vn, p_dv, p_h, p_dh, s_dv, b_dq, b_dk, b_hdh, b_dos_f,
+                b_dq, b_dk, b_hdh = _state_block(q, p_do, p_vn, p_dv, p_h, p_dh, s_dv, b_dq, b_dk, b_hdh, b_dos_f,
                                                  b_decay, b_gam, i_v, o_i, m_t, o_k, m_k, HV, V, BV, DOT_PRECISION)
             b_dq, b_dk, r_q0, r_k0 = _head_epilogue(
                 q, k, dAqk, dAkk, dgz, dg, b_dq, b_dk, r_q0, r_k0, b_hdh, b_gl, row0, i_hv, i_kb, o_i, m_t, o_k,
