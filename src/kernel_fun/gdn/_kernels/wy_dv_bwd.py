@@ -124,9 +124,9 @@ def wy_dv_bwd_kernel(
     # dimension (which would split each load into 2-byte accesses) and no where is needed.
     p_A = A + (row0 * HV + i_hv) * BT
     if MERGE_D:  # A as stored [i, j]: the V loop makes (A^T dv2)^T = dv2^T A
-        b_al = tl.load(p_A + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0)
-    else:
-        b_at = tl.load(p_A + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_t[None, :], other=0.0)  # A^T [j, i]
+        b_al = tl.load(p_A + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0).to(dt_in)
+    else:  # A^T [j, i]
+        b_at = tl.load(p_A + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_t[None, :], other=0.0).to(dt_in)
     b_kt = tl.load(k + o_i[None, :] * (H * K) + o_k[:, None], mask=m_kt, other=0.0)  # k^T from memory
     p_h = h + (i_tg * HV + i_hv) * K * V
     p_v = v + (row0 * HV + i_hv) * V
@@ -186,7 +186,7 @@ def wy_dv_bwd_kernel(
     m_lower = (o_i[:, None] >= o_i[None, :]) & m_tt  # [i, j], i >= j, both tokens valid
     m_strict = (o_i[:, None] > o_i[None, :]) & m_tt
     if MERGE_D:  # A^T for the dA products below, loaded after the loop (not live across it)
-        b_at = tl.load(p_A + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_t[None, :], other=0.0)
+        b_at = tl.load(p_A + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_t[None, :], other=0.0).to(dt_in)
     else:
         # rowsum(A^T dw * K)_i = -sum_j A_ji D_ji, A loaded as stored
         b_a = tl.load(p_A + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
