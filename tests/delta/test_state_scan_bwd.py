@@ -51,12 +51,12 @@ def _inputs(gate, dtype, B=2, T=130, HQ=1, HV=2, K=32, V=64, cu_seqlens=None, de
              do=torch.randn(B, T, HV, V, generator=gen).to(dtype),
              dv=torch.randn(B, T, HV, V, generator=gen).to(dtype),
              dht=torch.randn(N, HV, K, V, generator=gen) if dht else None, **gate_kw)
-    # the WY inverse and beta (the wy= form), A's upper triangle NaN: it must never be multiplied
+    # the WY inverse and beta (the wy= form): A_wy with its zeros above the diagonal stored, as
+    # wy_inverse writes them (the form's contract: the scan masks A_wy by rows only)
     bounds = [int(c) for c in cu_seqlens] if cu_seqlens is not None else [0, T]
-    above = above_diagonal(bounds, BT)[None, :, None, :]
-    x["A_wy"] = it["Akk"][:, : bounds[-1]].masked_fill(above, float("nan")).to(dtype)
-    if bounds[-1] < T:
-        x["A_wy"] = torch.cat([x["A_wy"], it["Akk"][:, bounds[-1]:].to(dtype)], 1)
+    x["upper"] = torch.zeros(T, BT, dtype=torch.bool)  # [T, BT]: above each chunk's diagonal
+    x["upper"][: bounds[-1]] = above_diagonal(bounds, BT)
+    x["A_wy"] = it["Akk"].masked_fill(x["upper"][None, :, None, :], 0.0).to(dtype)
     x["beta"] = beta.to(dtype)
     return x
 
@@ -198,9 +198,9 @@ def test_reference_is_autograd_of_the_forward():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_wy_in_place_of_w(poisoned, case, dtype):
     """``wy=(A_wy, beta)`` (GDN's backward without fla's recompute_w_u): dv2^T w made as
-    ((dv2^T A_wy) diag(beta gamma)) K, A_wy's upper triangle NaN (zero with wy_tril); against the reference scan fed w,
-    with a given dv and with the gated scores made inside (``A=``, NaN above the diagonal, as the GDN
-    chain calls it: dv = tril(A)^T do)."""
+    ((dv2^T A_wy) diag(beta gamma)) K, A_wy with its zeros above the diagonal stored; against the
+    reference scan fed w, with a given dv and with the gated scores made inside (``A=``, NaN above
+    the diagonal, and zero there with ``A_tril``, as the GDN chain calls it: dv = tril(A)^T do)."""
     from kernel_fun.kda.reference_stages import dAv_reference
 
     cu = CU if case == "varlen" else None
@@ -208,13 +208,12 @@ def test_wy_in_place_of_w(poisoned, case, dtype):
                 **({"B": 1, "T": 170} if cu is not None else {}))
     B, T, HV, _ = x["w"].shape
     A = (torch.randn(B, T, HV, BT, generator=torch.Generator().manual_seed(5)) * 0.2).to(dtype)
-    A = A.masked_fill(torch.isnan(x["A_wy"]), float("nan"))  # the same unwritten upper triangle
+    A = A.masked_fill(x["upper"][None, :, None, :], float("nan"))  # fla's unwritten upper triangle
     _, dv_local = dAv_reference(x["do"], x["do"], A, SCALE, cu_seqlens=cu, chunk_size=BT)
     h0 = torch.zeros(x["dht"].shape)
-    # the third leg: A and A_wy stored with zeros above the diagonal, as gdn's gated scores and WY
-    # inverse write them, and A_tril=True, wy_tril=True (loaded without the triangular mask), as the
-    # GDN chain calls it
-    A_zero, A_wy_zero = A.nan_to_num(0.0), x["A_wy"].nan_to_num(0.0)
+    # the third leg: A stored with zeros above the diagonal, as gdn's gated scores write it, and
+    # A_tril=True (loaded without the triangular mask), as the GDN chain calls it
+    A_zero = A.nan_to_num(0.0)
     for dv, A_in, tril, dv_ref in ((x["dv"], None, False, x["dv"]), (None, A, False, dv_local),
                                    (None, A_zero, True, dv_local)):
         dh_ref, dh0_ref, dv2_ref = ref.state_scan_bwd_ref(
@@ -223,19 +222,19 @@ def test_wy_in_place_of_w(poisoned, case, dtype):
         for config in (None, CONFIGS[1], GL_AHEAD):
             dh, dh0, dv2 = state_scan_bwd(x["q"], x["k"], None, x["do"], dv, g=x.get("g"), h0=h0, dht=x["dht"],
                                           scale=SCALE, cu_seqlens=cu, chunk_size=BT, A=A_in,
-                                          wy=(A_wy_zero if tril else x["A_wy"], x["beta"]), config=config,
-                                          A_tril=tril, wy_tril=tril)
+                                          wy=(x["A_wy"], x["beta"]), config=config, A_tril=tril)
             for name, got, want in (("dh", dh, dh_ref), ("dh0", dh0, dh0_ref), ("dv2", dv2, dv2_ref)):
                 _check(name, got, want, TOL[dtype])
     # A_tril=True reaches the kernel: the entries above the diagonal are read (NaN there shows)
     _, _, dv2 = state_scan_bwd(x["q"], x["k"], None, x["do"], None, g=x.get("g"), dht=x["dht"], scale=SCALE,
                                cu_seqlens=cu, chunk_size=BT, A=A, wy=(x["A_wy"], x["beta"]), A_tril=True)
     assert torch.isnan(dv2).any()
-    # wy_tril=True reaches the kernel: A_wy's entries above the diagonal are read (NaN there shows)
+    # A_wy's entries above the diagonal are read (the stored zeros are the contract): NaN there shows
     # (in dh0: the packed case's documents are one chunk each)
+    A_wy_nan = x["A_wy"].masked_fill(x["upper"][None, :, None, :], float("nan"))
     _, dh0, _ = state_scan_bwd(x["q"], x["k"], None, x["do"], None, g=x.get("g"), h0=h0, dht=x["dht"],
-                               scale=SCALE, cu_seqlens=cu, chunk_size=BT, A=A_zero, wy=(x["A_wy"], x["beta"]),
-                               A_tril=True, wy_tril=True)
+                               scale=SCALE, cu_seqlens=cu, chunk_size=BT, A=A_zero, wy=(A_wy_nan, x["beta"]),
+                               A_tril=True)
     assert torch.isnan(dh0).any()
 
 

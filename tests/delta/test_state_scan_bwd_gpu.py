@@ -146,8 +146,9 @@ def test_wy_every_config(name, config):
     diag(beta gamma)) K): against fla's dhu fed fla's bf16 w (the rounding points differ: 5e-3),
     and against the fp64 reference fed the exact w of the same A_wy, beta, k, no worse than fla.
     ``_scores``: with the intra-chunk dv made inside from a score matrix (``A=``, as the GDN chain
-    calls it), packed documents; ``_tril``: the scores and A_wy zero above the diagonal and
-    ``A_tril=True, wy_tril=True``, exactly the chain's call (gated_scores and wy_inverse write them so)."""
+    calls it), packed documents; ``_tril``: the scores zero above the diagonal and ``A_tril=True``,
+    exactly the chain's call (gated_scores writes them so). A_wy, fla's, has its zeros above the
+    diagonal written, as wy_inverse writes them."""
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu
 
     from kernel_fun.kda.reference_stages import dAv_reference
@@ -171,13 +172,12 @@ def test_wy_every_config(name, config):
     r = ref.state_scan_bwd_ref(c["q"], c["k"], w_exact, c["do"], c["dv"], g=c["g"], dht=c["dht"], scale=c["scale"],
                                cu_seqlens=c["cu_seqlens"], chunk_size=BT)
     args = {**_args(c), "w": None}
-    wy = c["wy"]
     if scores is not None:
         args.update(dv=None, A=scores, A_tril=name.endswith("tril"))
-    if name.endswith("tril"):  # A_wy with its zeros above the diagonal written, as wy_inverse writes it
-        bounds = c["cu_seqlens"].tolist() if c["cu_seqlens"] is not None else [0, c["do"].shape[1]]
-        wy = (A_wy.masked_fill(above_diagonal(bounds, BT).cuda()[None, :, None, :], 0.0), beta)
-        args.update(wy_tril=True)
+    # A_wy with its zeros above the diagonal written, as wy_inverse writes it (fla leaves those
+    # blocks unwritten; the wy= form masks A_wy by rows only)
+    bounds = c["cu_seqlens"].tolist() if c["cu_seqlens"] is not None else [0, c["do"].shape[1]]
+    wy = (A_wy.masked_fill(above_diagonal(bounds, BT).cuda()[None, :, None, :], 0.0), beta)
     ours = state_scan_bwd(**args, wy=wy, config=config)
     for n, o, f, e in zip(("dh", "dh0", "dv2"), ours, fla, r):
         assert torch.isfinite(o).all(), n

@@ -7,8 +7,6 @@ meets in the chains (w, u from the WY inverse, kg, Aqk with the gate and scale i
 """
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -54,7 +52,8 @@ def _stage_inputs(gate, dtype, B=2, T=130, HQ=1, HV=2, K=32, V=64, cu_seqlens=No
     bounds = [int(c) for c in cu_seqlens] if cu_seqlens is not None else [0, T]
     upper = above_diagonal(bounds, BT)  # [T, BT]
     it["Aqk"][:, : bounds[-1]].masked_fill_(upper[None, :, None, :], float("nan"))
-    it["Akk"][:, : bounds[-1]].masked_fill_(upper[None, :, None, :], float("nan"))  # (the wy= form's A)
+    # the wy= form's A: its zeros above the diagonal stored, as wy_inverse writes them (the contract)
+    it["Akk"][:, : bounds[-1]].masked_fill_(upper[None, :, None, :], 0.0)
     x = {
         "q": q.to(dtype),
         "k": (it["kg"] if gate == "gk" else k).to(dtype),
@@ -293,22 +292,20 @@ def test_chunked_reference_matches_recurrence(gate, varlen):
 @pytest.mark.parametrize("gate", ["g", "none"])
 def test_wy_from_A(poisoned, layout, dtype, gate):
     """``wy=(A, v, beta)`` (GDN's forward: fla's recompute_w_u never runs) gives what w, u give:
-    o, h, v_new and the final state against the reference, with A's upper triangle NaN (never
-    multiplied), T = 130 (a partial chunk), grouped values; then packed documents, and the
-    backward's recompute (no output, queries NaN). Each also with ``wy_tril=True`` (the chain's call)
-    on A with zeros above the diagonal, as wy_inverse writes it; with NaN there that flag shows."""
+    o, h, v_new and the final state against the reference, A with its zeros above the diagonal
+    stored as wy_inverse writes them, T = 130 (a partial chunk), grouped values; then packed
+    documents, and the backward's recompute (no output, queries NaN). A is masked by its rows only:
+    with NaN above its diagonal, NaN shows."""
     config = VK32 if layout == "value_major" else None
-    for (cu, T, store_o), tril in itertools.product(((None, 130, True), (CU, 180, True), (CU, 180, False)),
-                                                    (False, True)):
+    for cu, T, store_o in ((None, 130, True), (CU, 180, True), (CU, 180, False)):
         B = 1 if cu is not None else 2
         x, h0 = _stage_inputs(gate, dtype, B=B, T=T, cu_seqlens=cu)
         o_ref, ht_ref, h_ref, vn_ref = _reference(x, h0, cu)
         q = x["q"] if store_o else torch.full_like(x["q"], float("nan"))
-        A = x["A"].nan_to_num(0.0) if tril else x["A"]
         o, ht, h, vn = state_scan_fwd(
             q, x["k"], None, None, g=x.get("g"), scale=SCALE, initial_state=h0, output_final_state=True,
-            cu_seqlens=cu, save_h=True, save_v_new=True, store_o=store_o, wy=(A, x["v"], x["beta"]),
-            wy_tril=tril, config=config)
+            cu_seqlens=cu, save_h=True, save_v_new=True, store_o=store_o, wy=(x["A"], x["v"], x["beta"]),
+            config=config)
         tol = TOL[dtype]
         if store_o:
             _check("o", o, o_ref, tol)
@@ -317,10 +314,11 @@ def test_wy_from_A(poisoned, layout, dtype, gate):
         _check("final_state", ht, ht_ref, tol)
         _check("h", h, h_ref, tol)
         _check("v_new", vn, vn_ref, tol, rows=None if cu is None else slice(0, int(cu[-1])))
-    # wy_tril=True reaches the kernel: the entries above the diagonal are read (NaN there shows)
+    # the entries above the diagonal are read (the stored zeros are the contract): NaN there shows
     x, h0 = _stage_inputs(gate, dtype)
+    A_nan = x["A"].masked_fill(above_diagonal([0, x["A"].shape[1]], BT)[None, :, None, :], float("nan"))
     _, ht, _, _ = state_scan_fwd(x["q"], x["k"], None, None, g=x.get("g"), scale=SCALE, initial_state=h0,
-                                 output_final_state=True, wy=(x["A"], x["v"], x["beta"]), wy_tril=True, config=config)
+                                 output_final_state=True, wy=(A_nan, x["v"], x["beta"]), config=config)
     assert torch.isnan(ht).any()
 
 

@@ -95,8 +95,8 @@ def _gdn_case(B=2, T=1000, H=2, HV=4, K=128, V=128, cu_seqlens=None, decay=1.0, 
     N = B if cu is None else len(cu_seqlens) - 1
     h0 = torch.randn(N, HV, K, V, device=dev, dtype=torch.float32)
     # A, v, beta: the gdn chain's forward form (wy=), compared with fla's pair on w, u; A with its
-    # zeros above the diagonal written and read with wy_tril=True, the chain's call (wy_inverse
-    # writes them; fla leaves those blocks unwritten)
+    # zeros above the diagonal written, as wy_inverse writes them (fla leaves those blocks
+    # unwritten; the wy= form masks A by rows only)
     bounds = (list(cu_seqlens) + [T]) if cu_seqlens is not None else [0, T]
     A = A.masked_fill(above_diagonal(bounds, BT).to(dev)[None, :, None, :], 0.0)
     return dict(q=q, k=k, w=w, u=u, g=g, Aqk=None, scale=scale, initial_state=h0,
@@ -124,7 +124,7 @@ def _fla_pair(c):
 def _ours(c, **kw):
     if c.get("use_wy"):
         return state_scan_fwd(
-            c["q"], c["k"], None, None, g=c["g"], wy=c["wy"], wy_tril=True, scale=c["scale"],
+            c["q"], c["k"], None, None, g=c["g"], wy=c["wy"], scale=c["scale"],
             initial_state=c["initial_state"], output_final_state=True, cu_seqlens=c["cu_seqlens"],
             chunk_indices=c["chunk_indices"], chunk_size=BT, **kw)
     return state_scan_fwd(

@@ -171,7 +171,7 @@ def test_every_wy_inverse_config_against_its_reference_and_fla(config, keys):
     B, T, H, K = k.shape
     ref = R.wy_inverse_ref(k.cpu(), g.cpu(), beta.cpu()).float()
     A = inv_mod.wy_inverse(k, g, beta, config=config)
-    assert torch.equal(A, R.lower_blocks(A, B, T))  # the blocks above the diagonal written as zeros (wy_tril)
+    assert torch.equal(A, R.lower_blocks(A, B, T))  # the blocks above the diagonal written as zeros (read unmasked)
     again = inv_mod.wy_inverse(k, g, beta, config=config)
     assert torch.equal(A, again)  # deterministic
     HV = g.shape[2]

@@ -82,7 +82,7 @@ def test_wy_inverse(name, dtype, tol):
     everywhere, strong decay in two cases, and in the last keys that all point nearly one way (K K^T
     near 1, weak decay: L's entries up to 2, the inverse's about as large). Every column of the
     chunk's rows is written (the output starts as NaN), and above the diagonal exactly 0: the scans
-    read A without the triangular mask (wy_tril)."""
+    read A masked by its rows only."""
     B, T, H, HV, K, V, cu = CASES.get(name, (1, 64, 1, 2, 128, 32, None))
     t, cu_t = _inputs(B, T, H, HV, K, V, cu, dtype, strong=(name in ("tail", "strong_decay")))
     if name == "correlated_k":

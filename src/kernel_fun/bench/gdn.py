@@ -337,7 +337,7 @@ def probes(device: str, shape: dict | None = None) -> list:
     # The state scans with the scalar gate, as gdn/chain.py calls them (the forward twice: for o,
     # then again writing h and v_new for the backward; both from A, v, beta: w, u never formed);
     # A from the fp64 reference intra stage, so the scans meet the structure they meet in the
-    # chain (zeros above the diagonal, as wy_inverse writes them: wy_tril=True, the chain's call);
+    # chain (zeros above the diagonal, as wy_inverse writes them);
     # its w, u feed the references.
     it = intra_ref(t["q"], t["k"], t["v"], beta, g=g, scale=scale, chunk_size=64, cu_seqlens=cu)
     w, u = it["w"].to(low), it["u"].to(low)
@@ -349,16 +349,16 @@ def probes(device: str, shape: dict | None = None) -> list:
                                                          cu_seqlens=cu))
     out += [
         P("delta.state_scan_fwd", lambda c: state_scan_fwd(t["q"], t["k"], None, None, **fwd, output_final_state=True,
-                                                           wy=wy, wy_tril=True, **scan_var, config=c)[:2],
+                                                           wy=wy, **scan_var, config=c)[:2],
           lambda: fwd_ref()[:2], ("o", "final_state"), module=scan_fwd_mod, label="gdn state_scan_fwd"),
         P("delta.state_scan_fwd", lambda c: state_scan_fwd(t["q"], t["k"], None, None, **fwd, save_h=True,
-                                                           save_v_new=True, store_o=False, wy=wy, wy_tril=True,
-                                                           **scan_var, config=c)[2:],
+                                                           save_v_new=True, store_o=False, wy=wy, **scan_var,
+                                                           config=c)[2:],
           lambda: fwd_ref()[2:], ("h", "v_new"), module=scan_fwd_mod, label="gdn state_scan_fwd",
           note="saving h and v_new, no output (the backward's recompute)"),
     ]
     # The backward scan making dv from the gated scores (the reference's, zero above the diagonal
-    # as the kernel's, so only the scan is under test; A_tril=True, wy_tril=True as the chain passes them) and
+    # as the kernel's, so only the scan is under test; A_tril=True as the chain passes it) and
     # dv2^T w from A and beta, against the reference scan fed w and dv = tril(Aqk)^T do.
     Aqk = R.gated_scores_ref(cpu["q"], cpu["k"], cpu["g"], scale, cu_seqlens=cu_cpu)
     Aqk_dev = Aqk.to(device, low)  # once: a copy inside the timed call would time the host link
@@ -370,7 +370,7 @@ def probes(device: str, shape: dict | None = None) -> list:
 
     out.append(P("delta.state_scan_bwd", lambda c: state_scan_bwd(
         t["q"], t["k"], None, t["do"], None, g=g, h0=h0, dht=dht, scale=scale, chunk_size=64, A=Aqk_dev,
-        wy=(wy[0], beta), A_tril=True, wy_tril=True, **scan_var, config=c),
+        wy=(wy[0], beta), A_tril=True, **scan_var, config=c),
         bwd_ref, ("dh", "dh0", "dv"), module=scan_bwd_mod, label="gdn state_scan_bwd"))
     return out
 

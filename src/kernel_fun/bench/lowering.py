@@ -224,7 +224,7 @@ def state_scan_fwd(full):
                 IS_VARLEN=False, DOT_PRECISION="tf32")
     # GDN's shipped calls: the forward (scalar gate, scores made inside, v_new from A, v, beta)
     # and the backward's recompute (h and v_new written, no output), at the layer's K = V = 128
-    gdn = dict(GATE=1, Q_GATED=False, HAS_AQK=False, V=128, WY_FROM_A=True, WY_TRIL=True)
+    gdn = dict(GATE=1, Q_GATED=False, HAS_AQK=False, V=128, WY_FROM_A=True)
     gdn_recompute = dict(gdn, STORE_O=False, SAVE_H=True, SAVE_V_NEW=True, USE_H0=True)
     if not full:
         for cfg in m.CONFIGS:
@@ -236,8 +236,7 @@ def state_scan_fwd(full):
     variants = [dict(), dict(GATE=1, Q_GATED=False), dict(GATE=0, Q_GATED=False), dict(Q_GATED=False),
                 dict(USE_H0=True, STORE_HT=True, IS_VARLEN=True), dict(SAVE_H=True, SAVE_V_NEW=True, HAS_AQK=False),
                 gdn_recompute, dict(gdn_recompute, IS_VARLEN=True), gdn, dict(gdn, IS_VARLEN=True, USE_H0=True),
-                dict(gdn, WY_FROM_A=False, WY_TRIL=False), dict(gdn_recompute, WY_FROM_A=False, WY_TRIL=False),
-                dict(gdn, WY_TRIL=False), dict(gdn_recompute, WY_TRIL=False)]
+                dict(gdn, WY_FROM_A=False), dict(gdn_recompute, WY_FROM_A=False)]
     for cfg, v in itertools.product(m.CONFIGS + m.CANDIDATES, variants):
         c = dict(base, **v, **cfg.kwargs)
         name = ",".join(f"{k}={x}" for k, x in v.items()) or "kda"
@@ -251,12 +250,12 @@ def state_scan_bwd(full):
     # beta fp32: the activated beta the layer's call (the sigmoid in the op) hands the chain
     ptr.update(cu_seqlens="*i64", chunk_offsets="*i64", seq_order="*i32", scale="fp32", beta="*fp32")
     # GDN's call: the scalar gate, dv from its gated scores, at the layer's V = 128; w from A_wy and
-    # beta (wy=, the chain's, with the scores and A_wy zero above the diagonal: A_TRIL, WY_TRIL) or read
+    # beta (wy=, the chain's, with the scores and A_wy zero above the diagonal: A_TRIL) or read
     for cfg, varlen, wy in itertools.product(m.CONFIGS + m.CANDIDATES if full else m.CONFIGS,
                                              (False, True) if full else (False,), (False, True)):
         c = dict(HQ=16, HK=16, HV=16, K=128, V=128, BT=64, KP=128, GATE=1, USE_DHT=True,
                  STORE_DH0=True, IS_VARLEN=varlen, DOT_PRECISION="tf32", DV_FROM_A=True, WY_FROM_A=wy,
-                 A_TRIL=wy, WY_TRIL=wy, **cfg.kwargs)
+                 A_TRIL=wy, **cfg.kwargs)
         yield (f"state_scan_bwd gdn varlen={varlen} wy={wy} {m.config_name(cfg)}", m.state_scan_bwd_kernel, ptr, c, cfg)
     gates = (0, 1, 2) if full else (2,)
     for cfg, gate, varlen, dva in itertools.product(m.CONFIGS + m.CANDIDATES if full else m.CONFIGS, gates, (False, True) if full else (False,),

@@ -104,8 +104,7 @@ def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final
     A = wy_inverse(k, gc, beta, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
     o, final_state, _, _ = state_scan_fwd(
         q, k, None, None, g=gc, wy=(A, v, beta), scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT,
-        wy_tril=True)  # wy_inverse writes A's zeros above the diagonal
+        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT)
     return o, final_state, gc, A, chunk_indices, chunk_offsets
 
 
@@ -120,13 +119,13 @@ def backward(q, k, v, gc, beta, A, scale, initial_state, do, dht, cu_seqlens, ch
     _, _, h, v_new = state_scan_fwd(
         q, k, None, None, g=gc, wy=(A, v, beta), scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
         chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT, save_h=True, save_v_new=True,
-        store_o=False, wy_tril=True)
+        store_o=False)
     Aqk = gated_scores(q, k, gc, scale, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
     # dv2^T w made from A and beta in the scan (w = A diag(beta gamma) K)
     dh, dh0, dv2 = state_scan_bwd(
         q, k, None, do, None, g=gc, h0=initial_state, dht=dht, scale=scale, cu_seqlens=cu_seqlens,
         chunk_size=BT, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, A=Aqk, wy=(A, beta),
-        A_tril=True, wy_tril=True)  # gated_scores and wy_inverse store the zeros above the diagonal
+        A_tril=True)  # gated_scores stores zeros above the diagonal
     del Aqk
     dq, dk, dv, db, dg = wy_dqkwg_bwd(q, k, v, v_new, gc, beta, A, h, dh, do, dv2, scale, cu_seqlens=cu_seqlens,
                                       chunk_indices=chunk_indices, chunk_size=BT, dv_out=dv_out)

@@ -92,7 +92,7 @@ def state_scan_bwd_kernel(
     BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     GATE: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DV_FROM_A: tl.constexpr = False, WY_FROM_A: tl.constexpr = False,
-    A_TRIL: tl.constexpr = False, GL_AHEAD: tl.constexpr = False, WY_TRIL: tl.constexpr = False,
+    A_TRIL: tl.constexpr = False, GL_AHEAD: tl.constexpr = False,
 ):
     i_v, i_nh, i_n, i_hv, i_hq, i_hk, bos, _, T, boh = scan_program(
         cu_seqlens, chunk_offsets, seq_order, T, V, HQ, HK, HV, BT, BV, IS_VARLEN, True)
@@ -195,11 +195,8 @@ def state_scan_bwd_kernel(
         b_q = tl.load(q + (t0 + o_i)[:, None] * (HQ * K) + o_k[None, :], mask=m_tk, other=0.0)
         if WY_FROM_A:
             # dv2^T w = ((dv2^T A_wy) diag(beta gamma)) K: A_wy [BT, BT] and k loaded as they lie
-            # (A_wy's upper triangle dropped with where, unless stored as zeros: WY_TRIL)
-            m_aw = m_t[:, None] & (o_i[:, None] >= o_i[None, :])
+            # (A_wy masked by its rows only: its zeros above the diagonal are stored)
             b_aw = tl.load(w + (t0 + o_i)[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0)
-            if not WY_TRIL:  # (with WY_TRIL the zeros above the diagonal are A_wy's own)
-                b_aw = tl.where(m_aw, b_aw, 0.0).to(w.dtype.element_ty)
             b_da = tl.dot(b_dv2.to(w.dtype.element_ty), b_aw, input_precision=DOT_PRECISION)
             b_bg = tl.load(beta + (t0 + o_i) * HV, mask=m_t, other=0.0).to(tl.float32)
             if GATE == 1:
@@ -226,7 +223,7 @@ def state_scan_bwd_kernel(
 state_scan_bwd_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(),
     key=["HQ", "HK", "HV", "K", "V", "BT", "GATE", "USE_DHT", "STORE_DH0", "IS_VARLEN", "DV_FROM_A", "WY_FROM_A",
-         "A_TRIL", "WY_TRIL"],
+         "A_TRIL"],
     prune_configs_by={"early_config_prune": _prune},
 )(state_scan_bwd_kernel)
 
@@ -254,7 +251,6 @@ def state_scan_bwd(
     A: torch.Tensor | None = None,
     wy: tuple | None = None,
     A_tril: bool = False,
-    wy_tril: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """The backward state scan; drop-in for fla's ``chunk_gated_delta_rule_bwd_dhu``.
 
@@ -269,12 +265,11 @@ def state_scan_bwd(
     scores write them so): A is then loaded without the triangular mask, which lets Triton's
     pipeliner copy it a chunk ahead (with the mask the load stays synchronous).
     ``wy=(A_wy, beta)`` in place of w (pass ``w=None``; the scalar gate or none): A_wy
-    ``[B, T, HV, BT]`` the WY inverse (only its lower triangle, diagonal included, is read),
+    ``[B, T, HV, BT]`` the WY inverse with its zeros above the diagonal stored, as ``wy_inverse``
+    writes it (loaded without the triangular mask, as A with ``A_tril``),
     beta ``[B, T, HV]``; ``dv2^T w`` is made as ``((dv2^T A_wy) diag(beta gamma)) K`` (one more
     [BV, BT] x [BT, BT] product a chunk), so that w = A_wy diag(beta gamma) K is never formed and
-    fla's ``recompute_w_u`` need not run. ``wy_tril=True`` says that A_wy's entries above the
-    diagonal are stored as zeros (``wy_inverse`` writes them): A_wy is then loaded without the
-    triangular mask, as A with ``A_tril``.
+    fla's ``recompute_w_u`` need not run.
     Returns ``(dh [B, NT, HV, K, V]`` in q's dtype, ``dh0 [N, HV, K, V]`` fp32 or None,
     ``dv2`` like dv).
     """
@@ -338,7 +333,7 @@ def state_scan_bwd(
         KP=max(16, next_pow2(K)), GATE=gate_kind, USE_DHT=dht is not None,
         STORE_DH0=dh0 is not None, IS_VARLEN=is_varlen,
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32", DV_FROM_A=A is not None,
-        WY_FROM_A=beta is not None, A_TRIL=A is not None and A_tril, WY_TRIL=beta is not None and wy_tril,
+        WY_FROM_A=beta is not None, A_TRIL=A is not None and A_tril,
     )
     launch(state_scan_bwd_kernel_tuned, scan_grid(V, N * HV), config, **args)
     record_launch("delta.state_scan_bwd")

@@ -192,7 +192,6 @@ def state_scan_fwd_kernel(
     DOT_PRECISION: tl.constexpr,
     VK: tl.constexpr = False,
     WY_FROM_A: tl.constexpr = False,
-    WY_TRIL: tl.constexpr = False,
 ):
     # One program per (V-block, value head, sequence); the V-blocks of one head are adjacent
     # program ids, so they run together and share q, k, w and the gate through L2.
@@ -283,8 +282,8 @@ def state_scan_fwd_kernel(
                 b_g = tl.load(g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
             if WY_FROM_A:
                 # v_new^T = (v^T - S^T k^T diag(gamma)) diag(beta) A^T: w and u never formed
-                # (A^T loaded transposed; A's upper triangle dropped with where, unless stored as zeros:
-                # WY_TRIL). Made before the output's products, so that its operands are dead before q^T
+                # (A^T loaded transposed, masked by A's rows only: its zeros above the diagonal are
+                # stored). Made before the output's products, so that its operands are dead before q^T
                 # loads. k is loaded once a chunk as it lies (the state update's operand) and its
                 # transpose taken: of a loaded tile, never of a dot result (the Triton 3.4-3.7.0 Hopper
                 # miscompile needs the latter). Against loading k^T transposed and k again (H200, gdn's
@@ -300,8 +299,6 @@ def state_scan_fwd_kernel(
                 b_x = tl.load(u + o_i[None, :] * (HV * V) + o_v[:, None], mask=m_vt, other=0.0).to(tl.float32)
                 b_x = ((b_x - b_ks) * b_bt[None, :]).to(w.dtype.element_ty)
                 b_awt = tl.load(w + o_i[None, :] * (HV * BT) + o_i[:, None], mask=m_t[None, :], other=0.0)
-                if not WY_TRIL:  # (with WY_TRIL the zeros above the diagonal are A's own)
-                    b_awt = tl.where(m_upper & m_t[None, :], b_awt, 0.0).to(w.dtype.element_ty)
                 b_vn = tl.dot(b_x, b_awt, input_precision=DOT_PRECISION)
             if STORE_O:
                 # Output, inter-chunk part: S^T (before the chunk) against the gated queries^T.
@@ -409,8 +406,6 @@ def state_scan_fwd_kernel(
                 b_x = tl.load(u + o_i[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
                 b_x = ((b_x - b_ks) * b_bt[:, None]).to(w.dtype.element_ty)
                 b_aw = tl.load(w + o_i[:, None] * (HV * BT) + o_i[None, :], mask=m_t[:, None], other=0.0)
-                if not WY_TRIL:
-                    b_aw = tl.where(m_lower & m_t[:, None], b_aw, 0.0).to(w.dtype.element_ty)
                 b_vn = tl.dot(b_aw, b_x, input_precision=DOT_PRECISION)
             else:
                 # v_new = u - w S
@@ -500,7 +495,7 @@ def state_scan_fwd_kernel(
 
 
 _AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "Q_GATED", "HAS_AQK", "USE_H0", "STORE_HT", "STORE_O",
-                 "SAVE_H", "SAVE_V_NEW", "STATE_V_FIRST", "IS_VARLEN", "WY_FROM_A", "WY_TRIL"]
+                 "SAVE_H", "SAVE_V_NEW", "STATE_V_FIRST", "IS_VARLEN", "WY_FROM_A"]
 # Production autotune set: the measured winners. H200, KDA T=8192, H=HV=16, K=128, V=256, bf16,
 # every configuration forced, 2026-11-30 (bench/records/raw/2026-11-30-h200-delta-scan-bench-r2.json):
 # at B=8 VK-BV128-w8-s2 1.265 ms, BV128-w8-s2 1.576, VK-BV64-w4-s2 2.024, BV64-w4-s2 2.020 (fla's
@@ -539,7 +534,6 @@ def state_scan_fwd(
     q_gated: bool = False,
     store_o: bool = True,
     wy: tuple | None = None,
-    wy_tril: bool = False,
     config: triton.Config | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """The forward state scan of the chunked delta rule, with the output made inside it.
@@ -571,14 +565,13 @@ def state_scan_fwd(
 
     ``wy=(A, v, beta)`` in place of ``w, u`` (pass ``None, None``; GDN and the plain rule, not
     the per-channel gate): A ``[B, T, HV, BT]`` the WY inverse (I + StrictLower(diag(beta) K K^T
-    Gamma))^-1 as ``gdn/_kernels/wy_inverse.py`` writes it (only its lower
-    triangle, diagonal included, is read), v ``[B, T, HV, V]``, beta ``[B, T, HV]``. The scan then never
+    Gamma))^-1 as ``gdn/_kernels/wy_inverse.py`` writes it, with its zeros above the diagonal stored
+    (A is masked by its rows only: under the triangular mask Triton 3.6 read the tile's pipelined
+    copy back from shared memory, masked it and stored it again, once a chunk on the scan's dependent
+    chain), v ``[B, T, HV, V]``, beta ``[B, T, HV]``. The scan then never
     reads w = A diag(beta gamma) K and u = A diag(beta) V: per chunk it forms
     v_new = A diag(beta) (v - diag(gamma) K S) (one more [BT, BT] x [BT, BV] product, one rounding
     point, of the bracket, instead of w's and u's), so fla's ``recompute_w_u`` need not run.
-    ``wy_tril=True`` says that A's entries above the diagonal are stored as zeros (``wy_inverse``
-    writes them): A is then loaded without the triangular mask, which Triton 3.6 applies by reading
-    the pipelined copy of the tile back from shared memory, masking it and storing it again.
 
     ``q_gated=True`` (KDA only): q is ``qg [B, T, HV, K]`` = q * exp2(gk) rounded to q's dtype,
     as ``chunk_kda_fwd_intra(..., disable_recompute=True)`` returns it (the same rounding fla's
@@ -691,7 +684,6 @@ def state_scan_fwd(
         GATE=gate_kind, Q_GATED=q_gated, HAS_AQK=Aqk is not None, USE_H0=initial_state is not None,
         STORE_HT=output_final_state, STORE_O=store_o, SAVE_H=save_h, SAVE_V_NEW=save_v_new,
         STATE_V_FIRST=state_v_first, IS_VARLEN=is_varlen, WY_FROM_A=beta is not None,
-        WY_TRIL=beta is not None and wy_tril,
         # fp32 inputs: exact fp32 products (the GPU default would be tf32); 16-bit inputs keep
         # the default, which only concerns fp32 operands.
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",

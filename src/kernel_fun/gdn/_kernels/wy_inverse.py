@@ -19,10 +19,10 @@ sum over rows comes out indexed by columns, and no step converts a layout (fla's
 vector a step through shared memory). The off-diagonal blocks of the inverse follow by the block
 recurrence X_ij = -X_ii sum_{j<=m<i} L_im X_mj, in tf32 (as fla's). The six blocks above the
 diagonal are written as zeros (3 KB more a chunk and value head: 8 KB of A written instead of 5,
-about 25 MB a layer at B=4 T=4096 HV=32), so that the three scans that read A can load it without
-the triangular mask (``wy_tril=True``): with the mask, Triton 3.6 reads the tile the pipeliner
-copied into shared memory back to registers, masks it and writes it to shared memory again, once a
-chunk, on each scan's dependent chain.
+about 25 MB a layer at B=4 T=4096 HV=32), so that its readers (the three scans, ``wy_dv_bwd``) load
+it masked by rows only: under the triangular mask Triton 3.6 read the tile the pipeliner copied
+into shared memory back to registers, masked it and wrote it to shared memory again, once a chunk,
+on each scan's dependent chain, and split each load into 2-byte accesses.
 """
 from __future__ import annotations
 
@@ -209,8 +209,8 @@ wy_inverse_kernel_tuned = triton.autotune(
 
 def wy_inverse(k, g, beta, cu_seqlens=None, chunk_indices=None, chunk_size: int = 64,
                *, config: triton.Config | None = None):
-    """``A [B, T, HV, BT]`` (k's dtype; lower triangular, its zeros above the diagonal written: the
-    scans may read it with ``wy_tril=True``) from k ``[B, T, H, K]``, g
+    """``A [B, T, HV, BT]`` (k's dtype; lower triangular, its zeros above the diagonal written: its
+    readers mask it by rows only) from k ``[B, T, H, K]``, g
     ``[B, T, HV]`` fp32 (chunk-local cumulative log2 gate) and the activated beta ``[B, T, HV]``."""
     B, T, H, K = k.shape
     HV = g.shape[2]
