@@ -1,5 +1,6 @@
 """The model A/B's pieces that need no GPU: the config parser, the structured tokens, the
-noise-floor perturbation, parameter groups and the kernel classifier."""
+noise-floor perturbation, parameter groups, the kernel classifier and the choice of the learning
+rate the loss is compared at."""
 import pytest
 import torch
 
@@ -45,6 +46,42 @@ def test_one_ulp_perturbation_is_one_bf16_ulp():
     _, e = torch.frexp(w)
     assert torch.equal((p - w).abs(), torch.ldexp(torch.ones_like(w), e - 8))
     assert (p > w).any() and (p < w).any()
+
+
+GDN_FLA_AT_5E4 = [9.24, 6.66, 10.6, 5.46, 4.56, 3.82, 3.07, 2.33, 1.63, 1.06, 0.63, 0.41]  # every GDN record
+KDA_FLA_AT_5E4 = [9.2, 7.14, 6.16, 5.53, 4.81, 4.02, 3.76, 2.81, 2.29, 1.78, 1.34, 0.99]
+
+
+def test_loss_bumps_are_rises_over_the_step_before():
+    assert model.loss_bumps(GDN_FLA_AT_5E4) == [2]
+    assert model.loss_bumps(KDA_FLA_AT_5E4) == []
+    assert model.loss_bumps([5.0, 5.04, 5.10]) == [2]  # 1% is the tolerance, not 0
+    assert model.loss_bumps([5.0, 5.04]) == []
+
+
+def test_loss_is_compared_at_the_largest_lr_where_fla_is_smooth():
+    runs = []
+
+    def curve_at(arm, lr):  # fla bumps above 2e-4; ours and the noise floor offset from it
+        runs.append((arm, lr))
+        base = [9.0, 7.0, 9.5 if lr > 2e-4 else 6.0, 5.0]
+        return [x + {"fla": 0.0, "ours": 1e-3, "fla_ulp": 1e-2}[arm] for x in base]
+
+    at5 = {arm: curve_at(arm, 5e-4) for arm in ("fla", "ours", "fla_ulp")}
+    runs.clear()
+    r = model.loss_at_smooth_lr(at5, 5e-4, curve_at)
+    assert r["lr"] == pytest.approx(1.25e-4) and r["smooth"]
+    assert r["fla_bumps_at"] == {"0.0005": [2], "0.00025": [2]}
+    assert r["max_loss_diff"] == {"ours": pytest.approx(1e-3), "fla_ulp": pytest.approx(1e-2)}
+    assert sorted(runs) == sorted((a, lr) for lr in (2.5e-4, 1.25e-4) for a in ("fla", "ours", "fla_ulp"))
+    # already smooth: nothing more runs, the configured rate's curves are the comparison
+    runs.clear()
+    smooth = {arm: [x + 0.001 * i for x in KDA_FLA_AT_5E4] for i, arm in enumerate(("fla", "ours", "fla_ulp"))}
+    r = model.loss_at_smooth_lr(smooth, 5e-4, curve_at)
+    assert runs == [] and r["lr"] == 5e-4 and r["smooth"] and r["fla_bumps_at"] == {}
+    # never smooth: the last rate tried, said so
+    r = model.loss_at_smooth_lr(at5, 5e-4, lambda arm, lr: at5[arm])
+    assert not r["smooth"] and r["lr"] == pytest.approx(5e-4 / 8) and len(r["fla_bumps_at"]) == model.LR_HALVINGS
 
 
 def test_parameter_groups():

@@ -86,6 +86,7 @@ _CONFIG_TUPLES = [
     (128, 8, 2, None, True),
     (128, 8, 3, None, True),
     (64, 4, 2, None, True),
+    (64, 4, 3, None, True),
     (32, 4, 2, None, True),
     (256, 16, 2, None, True),
 ]
