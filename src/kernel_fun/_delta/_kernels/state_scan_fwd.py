@@ -86,6 +86,11 @@ _CONFIG_TUPLES = [
     (128, 8, 2, None, True),
     (128, 8, 3, None, True),
     (64, 4, 2, None, True),
+    # VK-BV64-w4-s3 (2026-12-05, untimed): at s2 the pipeliner issues a chunk's copies at the end of the
+    # chunk before and waits for all of them (async_wait num=0) first thing, so their latency is on the
+    # scan's chain every chunk; at s3 they are issued a chunk earlier (async_wait num=5). sm_90a, gdn's
+    # recompute (no output): 255 registers, 8 B of stack, 77 KB, two programs an SM (s2: 233, 0, 52 KB);
+    # with the output 133 KB, one an SM.
     (64, 4, 3, None, True),
     (32, 4, 2, None, True),
     (256, 16, 2, None, True),
