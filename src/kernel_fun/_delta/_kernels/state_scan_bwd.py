@@ -61,8 +61,15 @@ CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
 # GL_AHEAD (the scalar gate only; not yet timed, 2026-12-04): G_last of the next chunk loaded a chunk
 # ahead and carried across the loop, so that no load is left on the scan's dependent chain (without
 # it the scalar load, which the pipeliner does not take, is issued before the chunk's first product).
+# BV128-w8-s3 (2026-12-05, untimed): at s2 the pipeliner issues a chunk's copies after the chunk
+# before's last product and waits for all of them (async_wait num=0) right after the dh store, so
+# their latency is on the chain every chunk; at s3 they are issued a chunk earlier (num=8 left in
+# flight). sm_90a, gdn's call: 255 registers, no stack, 198 KB, one program an SM, as the pick
+# (132 KB); kda's: 56 B of stack (40 at s2), 205 KB.
 CANDIDATES = [triton.Config({"BV": 64}, num_warps=8, num_stages=2),
-              triton.Config({"BV": 128, "GL_AHEAD": True}, num_warps=8, num_stages=2)]
+              triton.Config({"BV": 128, "GL_AHEAD": True}, num_warps=8, num_stages=2),
+              triton.Config({"BV": 128}, num_warps=8, num_stages=3),
+              triton.Config({"BV": 128, "GL_AHEAD": True}, num_warps=8, num_stages=3)]
 
 
 def config_name(c) -> str:
