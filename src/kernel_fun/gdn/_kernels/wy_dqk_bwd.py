@@ -62,7 +62,11 @@ CONFIGS = [triton.Config({"BK": bk, "BV": bv}, num_warps=nw, num_stages=ns)
 CANDIDATES = [triton.Config({"BK": bk, "BV": bv}, num_warps=8, num_stages=2) for bk, bv in ((64, 64), (128, 32))]
 # FLAT (2026-12-04, not yet timed): the group's (value head, value block) pairs in one loop, so that the
 # next head's first block is copied during this head's epilogue instead of waited for after it.
-CANDIDATES += [triton.Config({"BK": 64, "BV": bv, "FLAT": True}, num_warps=4, num_stages=2) for bv in (64, 32)]
+# FLAT at BV32 on three stages (2026-12-05, untimed): 8 (head, block) pairs a program at HV = 2H, the
+# copies two pairs ahead; sm_90a at HV=32: 255 registers, 8 B of stack, 4 spill ops, 75 KB, two an SM
+# (at BV64 three stages spill 48 ops: left out).
+CANDIDATES += [triton.Config({"BK": 64, "BV": bv, "FLAT": True}, num_warps=4, num_stages=ns)
+               for bv, ns in ((64, 2), (32, 2), (32, 3))]
 # Quarter-K programs (BK32 on 4 warps, dG in per-K-block slices summed by the launcher; 163-218
 # registers, no stack at HV=16) lost on the H200 (2026-12-02, B=4 T=4096 H=16, records
 # bench/records/2026-12-02-h200-stages-gdn-wy-dqk-quarter-k-hv{32,16}-c5b3a36.json): 1.346-1.659 ms
