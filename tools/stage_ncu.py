@@ -9,8 +9,9 @@ configuration (no autotuner trials), inside one NVTX range for ncu to profile.
 (``tools/gpu_run.sh ncu_kda`` and ``ncu_gdn`` run it.) The inputs are ``kernel-fun bench --stages
 FAMILY``'s probes (``kernel_fun.bench.<family>.probes``: structured random stage inputs, bf16
 where the chain passes bf16) at the family's GPU stage shape, ``--shape`` replacing its keys.
-``--kernel NAME[=CONFIG]``: the probe's launch-witness name and one of its configurations by the
-name ``bench --stages`` prints (default: the first of its ``CONFIGS``). Building a probe's inputs
+``--kernel NAME[#N][=CONFIG]``: the probe's launch-witness name (``#N``: its N-th probe where the
+family has several, in ``bench --stages`` order; default the first) and one of its configurations by
+the name ``bench --stages`` prints (default: the first of its ``CONFIGS``). Building a probe's inputs
 may launch other kernels of the family, autotuned (a later stage's inputs are an earlier stage's
 outputs): those run before the chosen launches, which come last, one each, in ``--kernel`` order,
 inside one NVTX range named ``stage_ncu`` (ncu's ``--nvtx --nvtx-include "stage_ncu/"`` profiles
@@ -44,14 +45,20 @@ def main() -> None:
     from kernel_fun.bench.stages import stage_shape
 
     overrides = _parse_shape(a.shape)
-    probes = {p.kernel: p for p in importlib.import_module(f"kernel_fun.bench.{a.family}").probes(
-        a.device, stage_shape(a.family, a.device, overrides))}
+    probes: dict = {}  # a kernel's probes in the family's order (gdn's forward scan has two: output, recompute)
+    for p in importlib.import_module(f"kernel_fun.bench.{a.family}").probes(
+            a.device, stage_shape(a.family, a.device, overrides)):
+        probes.setdefault(p.kernel, []).append(p)
     chosen = []
     for spec in a.kernel:
         name, _, cfg_name = spec.partition("=")
+        name, _, nth = name.partition("#")
         if name not in probes:
             sys.exit(f"stage_ncu: {name} is not a {a.family} probe ({', '.join(probes)})")
-        p = probes[name]
+        i = int(nth) if nth.isdigit() else (1 if not nth else 0)
+        if not 1 <= i <= len(probes[name]):
+            sys.exit(f"stage_ncu: {name} has {len(probes[name])} probe(s); #{nth} is not one of them")
+        p = probes[name][i - 1]
         configs = [c for c, _ in p.configs()]
         config = configs[0] if not cfg_name else next((c for c in configs if p.config_name(c) == cfg_name), False)
         if config is False:
@@ -68,7 +75,8 @@ def main() -> None:
         p.run(config)
         if gpu:
             torch.cuda.synchronize()
-        print(f"launched {p.kernel} {p.config_name(config)}", flush=True)
+        print(f"launched {p.kernel} {p.config_name(config)} ({p.label}{'; ' + p.note if getattr(p, 'note', '') else ''})",
+              flush=True)
     if gpu:
         torch.cuda.nvtx.range_pop()
 
