@@ -46,7 +46,6 @@ import triton.language as tl
 
 from kernel_fun._common.tuning import (
     alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch, next_pow2)
-from kernel_fun._common.prefetch import l2_rows
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import check_varlen_batch, scan_grid, scan_order, scan_program, total_chunks
 
@@ -102,8 +101,7 @@ _ALL = [triton.Config({"BV": bv, "VK": vk}, num_warps=nw, num_stages=ns, maxnreg
 
 def config_name(c) -> str:
     """A short name of a configuration: ``BV128-w8-s2-rNone`` (key-major) or ``VK-BV128-w8-s2-rNone``."""
-    return (f"{'VK-' if c.kwargs.get('VK') else ''}BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}-r{c.maxnreg}"
-            + ("-l2" if c.kwargs.get("L2_AHEAD") else ""))
+    return f"{'VK-' if c.kwargs.get('VK') else ''}BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}-r{c.maxnreg}"
 
 
 def _prune(configs, named_args, **kwargs):
@@ -200,7 +198,6 @@ def state_scan_fwd_kernel(
     DOT_PRECISION: tl.constexpr,
     VK: tl.constexpr = False,
     WY_FROM_A: tl.constexpr = False,
-    L2_AHEAD: tl.constexpr = False,
 ):
     # One program per (V-block, value head, sequence); the V-blocks of one head are adjacent
     # program ids, so they run together and share q, k, w and the gate through L2.
@@ -283,23 +280,6 @@ def state_scan_fwd_kernel(
             m_vt = m_v[:, None] & m_t[None, :]
             last = tl.minimum(n_t, BT) - 1
 
-            if L2_AHEAD:
-                # the chunk after next's q, k, v (or u) and A (or w) rows asked of L2 at the top of this
-                # chunk, so that the copies the pipeliner issues for them at the end of the next chunk
-                # find them there (kernel_fun._common.prefetch; beta and the gate, 4 bytes a row that the
-                # other heads' programs share a line of, are left to the copies)
-                n_2 = n_t - 2 * BT
-                K_B: tl.constexpr = K * k.dtype.element_ty.primitive_bitwidth // 8
-                W_E: tl.constexpr = BT if WY_FROM_A else K
-                W_B: tl.constexpr = W_E * w.dtype.element_ty.primitive_bitwidth // 8
-                U_B: tl.constexpr = BV * u.dtype.element_ty.primitive_bitwidth // 8
-                if STORE_O:
-                    Q_S: tl.constexpr = (HV if Q_GATED else HQ) * K
-                    l2_rows(q, Q_S, K_B, k, HK * K, K_B, 2 * BT, n_2, BT)
-                    l2_rows(u + i_v * BV, HV * V, U_B, w, HV * W_E, W_B, 2 * BT, n_2, BT)
-                else:
-                    l2_rows(k, HK * K, K_B, w, HV * W_E, W_B, 2 * BT, n_2, BT)
-                    l2_rows(u + i_v * BV, HV * V, U_B, u + i_v * BV, HV * V, U_B, 2 * BT, n_2, BT)
             b_sc = b_s.to(w.dtype.element_ty)
             if SAVE_H:
                 tl.store(h + s_off, b_sc.to(h.dtype.element_ty), mask=m_vk)
@@ -532,10 +512,6 @@ _AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "Q_GATED", "HAS_AQK",
 _SHIPPED = ("VK-BV128-w8-s2-rNone", "BV128-w8-s2-rNone", "VK-BV64-w4-s2-rNone", "BV64-w4-s2-rNone")
 CONFIGS = [c for c in _ALL if config_name(c) in _SHIPPED]
 CANDIDATES = [c for c in _ALL if config_name(c) not in _SHIPPED]
-# L2_AHEAD (value-major only; 2026-12-05, untimed): the chunk after next's tiles prefetched into L2 at
-# the top of each chunk (kernel_fun._common.prefetch), for the latency that two pipeline stages leave
-# on the chain, without the third stage's shared memory (the forward scan keeps two programs an SM).
-CANDIDATES += [triton.Config({"BV": 64, "VK": True, "L2_AHEAD": True}, num_warps=4, num_stages=2)]
 state_scan_fwd_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(),
     key=_AUTOTUNE_KEY,
