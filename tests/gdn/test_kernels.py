@@ -255,6 +255,10 @@ def test_inputs_fwd(name, dtype, tol):
     beta_given = inputs_fwd(low["q"], low["k"], low["v"], low["g"], low["beta"], low["A_log"], low["dt_bias"],
                             gate_in, False, 1.0, 1 / math.log(2.0), cu_t, idx)[6]
     assert beta_given.dtype == torch.float32 and torch.equal(beta_given, low["beta"].float())
+    # an fp32 beta as given is handed on as it is: no copy
+    beta32 = low["beta"].float()
+    assert inputs_fwd(low["q"], low["k"], low["v"], low["g"], beta32, low["A_log"], low["dt_bias"],
+                      gate_in, False, 1.0, 1 / math.log(2.0), cu_t, idx)[6] is beta32
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)], ids=["fp32", "fp16"])

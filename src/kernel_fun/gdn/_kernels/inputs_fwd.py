@@ -53,14 +53,14 @@ def inputs_fwd_kernel(
     A_log, dt_bias,  # [HV] fp32 (GATE_IN_KERNEL; dt_bias when HAS_DT_BIAS)
     q_out, q_rstd, k_out, k_rstd,  # [B, T, H, K] in q's dtype; [B, T, H] fp32
     gc,  # [B, T, HV] fp32 out: the chunk-local cumulative gate times gate_scale
-    beta_out,  # [B, T, HV] fp32 out: beta_scale * sigmoid(beta) (BETA_SIGMOID) or beta as given
+    beta_out,  # [B, T, HV] fp32 out (STORE_BETA): beta_scale * sigmoid(beta) (BETA_SIGMOID) or beta as given
     cu_seqlens, chunk_indices,
     T,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
     gate_scale, beta_scale, eps,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr, RB: tl.constexpr,
     GATE_IN_KERNEL: tl.constexpr, HAS_DT_BIAS: tl.constexpr, BETA_SIGMOID: tl.constexpr, IS_VARLEN: tl.constexpr,
-    COPY_V: tl.constexpr = False, V: tl.constexpr = 64, VP: tl.constexpr = 64,
+    COPY_V: tl.constexpr = False, V: tl.constexpr = 64, VP: tl.constexpr = 64, STORE_BETA: tl.constexpr = True,
 ):
     i_b, i_hv, i_h, _, row0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     t_local = row0 - i_b * T  # the token within its batch row (varlen: B == 1, so row0)
@@ -70,7 +70,8 @@ def inputs_fwd_kernel(
     # Every load is issued before the first store, so that a program's reads are in flight together
     # (not one tensor's load, then its store, then the next load).
     b_g = tl.load(g + p, mask=m_t, other=0.0)
-    b_b = tl.load(beta + p, mask=m_t, other=0.0)
+    if STORE_BETA:
+        b_b = tl.load(beta + p, mask=m_t, other=0.0)
     if COPY_V:
         o_v = tl.arange(0, VP)
         m_tv = m_t[:, None] & (o_v < V)[None, :]
@@ -95,7 +96,7 @@ def inputs_fwd_kernel(
     tl.store(gc + p, tl.cumsum(b_g, axis=0) * gate_scale, mask=m_t)
     if BETA_SIGMOID:
         tl.store(beta_out + p, beta_scale * tl.sigmoid(b_b.to(tl.float32)), mask=m_t)
-    else:  # the value as given, in fp32 (exact): see inputs_fwd
+    elif STORE_BETA:  # the value as given, in fp32 (exact): see inputs_fwd
         tl.store(beta_out + p, b_b.to(tl.float32), mask=m_t)
     if COPY_V:
         tl.store(v_out + (row0 + o_i)[:, None] * (HV * V) + i_hv * V + o_v[None, :], b_v, mask=m_tv)
@@ -131,8 +132,8 @@ def inputs_fwd(q, k, v, g, beta, A_log, dt_bias, gate_in_kernel: bool, beta_sigm
     HV, V]`` contiguous (copied in the launch where it is strided); gc ``[B, T, HV]`` fp32, the
     chunk-local cumulative sum of the gate (``-exp(A_log) softplus(g + dt_bias)`` with
     ``gate_in_kernel``, else g itself) times ``gate_scale``; beta ``beta_scale * sigmoid(beta)``
-    with ``beta_sigmoid``, else beta as given, in fp32 either way: the scans load beta once a chunk
-    as a strided [BT] vector, which Triton 3.6's pipeliner copies ahead at 4 bytes an element and
+    with ``beta_sigmoid``, else beta as given, in fp32 either way (an fp32 one itself, not copied):
+    the scans load beta once a chunk as a strided [BT] vector, which Triton 3.6's pipeliner copies ahead at 4 bytes an element and
     leaves synchronous at 2 (a bf16 beta, what modeling code that applies the sigmoid itself passes,
     put that load on each scan's dependent chain; sm_90a TTGIR). One launch."""
     B, T, H, K = q.shape
@@ -152,7 +153,8 @@ def inputs_fwd(q, k, v, g, beta, A_log, dt_bias, gate_in_kernel: bool, beta_sigm
                                                                             device=k.device)
     q_rstd, k_rstd = (alloc((B, T, H), dtype=torch.float32, device=q.device) for _ in range(2))
     gc = alloc((B, T, HV), dtype=torch.float32, device=q.device)
-    beta_out = alloc((B, T, HV), dtype=torch.float32, device=q.device)
+    store_beta = beta_sigmoid or beta.dtype != torch.float32  # an fp32 beta as given is handed on as it is
+    beta_out = alloc((B, T, HV), dtype=torch.float32, device=q.device) if store_beta else beta
     dummy = gc
     launch(inputs_fwd_kernel_tuned, (NT, B * HV), config,
            q=q, k=k, v=v, v_out=v_out, g=g, beta=beta, A_log=A_log if gate_in_kernel else dummy,
@@ -165,6 +167,7 @@ def inputs_fwd(q, k, v, g, beta, A_log, dt_bias, gate_in_kernel: bool, beta_sigm
            H=H, HV=HV, K=K, KP=max(16, next_pow2(K)), BT=BT, RB=rows_per_head(BT, HV // H),
            GATE_IN_KERNEL=bool(gate_in_kernel),
            HAS_DT_BIAS=bool(gate_in_kernel and dt_bias is not None), BETA_SIGMOID=bool(beta_sigmoid),
+           STORE_BETA=store_beta,
            IS_VARLEN=is_varlen, COPY_V=copy_v, V=V, VP=max(16, next_pow2(V)))
     record_launch("gdn.inputs_fwd")
     return q_out, q_rstd, k_out, k_rstd, v_out, gc, beta_out
