@@ -133,9 +133,10 @@ def inputs_fwd(q, k, v, g, beta, A_log, dt_bias, gate_in_kernel: bool, beta_sigm
     chunk-local cumulative sum of the gate (``-exp(A_log) softplus(g + dt_bias)`` with
     ``gate_in_kernel``, else g itself) times ``gate_scale``; beta ``beta_scale * sigmoid(beta)``
     with ``beta_sigmoid``, else beta as given, in fp32 either way (an fp32 one itself, not copied):
-    the scans load beta once a chunk as a strided [BT] vector, which Triton 3.6's pipeliner copies ahead at 4 bytes an element and
-    leaves synchronous at 2 (a bf16 beta, what modeling code that applies the sigmoid itself passes,
-    put that load on each scan's dependent chain; sm_90a TTGIR). One launch."""
+    the scans load beta once a chunk as a strided [BT] vector, which Triton 3.6's pipeliner copies
+    ahead at 4 bytes an element and leaves synchronous at 2 (a bf16 beta, what modeling code that
+    applies the sigmoid itself passes, put that load on each scan's dependent chain; sm_90a TTGIR).
+    One launch."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BT = chunk_size
