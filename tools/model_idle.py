@@ -68,9 +68,7 @@ def diagnose(arm: str, cfg: dict, layer: str, init_state, tokens) -> dict:
 
     out = {"arm": arm}
     with M._arm_env(arm, layer):
-        net = M.build(cfg, layer)
-        net.load_state_dict(init_state)
-        opt = torch.optim.AdamW(net.parameters(), lr=cfg["lr"], weight_decay=0.01)
+        net, opt = M.arm_model(arm, cfg, init_state, layer, cfg["lr"])
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         phases = {}
 

@@ -302,20 +302,37 @@ def _host_profile(step, top: int = 30) -> str:
     return buf.getvalue()
 
 
-def run_arm(arm: str, cfg: dict, init_state: dict, tokens, layer: str) -> dict:
+def arm_model(arm: str, cfg: dict, init_state: dict, layer: str, lr: float):
+    """An arm's model (the shared initial weights; the embedding one bf16 ulp off for ``fla_ulp``)
+    and its AdamW."""
+    import torch
+
+    model = build(cfg, layer)
+    model.load_state_dict(init_state)
+    if arm == "fla_ulp":
+        perturb_one_ulp(model.embed.weight, cfg["seed"] + 1)
+    return model, torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+
+
+def lm_loss(model, inputs, targets):
+    """The next-token cross entropy of a step, the forward under bf16 autocast."""
     import torch
     import torch.nn.functional as F
+
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(inputs)
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def run_arm(arm: str, cfg: dict, init_state: dict, tokens, layer: str) -> dict:
+    import torch
 
     from .._common.witness import launch_counts
 
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()  # other arms' models stay alive for the interleaved timing
     torch.cuda.reset_peak_memory_stats()
-    model = build(cfg, layer)
-    model.load_state_dict(init_state)
-    if arm == "fla_ulp":
-        perturb_one_ulp(model.embed.weight, cfg["seed"] + 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=0.01)
+    model, opt = arm_model(arm, cfg, init_state, layer, cfg["lr"])
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     out = {"arm": arm, "loss": [], "step_ms": [], "host_ms": []}
 
@@ -330,9 +347,7 @@ def run_arm(arm: str, cfg: dict, init_state: dict, tokens, layer: str) -> dict:
     def step(record_grads=False, phases=None):
         opt.zero_grad(set_to_none=True)
         mark(phases, "start")
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(inputs)
-        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+        loss = lm_loss(model, inputs, targets)
         mark(phases, "forward")  # held: what the graph saved for the backward
         loss.backward()
         mark(phases, "backward")
@@ -396,21 +411,14 @@ def loss_curve(arm: str, cfg: dict, init_state: dict, tokens, layer: str, lr: fl
     """An arm's loss per step at learning rate ``lr``: ``run_arm``'s training loop alone (same
     weights, tokens, perturbation and patching; no timing, profile or memory marks)."""
     import torch
-    import torch.nn.functional as F
 
-    model = build(cfg, layer)
-    model.load_state_dict(init_state)
-    if arm == "fla_ulp":
-        perturb_one_ulp(model.embed.weight, cfg["seed"] + 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    model, opt = arm_model(arm, cfg, init_state, layer, lr)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     losses = []
     with _arm_env(arm, layer):
         for _ in range(cfg["steps"]):
             opt.zero_grad(set_to_none=True)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = model(inputs)
-            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+            loss = lm_loss(model, inputs, targets)
             loss.backward()
             opt.step()
             losses.append(float(loss.detach()))
