@@ -17,8 +17,6 @@ from kernel_fun._delta._kernels.state_scan_bwd import CANDIDATES, CONFIGS, confi
 
 from chunk_masks import above_diagonal  # noqa: E402  (tests/delta/conftest.py puts this folder on sys.path)
 
-GL_AHEAD = next(c for c in CANDIDATES if c.kwargs.get("GL_AHEAD"))  # the scalar gate's G_last a chunk ahead
-
 BT = 64
 SCALE = 0.3
 TOL = {torch.float16: 3e-3, torch.float32: 2e-5}
@@ -219,7 +217,7 @@ def test_wy_in_place_of_w(poisoned, case, dtype):
         dh_ref, dh0_ref, dv2_ref = ref.state_scan_bwd_ref(
             x["q"], x["k"], x["w"], x["do"], dv_ref, g=x.get("g"), dht=x["dht"], scale=SCALE, cu_seqlens=cu,
             chunk_size=BT)
-        for config in (None, CONFIGS[1], GL_AHEAD):
+        for config in (None, CONFIGS[1]):
             dh, dh0, dv2 = state_scan_bwd(x["q"], x["k"], None, x["do"], dv, g=x.get("g"), h0=h0, dht=x["dht"],
                                           scale=SCALE, cu_seqlens=cu, chunk_size=BT, A=A_in,
                                           wy=(x["A_wy"], x["beta"]), config=config, A_tril=tril)

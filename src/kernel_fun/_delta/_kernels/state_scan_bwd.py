@@ -55,25 +55,18 @@ install_interpreter_shims()
 # (num_stages 1 and 2 compile to the same code: the reverse loop is not pipelined).
 CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
            for bv, nw, ns in [(32, 4, 2), (64, 4, 2), (128, 8, 2)]]
-# Not yet timed or checked on a GPU (the GPU tests and ``kernel-fun bench --stages kda`` force them;
-# they join CONFIGS only after both): BV=64 on 8 warps, 206 registers and no stack with dv
+# Not yet timed or checked on a GPU (the GPU tests and ``kernel-fun bench --stages kda`` force it;
+# it joins CONFIGS only after both): BV=64 on 8 warps, 206 registers and no stack with dv
 # from A (the 4-warp one: 255 and 88 bytes), at one 136 KB CTA per SM either way.
-# GL_AHEAD (the scalar gate only; not yet timed, 2026-12-04): G_last of the next chunk loaded a chunk
-# ahead and carried across the loop, so that no load is left on the scan's dependent chain (without
-# it the scalar load, which the pipeliner does not take, is issued before the chunk's first product).
-# BV128-w8-s3 (2026-12-05, untimed): at s2 the pipeliner issues a chunk's copies after the chunk
-# before's last product and waits for all of them (async_wait num=0) right after the dh store, so
-# their latency is on the chain every chunk; at s3 they are issued a chunk earlier (num=8 left in
-# flight). sm_90a, gdn's call: 255 registers, no stack, 198 KB, one program an SM, as the pick
-# (132 KB); kda's: 56 B of stack (40 at s2), 205 KB.
-CANDIDATES = [triton.Config({"BV": 64}, num_warps=8, num_stages=2),
-              triton.Config({"BV": 128, "GL_AHEAD": True}, num_warps=8, num_stages=2),
-              triton.Config({"BV": 128}, num_warps=8, num_stages=3),
-              triton.Config({"BV": 128, "GL_AHEAD": True}, num_warps=8, num_stages=3)]
+# Lost on the H200 (2026-12-05, gdn's call at the layer's shape B=4 T=4096 H=16 HV=32,
+# bench/records/2026-12-05-h200-stages-gdn-scans-ab-fc6b5e6-ee044dc.json; git ee044dc has them):
+# BV128-w8-s3 0.489-0.491 ms and with G_last a chunk ahead 0.476-0.480, against the pick's
+# 0.473 (three stages issue the chunk's copies a chunk earlier, but 198 KB of shared memory).
+CANDIDATES = [triton.Config({"BV": 64}, num_warps=8, num_stages=2)]
 
 
 def config_name(c) -> str:
-    return f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}" + ("-glahead" if c.kwargs.get("GL_AHEAD") else "")
+    return f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}"
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -99,7 +92,7 @@ def state_scan_bwd_kernel(
     BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     GATE: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DV_FROM_A: tl.constexpr = False, WY_FROM_A: tl.constexpr = False,
-    A_TRIL: tl.constexpr = False, GL_AHEAD: tl.constexpr = False,
+    A_TRIL: tl.constexpr = False,
 ):
     i_v, i_nh, i_n, i_hv, i_hq, i_hk, bos, _, T, boh = scan_program(
         cu_seqlens, chunk_offsets, seq_order, T, V, HQ, HK, HV, BT, BV, IS_VARLEN, True)
@@ -134,7 +127,13 @@ def state_scan_bwd_kernel(
     if USE_DHT:
         b_ds += tl.load(dht + i_nh * K * V + s_off, mask=m_vk, other=0.0).to(tl.float32)
 
-    if GATE == 1 and GL_AHEAD:  # G_last of the first chunk the loop takes (the last one): row T - 1
+    # The scalar gate's G_last is loaded a chunk ahead and carried across the loop, so that no load
+    # is left on the scan's dependent chain (loaded in its chunk, the scalar load, which the
+    # pipeliner does not take, was issued before the chunk's first product). H200, gdn's call,
+    # 2026-12-05 (bench/records/2026-12-05-h200-stages-gdn-scans-ab-fc6b5e6-ee044dc.json and
+    # ...-wy-ab-fc6b5e6-ee044dc.json): BV128-w8-s2 0.4726-0.4729 -> 0.4667-0.4670 ms at B=4 T=4096
+    # H=16 HV=32, 0.9322 -> 0.9263 at B=8 T=8192 H=HV=16; the same value, from the same address.
+    if GATE == 1:  # G_last of the first chunk the loop takes (the last one): row T - 1
         b_gl_next = tl.load(g + (T - 1) * HV, mask=T > 0, other=0.0).to(tl.float32)
     for i_r in range(NT):
         i_t = NT - 1 - i_r
@@ -149,8 +148,9 @@ def state_scan_bwd_kernel(
         tl.store(dh + i_t * HV * K * V + s_off, b_ds.to(dh.dtype.element_ty), mask=m_vk)
 
         # The chunk's tiles that do not depend on the state are loaded before its first product,
-        # so that a load the pipeliner leaves synchronous (the scalar G_last) is in flight while
-        # that product runs instead of after it, and A (with A_TRIL) is copied a chunk ahead. H200,
+        # so that a load the pipeliner leaves synchronous (KDA's G_last row; the scalar G_last was one
+        # until it came a chunk ahead) is in flight while that product runs instead of after it, and A
+        # (with A_TRIL) is copied a chunk ahead. H200,
         # gdn's call at the layer's shape (B=4 T=4096 H=16 HV=32, 2026-12-04,
         # bench/records/2026-12-04-h200-stages-gdn-scan-bwd-hoist-ab-37f4230.json): BV128-w8-s2
         # 0.565 -> 0.492 ms, BV64-w4-s2 0.697 -> 0.651.
@@ -167,11 +167,9 @@ def state_scan_bwd_kernel(
             b_kt = tl.load(k + (t0 + o_i)[None, :] * (HK * K) + o_k[:, None], mask=m_kt, other=0.0)
         if GATE == 1:
             b_g = tl.load(g + (t0 + o_i) * HV, mask=m_t, other=0.0).to(tl.float32)
-            if GL_AHEAD:  # this chunk's, loaded a chunk ago; the next chunk's (full: it ends at t0 - 1)
-                b_gl = b_gl_next
-                b_gl_next = tl.load(g + (t0 - 1) * HV, mask=i_t > 0, other=0.0).to(tl.float32)
-            else:
-                b_gl = tl.load(g + (t0 + last) * HV).to(tl.float32)
+            # this chunk's G_last, loaded a chunk ago; the next chunk's (full: it ends at t0 - 1)
+            b_gl = b_gl_next
+            b_gl_next = tl.load(g + (t0 - 1) * HV, mask=i_t > 0, other=0.0).to(tl.float32)
         if A_TRIL:  # (with DV_FROM_A) A stored with zeros above the diagonal: masked by rows only, so
             # that the pipeliner copies it a chunk ahead into shared memory, where the product reads it.
             # do is loaded here with it, and after the first product otherwise: each of the two forms

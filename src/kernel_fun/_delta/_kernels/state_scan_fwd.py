@@ -86,12 +86,10 @@ _CONFIG_TUPLES = [
     (128, 8, 2, None, True),
     (128, 8, 3, None, True),
     (64, 4, 2, None, True),
-    # VK-BV64-w4-s3 (2026-12-05, untimed): at s2 the pipeliner issues a chunk's copies at the end of the
-    # chunk before and waits for all of them (async_wait num=0) first thing, so their latency is on the
-    # scan's chain every chunk; at s3 they are issued a chunk earlier (async_wait num=5). sm_90a, gdn's
-    # recompute (no output): 255 registers, 8 B of stack, 77 KB, two programs an SM (s2: 233, 0, 52 KB);
-    # with the output 133 KB, one an SM.
-    (64, 4, 3, None, True),
+    # VK-BV64-w4-s3 lost on the H200 (2026-12-05, gdn's call at B=4 T=4096 H=16 HV=32,
+    # bench/records/2026-12-05-h200-stages-gdn-scans-ab-fc6b5e6-ee044dc.json; git ee044dc has it): the
+    # forward 0.622 ms against VK-BV64-w4-s2's 0.313 (133 KB: one program an SM), the recompute 0.267
+    # against the key-major BV64-w4-s2's 0.228; VK-BV128-w8-s3 0.427 / 0.311 there.
     (32, 4, 2, None, True),
     (256, 16, 2, None, True),
 ]

@@ -60,13 +60,17 @@ install_interpreter_shims()
 CONFIGS = [triton.Config({"BK": bk, "BV": bv}, num_warps=nw, num_stages=ns)
            for bk, bv, nw, ns in [(64, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2)]]
 CANDIDATES = [triton.Config({"BK": bk, "BV": bv}, num_warps=8, num_stages=2) for bk, bv in ((64, 64), (128, 32))]
-# FLAT (2026-12-04, not yet timed): the group's (value head, value block) pairs in one loop, so that the
-# next head's first block is copied during this head's epilogue instead of waited for after it.
-# FLAT at BV32 on three stages (2026-12-05, untimed): 8 (head, block) pairs a program at HV = 2H, the
-# copies two pairs ahead; sm_90a at HV=32: 255 registers, 8 B of stack, 4 spill ops, 75 KB, two an SM
-# (at BV64 three stages spill 48 ops: left out).
-CANDIDATES += [triton.Config({"BK": 64, "BV": bv, "FLAT": True}, num_warps=4, num_stages=ns)
-               for bv, ns in ((64, 2), (32, 2), (32, 3))]
+# The value heads' blocks in one flat loop (FLAT: the next head's first block copied during this
+# head's epilogue) lost on the H200 (2026-12-05, B=4 T=4096 H=16 HV=32,
+# bench/records/2026-12-05-h200-stages-gdn-wy-ab-fc6b5e6-ee044dc.json; git ee044dc has it):
+# BK64-BV64-FLAT-w4-s2 0.838, BK64-BV32-FLAT-w4-s2 0.974 and -s3 0.884 ms against BK64-BV64-w4-s2's 0.718.
+# One value block (BV = V = 128, untimed, 2026-12-05): the loop over V has one trip, so every state
+# tile (do, v_new, dv, S^T, dS^T) is requested at once instead of in two rounds, and at G = 1 the
+# kernel needs fewer registers than at BV64 (sm_90a, Triton 3.6, HV=16: 183 registers, no stack,
+# 48 KB, two programs an SM; capped at 168 no stack and three an SM; BK64-BV64-w4-s2 247, two an SM).
+# At G = 2 (HV=32) it spills (255 registers, 264 B of stack): the autotuner's key holds HV.
+ONE_BLOCK = [triton.Config({"BK": 64, "BV": 128}, num_warps=4, num_stages=1, maxnreg=mr) for mr in (None, 168)]
+CANDIDATES += ONE_BLOCK
 # Quarter-K programs (BK32 on 4 warps, dG in per-K-block slices summed by the launcher; 163-218
 # registers, no stack at HV=16) lost on the H200 (2026-12-02, B=4 T=4096 H=16, records
 # bench/records/2026-12-02-h200-stages-gdn-wy-dqk-quarter-k-hv{32,16}-c5b3a36.json): 1.346-1.659 ms
@@ -175,7 +179,7 @@ def wy_dqk_bwd_kernel(
     s_dv,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, FLAT: tl.constexpr = False,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # one program per (chunk, qk head, K block): chunk_program's 'value head' is the qk head here
     NK: tl.constexpr = (KP + BK - 1) // BK
@@ -200,52 +204,27 @@ def wy_dqk_bwd_kernel(
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     r_q0 = tl.zeros([BT], dtype=tl.float32)  # rowsum(dq * q), rowsum(dk * k) of the heads before
     r_k0 = tl.zeros([BT], dtype=tl.float32)
-    if FLAT:
-        # The group's (value head, value block) pairs in one loop, each head's epilogue on its last
-        # block: the pipeliner then copies the next head's first block during this head's epilogue
-        # (with a loop per head, each head starts with a wait for its first block). G_last comes from
-        # the head's gate row (a scalar load would be left synchronous).
-        NV: tl.constexpr = (V + BV - 1) // BV
-        b_hdh = tl.zeros([1], dtype=tl.float32)  # sum(S * dS)
-        for j in range(G * NV):
-            i_g = j // NV
-            i_v = j % NV
-            i_hv = i_h * G + i_g
-            b_g = tl.load(g + row0 * HV + i_hv + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
-            b_gl = tl.sum(tl.where(o_i == last, b_g, 0.0), 0)
-            b_gam = tl.where(m_t, tl.exp2(b_g), 0.0)
-            b_decay = tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)  # gamma_L / gamma, <= 1
-            b_dq, b_dk, b_hdh = _state_block(
-                q, do + (row0 * HV + i_hv) * V, v_new + (row0 * HV + i_hv) * V, dv + row0 * s_dv + i_hv * V,
-                h + (i_tg * HV + i_hv) * K * V, dh + (i_tg * HV + i_hv) * K * V, s_dv, b_dq, b_dk, b_hdh,
-                b_gam * scale, b_decay, b_gam, i_v, o_i, m_t, o_k, m_k, HV, V, BV, DOT_PRECISION)
-            if i_v == NV - 1:
-                b_dq, b_dk, r_q0, r_k0 = _head_epilogue(
-                    q, k, dAqk, dAkk, dgz, dg, b_dq, b_dk, r_q0, r_k0, b_hdh, b_gl, row0, i_hv, i_kb, o_i, m_t,
-                    o_k, m_tk, last, H, HV, K, BT, NK, G, DOT_PRECISION)
-                b_hdh = tl.zeros([1], dtype=tl.float32)
-    else:
-        for i_g in range(G):
-            i_hv = i_h * G + i_g
-            p_g = g + row0 * HV + i_hv
-            b_g = tl.load(p_g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
-            b_gl = tl.load(p_g + last * HV).to(tl.float32)
-            b_gam = tl.where(m_t, tl.exp2(b_g), 0.0)
-            b_decay = tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)  # gamma_L / gamma, <= 1
-            b_dos_f = b_gam * scale
-            p_h = h + (i_tg * HV + i_hv) * K * V
-            p_dh = dh + (i_tg * HV + i_hv) * K * V
-            p_vn = v_new + (row0 * HV + i_hv) * V
-            p_do = do + (row0 * HV + i_hv) * V
-            p_dv = dv + row0 * s_dv + i_hv * V
+    for i_g in range(G):
+        i_hv = i_h * G + i_g
+        p_g = g + row0 * HV + i_hv
+        b_g = tl.load(p_g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
+        b_gl = tl.load(p_g + last * HV).to(tl.float32)
+        b_gam = tl.where(m_t, tl.exp2(b_g), 0.0)
+        b_decay = tl.where(m_t, tl.exp2(b_gl - b_g), 0.0)  # gamma_L / gamma, <= 1
+        b_dos_f = b_gam * scale
+        p_h = h + (i_tg * HV + i_hv) * K * V
+        p_dh = dh + (i_tg * HV + i_hv) * K * V
+        p_vn = v_new + (row0 * HV + i_hv) * V
+        p_do = do + (row0 * HV + i_hv) * V
+        p_dv = dv + row0 * s_dv + i_hv * V
 
-            b_hdh = tl.zeros([1], dtype=tl.float32)  # sum(S * dS)
-            for i_v in range(tl.cdiv(V, BV)):
-                b_dq, b_dk, b_hdh = _state_block(q, p_do, p_vn, p_dv, p_h, p_dh, s_dv, b_dq, b_dk, b_hdh, b_dos_f,
-                                                 b_decay, b_gam, i_v, o_i, m_t, o_k, m_k, HV, V, BV, DOT_PRECISION)
-            b_dq, b_dk, r_q0, r_k0 = _head_epilogue(
-                q, k, dAqk, dAkk, dgz, dg, b_dq, b_dk, r_q0, r_k0, b_hdh, b_gl, row0, i_hv, i_kb, o_i, m_t, o_k,
-                m_tk, last, H, HV, K, BT, NK, G, DOT_PRECISION)
+        b_hdh = tl.zeros([1], dtype=tl.float32)  # sum(S * dS)
+        for i_v in range(tl.cdiv(V, BV)):
+            b_dq, b_dk, b_hdh = _state_block(q, p_do, p_vn, p_dv, p_h, p_dh, s_dv, b_dq, b_dk, b_hdh, b_dos_f,
+                                             b_decay, b_gam, i_v, o_i, m_t, o_k, m_k, HV, V, BV, DOT_PRECISION)
+        b_dq, b_dk, r_q0, r_k0 = _head_epilogue(
+            q, k, dAqk, dAkk, dgz, dg, b_dq, b_dk, r_q0, r_k0, b_hdh, b_gl, row0, i_hv, i_kb, o_i, m_t, o_k,
+            m_tk, last, H, HV, K, BT, NK, G, DOT_PRECISION)
 
     tl.store(dq + o_i[:, None] * (H * K) + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + o_i[:, None] * (H * K) + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_tk)
