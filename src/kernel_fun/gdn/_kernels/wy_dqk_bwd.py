@@ -57,20 +57,24 @@ install_interpreter_shims()
 # bench/records/raw/2026-12-02-h200-gdn-wy-dqk-ima-diag.log). Tried and worse on the compile at
 # HV=32: q, k loaded once before the group loop, the group loop unrolled (tl.static_range),
 # maxnreg 128 on 8 warps (257 spill ops).
-CONFIGS = [triton.Config({"BK": bk, "BV": bv}, num_warps=nw, num_stages=ns)
-           for bk, bv, nw, ns in [(64, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2)]]
+CONFIGS = [triton.Config({"BK": bk, "BV": bv}, num_warps=nw, num_stages=ns, maxnreg=mr)
+           for bk, bv, nw, ns, mr in [(64, 32, 4, 2, None), (64, 64, 4, 2, None), (128, 64, 8, 2, None),
+                                      (64, 128, 4, 1, 168)]]
 CANDIDATES = [triton.Config({"BK": bk, "BV": bv}, num_warps=8, num_stages=2) for bk, bv in ((64, 64), (128, 32))]
 # The value heads' blocks in one flat loop (FLAT: the next head's first block copied during this
 # head's epilogue) lost on the H200 (2026-12-05, B=4 T=4096 H=16 HV=32,
 # bench/records/2026-12-05-h200-stages-gdn-wy-ab-fc6b5e6-ee044dc.json; git ee044dc has it):
 # BK64-BV64-FLAT-w4-s2 0.838, BK64-BV32-FLAT-w4-s2 0.974 and -s3 0.884 ms against BK64-BV64-w4-s2's 0.718.
-# One value block (BV = V = 128, untimed, 2026-12-05): the loop over V has one trip, so every state
-# tile (do, v_new, dv, S^T, dS^T) is requested at once instead of in two rounds, and at G = 1 the
-# kernel needs fewer registers than at BV64 (sm_90a, Triton 3.6, HV=16: 183 registers, no stack,
-# 48 KB, two programs an SM; capped at 168 no stack and three an SM; BK64-BV64-w4-s2 247, two an SM).
-# At G = 2 (HV=32) it spills (255 registers, 264 B of stack): the autotuner's key holds HV.
-ONE_BLOCK = [triton.Config({"BK": 64, "BV": 128}, num_warps=4, num_stages=1, maxnreg=mr) for mr in (None, 168)]
-CANDIDATES += ONE_BLOCK
+# One value block (BV = V = 128; the last of CONFIGS, 2026-12-05): the loop over V has one trip, so
+# every state tile (do, v_new, dv, S^T, dS^T) is requested at once instead of in two rounds, and at
+# G = 1 the kernel needs fewer registers than at BV64 (sm_90a, Triton 3.6, HV=16: 183 registers, no
+# stack, 48 KB, two programs an SM; capped at 168 still no stack, and three an SM; BK64-BV64-w4-s2
+# 247, two an SM). H200 (bench/records/2026-12-05-h200-stages-gdn-wy-dqk-one-block-a46b7c2.json):
+#   B=8 T=8192 H=HV=16 (prod_b8): BK64-BV128-w4-s1-r168 1.160 ms, uncapped 1.381, BK64-BV64-w4-s2 1.482
+#   B=4 T=4096 H=16 HV=32 (the layer): 1.399, uncapped 0.965, BK64-BV64-w4-s2 0.718
+# At G = 2 it spills (255 registers and 264 B of stack uncapped, 808 B at 168 with the group loop
+# unrolled), so the autotuner, whose key holds HV, keeps BK64-BV64 there. The uncapped form lost at
+# both shapes (deleted). sm_100a: 168 registers, no stack at HV=16.
 # Quarter-K programs (BK32 on 4 warps, dG in per-K-block slices summed by the launcher; 163-218
 # registers, no stack at HV=16) lost on the H200 (2026-12-02, B=4 T=4096 H=16, records
 # bench/records/2026-12-02-h200-stages-gdn-wy-dqk-quarter-k-hv{32,16}-c5b3a36.json): 1.346-1.659 ms
