@@ -26,7 +26,8 @@
 #        --stages (with STAGES_ARGS) run from AB_OLD (default ab_old/src: `git archive REV src | (mkdir -p
 #        ab_old && tar x -C ab_old)` before the call; untracked, so it travels; delete it before
 #        committing) and from src, alternated old, new, ROUNDS times (default 2), a process each;
-#        records $OUT/stages_ab_{old,new}_N.json.
+#        records $OUT/stages_ab_{old,new}_N.json. AB_ARGS="--family gdn --case NAME" runs that op bench
+#        instead of the stages (each process tunes anew: no autotune entries are restored).
 # KDA_CASES="--case prod_b16 ...", GDN_CASES, CCONV_CASES pick bench cases; KDA_TEST_K="..." is passed to pytest -k.
 # bench_cases: BENCH_FAMILY=kda BENCH_CASES="prod_b16 varlen_16docs", a process per case (STEP_TIMEOUT each).
 set -u
@@ -182,7 +183,8 @@ for step in "$@"; do
         for side in old new; do
           [ "$side" = old ] && tree=$old || tree=src
           echo "--- round $r, $side ($tree)"
-          PYTHONPATH=/tmp/site:$tree timeout "$T" python3 -m kernel_fun bench --stages "${AB_FAMILY:-gdn}" ${STAGES_ARGS:-} \
+          # AB_ARGS replaces the --stages arguments (e.g. "--family gdn --case grouped_h16_hv32_b4": the op)
+          PYTHONPATH=/tmp/site:$tree timeout "$T" python3 -m kernel_fun bench ${AB_ARGS:---stages ${AB_FAMILY:-gdn} ${STAGES_ARGS:-}} \
             --json "$OUT/stages_ab_${side}_$r.json" 2>&1 | tee "$OUT/stages_ab_${side}_$r.log" | tail -40
         done
       done ;;
