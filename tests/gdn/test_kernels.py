@@ -135,6 +135,29 @@ def test_wy_dqkwg_bwd(name, dtype, tol, dqk_config):
         assert err < tol, (n, err)
 
 
+@pytest.mark.parametrize("dqk_config", [None] + _ONE_BLOCK, ids=lambda c: "autotuned" if c is None else config_name(c))
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("name", ["grouped", "varlen_1tok"])
+def test_wy_dqkwg_bwd_per_head_shares(name, dtype, tol, dqk_config):
+    """A program per value head (``per_head``): dq, dk ``[B, T, HV, K]``, each value head's share,
+    which summed over the group are the reference's dq, dk; dv, dbeta and dg as without it."""
+    B, T, H, HV, K, V, cu = CASES[name]
+    G = HV // H
+    t, cu_t = _inputs(B, T, H, HV, K, V, cu, dtype, strong=False)
+    idx = None
+    if cu_t is not None:
+        from fla.ops.utils.index import prepare_chunk_indices
+        idx = prepare_chunk_indices(cu_t, 64)
+    out = bwd_mod.wy_dqkwg_bwd(**t, scale=K ** -0.5, cu_seqlens=cu_t, chunk_indices=idx, out_dtype=torch.float32,
+                               per_head=True, dqk_config=dqk_config)
+    assert out[0].shape == (B, T, HV, K) and out[1].shape == (B, T, HV, K)
+    ref = R.wy_dqkwg_bwd_ref(**{n: x.double() for n, x in t.items() if n != "A"}, scale=K ** -0.5, cu_seqlens=cu_t)
+    got = [o.view(B, T, H, G, K).double().sum(3) for o in out[:2]] + list(out[2:])
+    for n, o, r in zip(("dq", "dk", "dv", "dbeta", "dg"), got, ref):
+        err = rel_rms(o, r)
+        assert err < tol, (n, err)
+
+
 @pytest.mark.parametrize("G", [2, 1])
 @pytest.mark.parametrize("config", dqk_mod.CONFIGS + dqk_mod.CANDIDATES, ids=config_name)
 def test_wy_dqk_bwd_every_config_k128_grouped(config, G):
@@ -287,6 +310,31 @@ def test_inputs_bwd(name, dtype, tol):
             continue
         assert torch.isfinite(g_).all(), n
         assert rel_rms(g_.double(), want[n]) < tol, (n, rel_rms(g_.double(), want[n]))
+
+
+@pytest.mark.parametrize("name", ["grouped", "varlen_1tok", "column_slices_g3"])
+def test_inputs_bwd_adds_the_value_heads_shares(name):
+    """dq, dk given as each value head's share ``[B, T, HV, K]`` (``wy_dqk_bwd(per_head=True)``):
+    the same gradients as from their group sums, to fp32 rounding; a dq of neither shape refused."""
+    from kernel_fun.gdn._kernels.inputs_bwd import inputs_bwd
+
+    (B, T, H, HV, K, cu_t, idx, gate_in), x, low = _inputs_case(name, torch.float32)
+    G = HV // H
+    torch.manual_seed(3)
+    qn = torch.nn.functional.normalize(x["q"], dim=-1).float()
+    kn = torch.nn.functional.normalize(x["k"], dim=-1).float()
+    rq, rk = (torch.rand(B, T, H) + 0.5 for _ in range(2))
+    dq_parts, dk_parts = torch.randn(B, T, HV, K), torch.randn(B, T, HV, K)
+    sums = [p.view(B, T, H, G, K).double().sum(3).float() for p in (dq_parts, dk_parts)]
+    rest = (low["beta"], torch.randn(B, T, HV), True, 2.0, low["g"], low["A_log"], low["dt_bias"],
+            torch.randn(B, T, HV), gate_in, cu_t, idx)
+    want = inputs_bwd(qn, rq, sums[0], kn, rk, sums[1], *rest)
+    got = inputs_bwd(qn, rq, dq_parts, kn, rk, dk_parts, *rest)
+    for a, b in zip(got, want):
+        assert (a is None and b is None) or rel_rms(a.double(), b.double()) < 1e-6
+    with pytest.raises(ValueError, match="must be"):
+        inputs_bwd(qn, rq, dq_parts[:, :, :1], kn, rk, dk_parts[:, :, :1], *rest) if H > 1 else \
+            inputs_bwd(qn, rq, dq_parts[..., :1, :], kn, rk, dk_parts, *rest)
 
 
 def _strided_out(B, T, parts, dtype, pad=(8, 24)):

@@ -61,9 +61,12 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
             dq_out, dk_out = (dqkv[..., i * HK:(i + 1) * HK].unflatten(-1, q.shape[2:]) for i in (0, 1))
             dv_out = dqkv[..., 2 * HK:].unflatten(-1, v.shape[2:])
         with D.on_device(q.device):
+            # grouped values with the inputs' backward ours: dq, dk come as each value head's share
+            # (a program per value head in wy_dqk_bwd) and inputs_bwd adds the group's as it loads them
+            per_head = fused and v.shape[2] > q.shape[2]
             dq, dk, dv, db, dg, dh0 = chain.backward(
                 q, k, v, gc, beta, A, scale, initial_state, do.contiguous(), dht, cu_seqlens, chunk_indices,
-                chunk_offsets, dv_out=dv_out)
+                chunk_offsets, dv_out=dv_out, per_head=per_head)
             dA_log = ddt_bias = None
             if fused:
                 dq, dk, db, dg, dA_log, ddt_bias = chain.inputs_backward(

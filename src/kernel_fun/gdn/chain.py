@@ -109,10 +109,11 @@ def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final
 
 
 def backward(q, k, v, gc, beta, A, scale, initial_state, do, dht, cu_seqlens, chunk_indices, chunk_offsets,
-             dv_out=None):
+             dv_out=None, per_head=False):
     """Gradients w.r.t. q, k (the ones the chain saw: normalized where the op normalizes), v,
     the (activated) beta, the per-token natural-log gate, and the initial state:
-    ``(dq, dk, dv, dbeta fp32, dg fp32, dh0 or None)``; dv written into ``dv_out`` where given."""
+    ``(dq, dk, dv, dbeta fp32, dg fp32, dh0 or None)``; dv written into ``dv_out`` where given.
+    ``per_head``: dq, dk ``[B, T, HV, K]``, each value head's share (``inputs_backward`` adds them)."""
     # The forward scan again, now writing h (the state before each chunk) and v_new, and no
     # output (store_o=False: no q read, half the products, no o written); v_new from A, v, beta
     # as in the forward, so w and u are never formed.
@@ -128,7 +129,7 @@ def backward(q, k, v, gc, beta, A, scale, initial_state, do, dht, cu_seqlens, ch
         A_tril=True)  # gated_scores stores zeros above the diagonal
     del Aqk
     dq, dk, dv, db, dg = wy_dqkwg_bwd(q, k, v, v_new, gc, beta, A, h, dh, do, dv2, scale, cu_seqlens=cu_seqlens,
-                                      chunk_indices=chunk_indices, chunk_size=BT, dv_out=dv_out)
+                                      chunk_indices=chunk_indices, chunk_size=BT, dv_out=dv_out, per_head=per_head)
     return dq, dk, dv, db, dg, dh0
 
 

@@ -50,6 +50,7 @@ def inputs_bwd_kernel(
     beta_scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr, RB: tl.constexpr,
     GATE_IN_KERNEL: tl.constexpr, HAS_DT_BIAS: tl.constexpr, BETA_SIGMOID: tl.constexpr, IS_VARLEN: tl.constexpr,
+    PARTS: tl.constexpr = 1,  # dq, dk given as [B, T, H * PARTS, K]: the group's value heads' shares, summed here
 ):
     _, i_hv, i_h, i_tg, row0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     o_i = tl.arange(0, BT)
@@ -70,11 +71,19 @@ def inputs_bwd_kernel(
     p_r = (row0 + o_r) * H + i_h
     p_rk = p_r[:, None] * K + o_k[None, :]
     b_qy = tl.load(q + p_rk, mask=m_rk, other=0.0)
-    b_qdy = tl.load(dq + p_rk, mask=m_rk, other=0.0)
     b_qr = tl.load(q_rstd + p_r, mask=m_r, other=0.0)
     b_ky = tl.load(k + p_rk, mask=m_rk, other=0.0)
-    b_kdy = tl.load(dk + p_rk, mask=m_rk, other=0.0)
     b_kr = tl.load(k_rstd + p_r, mask=m_r, other=0.0)
+    if PARTS == 1:
+        b_qdy = tl.load(dq + p_rk, mask=m_rk, other=0.0).to(tl.float32)
+        b_kdy = tl.load(dk + p_rk, mask=m_rk, other=0.0).to(tl.float32)
+    else:  # the shares of the qk head's value heads (i_h * PARTS + j), added in a fixed order
+        p_pk = ((row0 + o_r) * (H * PARTS) + i_h * PARTS)[:, None] * K + o_k[None, :]
+        b_qdy = tl.zeros([RB, KP], dtype=tl.float32)
+        b_kdy = tl.zeros([RB, KP], dtype=tl.float32)
+        for j in tl.static_range(PARTS):
+            b_qdy += tl.load(dq + p_pk + j * K, mask=m_rk, other=0.0).to(tl.float32)
+            b_kdy += tl.load(dk + p_pk + j * K, mask=m_rk, other=0.0).to(tl.float32)
 
     if BETA_SIGMOID:
         b_s = tl.sigmoid(b_b.to(tl.float32))
@@ -90,17 +99,17 @@ def inputs_bwd_kernel(
         tl.store(part + (i_tg * 2 + 1) * HV + i_hv, tl.sum(b_dg, axis=0))
     # l2norm backward, as fla's l2norm_bwd: dx = rstd (dy - y sum(dy y)), y the normalized rows
     p_out = (row0 + o_r)[:, None] * s_dqk + i_h * K + o_k[None, :]
-    b_qy, b_qdy = b_qy.to(tl.float32), b_qdy.to(tl.float32)
+    b_qy = b_qy.to(tl.float32)
     b_dx = (b_qdy - b_qy * tl.sum(b_qdy * b_qy, axis=1)[:, None]) * b_qr[:, None]
     tl.store(dq_out + p_out, b_dx.to(dq_out.dtype.element_ty), mask=m_rk)
-    b_ky, b_kdy = b_ky.to(tl.float32), b_kdy.to(tl.float32)
+    b_ky = b_ky.to(tl.float32)
     b_dx = (b_kdy - b_ky * tl.sum(b_kdy * b_ky, axis=1)[:, None]) * b_kr[:, None]
     tl.store(dk_out + p_out, b_dx.to(dk_out.dtype.element_ty), mask=m_rk)
 
 
 inputs_bwd_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(),
-    key=["H", "HV", "K", "BT", "GATE_IN_KERNEL", "HAS_DT_BIAS", "BETA_SIGMOID", "IS_VARLEN"],
+    key=["H", "HV", "K", "BT", "GATE_IN_KERNEL", "HAS_DT_BIAS", "BETA_SIGMOID", "IS_VARLEN", "PARTS"],
 )(inputs_bwd_kernel)
 
 
@@ -113,10 +122,14 @@ def inputs_bwd(q, q_rstd, dq, k, k_rstd, dk, beta, dbeta, beta_sigmoid: bool, be
     given, dA_log and ddt_bias None), in q's, beta's and g's dtypes, dA_log and ddt_bias in A_log's
     and dt_bias's. One launch and one sum. ``dq_out``, ``dk_out`` (both or neither): where to write
     dq, dk, ``[B, T, H, K]`` views with one row stride (the q and k parts of a fused q/k/v
-    gradient), else new tensors."""
+    gradient), else new tensors. dq, dk may also come as ``[B, T, HV, K]``: each value head's share of
+    its qk head's gradient (``wy_dqk_bwd(per_head=True)``), added here."""
     B, T, H, K = q.shape
     HV = g.shape[2]
     BT = chunk_size
+    parts = dq.shape[2] // H
+    if tuple(dq.shape) not in ((B, T, H, K), (B, T, HV, K)) or dk.shape != dq.shape:
+        raise ValueError(f"inputs_bwd: dq {tuple(dq.shape)}, dk {tuple(dk.shape)} must be {(B, T, H, K)} or {(B, T, HV, K)}")
     is_varlen = cu_seqlens is not None
     NT = len(chunk_indices) if is_varlen else cdiv(T, BT)
     q, dq, k, dk, beta, dbeta, g, dg = (x.contiguous() for x in (q, dq, k, dk, beta, dbeta, g, dg))
@@ -143,7 +156,7 @@ def inputs_bwd(q, q_rstd, dq, k, k_rstd, dk, beta, dbeta, beta_sigmoid: bool, be
            s_dqk=s_dqk, beta_scale=float(beta_scale), H=H, HV=HV, K=K, KP=max(16, next_pow2(K)), BT=BT,
            RB=rows_per_head(BT, HV // H),
            GATE_IN_KERNEL=bool(gate_in_kernel), HAS_DT_BIAS=has_bias, BETA_SIGMOID=bool(beta_sigmoid),
-           IS_VARLEN=is_varlen)
+           IS_VARLEN=is_varlen, PARTS=parts)
     record_launch("gdn.inputs_bwd")
     dA_log = ddt_bias = None
     if gate_in_kernel:

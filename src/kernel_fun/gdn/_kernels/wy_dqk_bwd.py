@@ -183,13 +183,23 @@ def wy_dqk_bwd_kernel(
     s_dv,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, PER_HEAD: tl.constexpr = False,
 ):
-    # one program per (chunk, qk head, K block): chunk_program's 'value head' is the qk head here
     NK: tl.constexpr = (KP + BK - 1) // BK
-    _, i_h, _, i_tg, row0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, H, BT, IS_VARLEN, NK)
+    if PER_HEAD:
+        # one program per (chunk, value head, K block), writing that head's share of dq, dk ([B, T, HV, K])
+        _, i_hv0, i_h, i_tg, row0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN, NK)
+        G: tl.constexpr = 1
+        HO: tl.constexpr = HV
+        i_o = i_hv0
+    else:
+        # one program per (chunk, qk head, K block): chunk_program's 'value head' is the qk head here
+        _, i_h, _, i_tg, row0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, H, BT, IS_VARLEN, NK)
+        G: tl.constexpr = HV // H
+        HO: tl.constexpr = H
+        i_o = i_h
+        i_hv0 = i_h * G
     i_kb = tl.program_id(0) % NK
-    G: tl.constexpr = HV // H
     last = n_valid - 1
 
     o_i = tl.arange(0, BT)
@@ -201,15 +211,15 @@ def wy_dqk_bwd_kernel(
     # Per-chunk base pointers (int64); offsets inside a chunk fit in int32.
     q += (row0 * H + i_h) * K
     k += (row0 * H + i_h) * K
-    dq += (row0 * H + i_h) * K
-    dk += (row0 * H + i_h) * K
+    dq += (row0 * HO + i_o) * K
+    dk += (row0 * HO + i_o) * K
 
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     r_q0 = tl.zeros([BT], dtype=tl.float32)  # rowsum(dq * q), rowsum(dk * k) of the heads before
     r_k0 = tl.zeros([BT], dtype=tl.float32)
     for i_g in range(G):
-        i_hv = i_h * G + i_g
+        i_hv = i_hv0 + i_g
         p_g = g + row0 * HV + i_hv
         b_g = tl.load(p_g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
         b_gl = tl.load(p_g + last * HV).to(tl.float32)
@@ -230,8 +240,8 @@ def wy_dqk_bwd_kernel(
             q, k, dAqk, dAkk, dgz, dg, b_dq, b_dk, r_q0, r_k0, b_hdh, b_gl, row0, i_hv, i_kb, o_i, m_t, o_k,
             m_tk, last, H, HV, K, BT, NK, G, DOT_PRECISION)
 
-    tl.store(dq + o_i[:, None] * (H * K) + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_tk)
-    tl.store(dk + o_i[:, None] * (H * K) + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_tk)
+    tl.store(dq + o_i[:, None] * (HO * K) + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_tk)
+    tl.store(dk + o_i[:, None] * (HO * K) + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_tk)
 
 
 def _prune(configs, named_args, **kwargs):
@@ -243,23 +253,27 @@ def _prune(configs, named_args, **kwargs):
 
 wy_dqk_bwd_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(),
-    key=["H", "HV", "K", "V", "BT", "IS_VARLEN"], reset_to_zero=["dg"],
+    key=["H", "HV", "K", "V", "BT", "IS_VARLEN", "PER_HEAD"], reset_to_zero=["dg"],
     prune_configs_by={"early_config_prune": _prune},
 )(wy_dqk_bwd_kernel)
 
 
 def wy_dqk_bwd(q, k, v_new, g, h, dh, do, dv, dAqk, dAkk, dgz, scale, NT: int, cu_seqlens=None,
-               chunk_indices=None, chunk_size: int = 64, out_dtype=None, *, config: triton.Config | None = None):
+               chunk_indices=None, chunk_size: int = 64, out_dtype=None, per_head: bool = False, *,
+               config: triton.Config | None = None):
     """The second half of the GDN backward (shapes checked and made contiguous by the caller,
     ``wy_dqkwg_bwd``): q, k ``[B, T, H, K]``; v_new, do, dv ``[B, T, HV, V]`` (dv: the first
     half's, rows possibly strided); g ``[B, T, HV]``; h, dh ``[B, NT, HV, K, V]``; dAqk, dAkk ``[B, T, HV, BT]`` and
     dGz ``[B, T, HV]`` (the first half's). Returns ``(dq, dk [B, T, H, K]`` in ``out_dtype``
-    (q's by default), ``dg [B, T, HV]`` fp32, reverse-cumsummed)."""
+    (q's by default), ``dg [B, T, HV]`` fp32, reverse-cumsummed). ``per_head``: a program per value
+    head, and dq, dk ``[B, T, HV, K]``, each value head's share (its group's sum is the gradient:
+    ``inputs_bwd`` adds them as it loads them)."""
     B, T, H, K = q.shape
     HV, V = v_new.shape[2], v_new.shape[3]
     out_dtype = out_dtype or q.dtype
-    dq = alloc((B, T, H, K), dtype=out_dtype, device=q.device)
-    dk = alloc((B, T, H, K), dtype=out_dtype, device=q.device)
+    HO = HV if per_head else H
+    dq = alloc((B, T, HO, K), dtype=out_dtype, device=q.device)
+    dk = alloc((B, T, HO, K), dtype=out_dtype, device=q.device)
     KP = max(16, next_pow2(K))
     # zeroed when a K block narrower than K may run: the blocks add their parts of dG into it
     split = (config.kwargs["BK"] if config is not None else MIN_BK) < KP
@@ -269,10 +283,10 @@ def wy_dqk_bwd(q, k, v_new, g, h, dh, do, dv, dAqk, dAkk, dgz, scale, NT: int, c
         q=q, k=k, v_new=v_new, g=g, h=h, dh=dh, do=do, dv=dv, dAqk=dAqk, dAkk=dAkk, dgz=dgz, dq=dq, dk=dk, dg=dg,
         cu_seqlens=cu_seqlens if is_varlen else dg, chunk_indices=chunk_indices if is_varlen else dg,
         scale=float(scale), T=T, s_dv=row_stride(dv, "dv"), H=H, HV=HV, K=K, V=V, BT=chunk_size, KP=KP,
-        IS_VARLEN=is_varlen, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        IS_VARLEN=is_varlen, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PER_HEAD=bool(per_head),
     )
     # the K blocks of one (chunk, head) adjacent on axis 0 (chunk_program's SPLIT)
-    grid = lambda meta: (NT * cdiv(KP, meta["BK"]), B * H)  # noqa: E731
+    grid = lambda meta: (NT * cdiv(KP, meta["BK"]), B * HO)  # noqa: E731
     launch(wy_dqk_bwd_kernel_tuned, grid, config, **args)
     record_launch("gdn.wy_dqk_bwd")
     return dq, dk, dg

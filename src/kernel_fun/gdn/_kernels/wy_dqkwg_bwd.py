@@ -58,8 +58,8 @@ from .wy_dv_bwd import wy_dv_bwd
 
 
 def wy_dqkwg_bwd(q, k, v, v_new, g, beta, A, h, dh, do, dv2, scale, cu_seqlens=None, chunk_indices=None,
-                 chunk_size: int = 64, out_dtype=None, dv_out=None, *, dv_config: triton.Config | None = None,
-                 dqk_config: triton.Config | None = None):
+                 chunk_size: int = 64, out_dtype=None, dv_out=None, per_head: bool = False, *,
+                 dv_config: triton.Config | None = None, dqk_config: triton.Config | None = None):
     """The GDN backward's per-chunk gradients (fla's ``chunk_bwd_dqkwg`` + ``prepare_wy_repr_bwd``
     + the dk/dg adds + the reverse cumsum of dg + the group sum of dq, dk), in two launches.
 
@@ -71,7 +71,8 @@ def wy_dqkwg_bwd(q, k, v, v_new, g, beta, A, h, dh, do, dv2, scale, cu_seqlens=N
     documents. Returns ``(dq, dk [B, T, H, K]`` in ``out_dtype`` (q's by default), ``dv [B, T, HV, V]``
     in v's dtype, ``dbeta [B, T, HV]`` fp32, ``dg [B, T, HV]`` fp32: the gradient of the per-token
     natural-log gate, already reverse-cumsummed). ``dv_out``: where to write dv (a ``[B, T, HV, V]``
-    view whose rows may be strided: the v part of a fused q/k/v gradient), else a new tensor. ``dv_config`` / ``dqk_config`` force one
+    view whose rows may be strided: the v part of a fused q/k/v gradient), else a new tensor. ``per_head``: dq,
+    dk ``[B, T, HV, K]``, each value head's share, unsummed (``wy_dqk_bwd``). ``dv_config`` / ``dqk_config`` force one
     configuration of each half (``wy_dv_bwd.CONFIGS``, ``wy_dqk_bwd.CONFIGS``).
     """
     B, T, H, K = q.shape
@@ -102,5 +103,6 @@ def wy_dqkwg_bwd(q, k, v, v_new, g, beta, A, h, dh, do, dv2, scale, cu_seqlens=N
     dv, db, dAqk, dAkk, dgz = wy_dv_bwd(k, v, v_new, g, beta, A, h, do, dv2, scale, NT, cu_seqlens=cu_seqlens,
                                         chunk_indices=chunk_indices, chunk_size=BT, dv=dv_out, config=dv_config)
     dq, dk, dg = wy_dqk_bwd(q, k, v_new, g, h, dh, do, dv, dAqk, dAkk, dgz, scale, NT, cu_seqlens=cu_seqlens,
-                            chunk_indices=chunk_indices, chunk_size=BT, out_dtype=out_dtype, config=dqk_config)
+                            chunk_indices=chunk_indices, chunk_size=BT, out_dtype=out_dtype, per_head=per_head,
+                            config=dqk_config)
     return dq, dk, dv, db, dg
