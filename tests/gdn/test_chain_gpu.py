@@ -150,6 +150,27 @@ def test_every_backward_config_against_its_reference(half, dv_config, dqk_config
         first = out
 
 
+@pytest.mark.parametrize("dqk_config", [None] + dqk_mod.CONFIGS, ids=lambda c: "autotuned" if c is None else config_name(c))
+def test_every_dqk_config_per_value_head_against_its_reference(dqk_config):
+    """A program per value head (``per_head``, the autograd's form at HV > H with the inputs'
+    backward ours): the value heads' shares of dq, dk, summed over their group, against the fp64
+    reference in every config of the second half; in q's dtype (bf16) as the chain writes them, and
+    deterministic."""
+    t, A, ref = _stage_inputs()
+    B, T, H, K = t["q"].shape
+    G = t["v"].shape[2] // H
+    for run in range(2):
+        out = bwd_mod.wy_dqkwg_bwd(**t, A=A, scale=128 ** -0.5, per_head=True, dqk_config=dqk_config)
+        assert out[0].shape == (B, T, H * G, K) and out[0].dtype == torch.bfloat16
+        got = [o.view(B, T, H, G, K).float().sum(3) for o in out[:2]] + [o.float() for o in out[2:]]
+        for n, o, r_ in zip(("dq", "dk", "dv", "dbeta", "dg"), got, ref):
+            assert _rel(o.cpu(), r_) < STAGE_TOL[n], (n, _rel(o.cpu(), r_))
+        if run:
+            for a, b in zip(out, first):
+                assert torch.equal(a, b)
+        first = out
+
+
 @pytest.mark.parametrize("keys", ["random", "correlated"])
 @pytest.mark.parametrize("config", inv_mod.CONFIGS, ids=config_name)
 def test_every_wy_inverse_config_against_its_reference_and_fla(config, keys):

@@ -383,7 +383,10 @@ def gdn_wy_dv(full):
 def gdn_wy_dqk(full):
     from kernel_fun.gdn._kernels import wy_dqk_bwd as m
 
-    yield from _gdn_specs("gdn_wy_dqk", m, m.wy_dqk_bwd_kernel, full, grouped=True)
+    for label, fn, ptr, c, cfg in _gdn_specs("gdn_wy_dqk", m, m.wy_dqk_bwd_kernel, full, grouped=True):
+        yield label, fn, ptr, c, cfg
+        if c["HV"] > c["H"]:  # the autograd's form at grouped values: a program per value head
+            yield label + " PER_HEAD", fn, ptr, dict(c, PER_HEAD=True), cfg
 
 
 def gdn_wy_inverse(full):
