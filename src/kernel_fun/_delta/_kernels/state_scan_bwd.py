@@ -55,9 +55,11 @@ install_interpreter_shims()
 # (num_stages 1 and 2 compile to the same code: the reverse loop is not pipelined).
 CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
            for bv, nw, ns in [(32, 4, 2), (64, 4, 2), (128, 8, 2)]]
-# Not yet timed or checked on a GPU (the GPU tests and ``kernel-fun bench --stages kda`` force it;
-# it joins CONFIGS only after both): BV=64 on 8 warps, 206 registers and no stack with dv
-# from A (the 4-warp one: 255 and 88 bytes), at one 136 KB CTA per SM either way.
+# BV=64 on 8 warps: 206 registers and no stack with dv from A (the 4-warp one: 255 and 88 bytes),
+# at one 136 KB CTA per SM either way. GPU-tested (the GPU tests force every candidate) and timed
+# at gdn's call, where it lost (B=4 T=4096 H=16 HV=32: 0.937 ms against BV128-w8-s2's 0.562,
+# bench/records/2026-12-04-h200-stages-gdn-scans-48070d5.json); not yet timed at KDA's
+# (``kernel-fun bench --stages kda`` forces it).
 # Lost on the H200 (2026-12-05, gdn's call at the layer's shape B=4 T=4096 H=16 HV=32,
 # bench/records/2026-12-05-h200-stages-gdn-scans-ab-fc6b5e6-ee044dc.json; git ee044dc has them):
 # BV128-w8-s3 0.489-0.491 ms and with G_last a chunk ahead 0.476-0.480, against the pick's
