@@ -136,6 +136,19 @@ def config_name(c) -> str:
     return "-".join(parts)
 
 
+def work_bucket(units: int) -> int:
+    """The ``WORK`` autotune key of the delta-rule kernels (the scans, gdn's and kda's chunk
+    kernels): how much parallel work a launch has, as a coarse bucket of ``units`` (a scan's
+    sequences x value heads; a chunk kernel's chunks x heads, from the shapes, never from
+    ``cu_seqlens``' values, so that a call the capture gate holds warm never meets a new key):
+    steps of 4x: fewer than 16 units 2, 16-63 3, ..., 16-64 Ki 8, more 9 (never 1, which Triton
+    would specialize). Keyed without it, every shape took the configs the process's (or the on-disk
+    cache's) first shape tuned: on the H200 (2026-12-04, docs/model.md) the GDN model step ran
+    0.9 ms slower on the picks the GPU tests had left at their small shapes. Keyed on B and T
+    themselves, every new T would re-time every config."""
+    return max(2, (min(max(units, 1), 1 << 16).bit_length() + 1) // 2)
+
+
 def autotune_configs(configs: list) -> list:
     """The configurations to autotune over: all on a GPU, the first under the interpreter."""
     return list(configs[:1]) if interpreting() else list(configs)

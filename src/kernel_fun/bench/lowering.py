@@ -47,8 +47,9 @@ def source(fn, pointer_types: dict, constexprs: dict) -> ASTSource:
     # a constexpr the caller leaves out takes its default, as at launch
     constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **constexprs}
     sig = {n: pointer_types.get(n, "*fp32") for n in fn.arg_names}
-    if "T" in sig:
-        sig["T"] = "i32"
+    for n in ("T", "WORK"):  # WORK: the delta-rule kernels' autotune key (tuning.work_bucket)
+        if n in sig:
+            sig[n] = "i32"
     div16 = {n for n, t in sig.items() if t.endswith(":16")}
     sig = {n: t.removesuffix(":16") for n, t in sig.items()}
     for c in constexprs:

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (
-    alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch, next_pow2)
+    alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch, next_pow2, work_bucket)
 from kernel_fun._common.witness import record_launch
 
 from kernel_fun._delta.chunking import check_varlen_batch, scan_grid, scan_order, scan_program, total_chunks
@@ -90,6 +90,7 @@ def state_scan_bwd_kernel(
     seq_order,  # [N] int32, the order the sequences are launched in (scan_order) | unused
     scale,
     T,
+    WORK,  # autotune key only: tuning.work_bucket(sequences x value heads)
     HQ: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     GATE: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr,
@@ -230,7 +231,7 @@ def state_scan_bwd_kernel(
 state_scan_bwd_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(),
     key=["HQ", "HK", "HV", "K", "V", "BT", "GATE", "USE_DHT", "STORE_DH0", "IS_VARLEN", "DV_FROM_A", "WY_FROM_A",
-         "A_TRIL"],
+         "A_TRIL", "WORK"],
     prune_configs_by={"early_config_prune": _prune},
 )(state_scan_bwd_kernel)
 
@@ -336,7 +337,7 @@ def state_scan_bwd(
         dh0=dh0 if dh0 is not None else dummy, dv2=dv2,
         cu_seqlens=cu_seqlens if is_varlen else dummy, chunk_offsets=chunk_offsets if is_varlen else dummy,
         seq_order=scan_order(cu_seqlens) if is_varlen else dummy,
-        scale=float(scale), T=T, HQ=HQ, HK=HK, HV=HV, K=K, V=V, BT=BT,
+        scale=float(scale), T=T, WORK=work_bucket(N * HV), HQ=HQ, HK=HK, HV=HV, K=K, V=V, BT=BT,
         KP=max(16, next_pow2(K)), GATE=gate_kind, USE_DHT=dht is not None,
         STORE_DH0=dh0 is not None, IS_VARLEN=is_varlen,
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32", DV_FROM_A=A is not None,

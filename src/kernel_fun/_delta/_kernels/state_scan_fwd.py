@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (
-    alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch, next_pow2)
+    alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch, next_pow2, work_bucket)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import check_varlen_batch, scan_grid, scan_order, scan_program, total_chunks
 
@@ -175,6 +175,7 @@ def state_scan_fwd_kernel(
     T,
     T_total,
     N,
+    WORK,  # autotune key only: tuning.work_bucket(sequences x value heads)
     HQ: tl.constexpr,
     HK: tl.constexpr,
     HV: tl.constexpr,
@@ -499,7 +500,7 @@ def state_scan_fwd_kernel(
 
 
 _AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "Q_GATED", "HAS_AQK", "USE_H0", "STORE_HT", "STORE_O",
-                 "SAVE_H", "SAVE_V_NEW", "STATE_V_FIRST", "IS_VARLEN", "WY_FROM_A"]
+                 "SAVE_H", "SAVE_V_NEW", "STATE_V_FIRST", "IS_VARLEN", "WY_FROM_A", "WORK"]
 # Production autotune set: the measured winners. H200, KDA T=8192, H=HV=16, K=128, V=256, bf16,
 # every configuration forced, 2026-11-30 (bench/records/raw/2026-11-30-h200-delta-scan-bench-r2.json):
 # at B=8 VK-BV128-w8-s2 1.265 ms, BV128-w8-s2 1.576, VK-BV64-w4-s2 2.024, BV64-w4-s2 2.020 (fla's
@@ -683,7 +684,7 @@ def state_scan_fwd(
         cu_seqlens=cu_seqlens if is_varlen else dummy,
         chunk_offsets=chunk_offsets if (is_varlen and save_h) else dummy,
         seq_order=scan_order(cu_seqlens) if is_varlen else dummy,
-        scale=float(scale), T=T, T_total=T, N=N,
+        scale=float(scale), T=T, T_total=T, N=N, WORK=work_bucket(N * HV),
         HQ=HQ, HK=HK, HV=HV, K=K, V=V, BT=BT, BK=min(64, max(16, next_pow2(K))),
         GATE=gate_kind, Q_GATED=q_gated, HAS_AQK=Aqk is not None, USE_H0=initial_state is not None,
         STORE_HT=output_final_state, STORE_O=store_o, SAVE_H=save_h, SAVE_V_NEW=save_v_new,

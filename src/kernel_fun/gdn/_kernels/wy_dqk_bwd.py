@@ -31,7 +31,8 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
-    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch, next_pow2, row_stride)
+    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch, next_pow2, row_stride,
+    work_bucket)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_program
 
@@ -180,6 +181,7 @@ def wy_dqk_bwd_kernel(
     chunk_indices,  # [NT, 2] | unused
     scale,
     T,
+    WORK,  # autotune key only: tuning.work_bucket(chunks x the grid's heads)
     s_dv,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -253,7 +255,7 @@ def _prune(configs, named_args, **kwargs):
 
 wy_dqk_bwd_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(),
-    key=["H", "HV", "K", "V", "BT", "IS_VARLEN", "PER_HEAD"], reset_to_zero=["dg"],
+    key=["H", "HV", "K", "V", "BT", "IS_VARLEN", "PER_HEAD", "WORK"], reset_to_zero=["dg"],
     prune_configs_by={"early_config_prune": _prune},
 )(wy_dqk_bwd_kernel)
 
@@ -282,7 +284,8 @@ def wy_dqk_bwd(q, k, v_new, g, h, dh, do, dv, dAqk, dAkk, dgz, scale, NT: int, c
     args = dict(
         q=q, k=k, v_new=v_new, g=g, h=h, dh=dh, do=do, dv=dv, dAqk=dAqk, dAkk=dAkk, dgz=dgz, dq=dq, dk=dk, dg=dg,
         cu_seqlens=cu_seqlens if is_varlen else dg, chunk_indices=chunk_indices if is_varlen else dg,
-        scale=float(scale), T=T, s_dv=row_stride(dv, "dv"), H=H, HV=HV, K=K, V=V, BT=chunk_size, KP=KP,
+        scale=float(scale), T=T, WORK=work_bucket(B * cdiv(T, chunk_size) * HO), s_dv=row_stride(dv, "dv"),
+        H=H, HV=HV, K=K, V=V, BT=chunk_size, KP=KP,
         IS_VARLEN=is_varlen, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PER_HEAD=bool(per_head),
     )
     # the K blocks of one (chunk, head) adjacent on axis 0 (chunk_program's SPLIT)

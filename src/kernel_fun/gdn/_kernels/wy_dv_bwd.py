@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
-    alloc, autotune_cache, autotune_configs, config_name, install_interpreter_shims, launch, next_pow2, row_stride)
+    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch, next_pow2, row_stride,
+    work_bucket)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_program
 
@@ -94,6 +95,7 @@ def wy_dv_bwd_kernel(
     chunk_indices,  # [NT, 2] | unused
     scale,
     T,
+    WORK,  # autotune key only: tuning.work_bucket(chunks x value heads)
     s_dv,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
@@ -225,7 +227,7 @@ def wy_dv_bwd_kernel(
 
 wy_dv_bwd_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(),
-    key=["H", "HV", "K", "V", "BT", "IS_VARLEN"],
+    key=["H", "HV", "K", "V", "BT", "IS_VARLEN", "WORK"],
     prune_configs_by={"early_config_prune": prune_bv},
 )(wy_dv_bwd_kernel)
 
@@ -254,7 +256,8 @@ def wy_dv_bwd(k, v, v_new, g, beta, A, h, do, dv2, scale, NT: int, cu_seqlens=No
     args = dict(
         k=k, v=v, v_new=v_new, g=g, beta=beta, A=A, h=h, do=do, dv2=dv2, dv=dv, db=db, dAqk=dAqk, dAkk=dAkk,
         dgz=dgz, cu_seqlens=cu_seqlens if is_varlen else db, chunk_indices=chunk_indices if is_varlen else db,
-        scale=float(scale), T=T, s_dv=row_stride(dv, "dv"), H=H, HV=HV, K=K, V=V, BT=BT, KP=max(16, next_pow2(K)),
+        scale=float(scale), T=T, WORK=work_bucket(B * cdiv(T, BT) * HV), s_dv=row_stride(dv, "dv"), H=H, HV=HV, K=K, V=V,
+        BT=BT, KP=max(16, next_pow2(K)),
         IS_VARLEN=is_varlen, DOT_PRECISION="ieee" if k.dtype == torch.float32 else "tf32",
     )
     grid = (NT, B * HV)

@@ -48,8 +48,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import (alloc, autotune_cache, autotune_configs, config_name,  # noqa: F401
-                                       install_interpreter_shims, launch)
+from kernel_fun._common.tuning import (alloc, autotune_cache, autotune_configs, cdiv, config_name,  # noqa: F401
+                                       install_interpreter_shims, launch, work_bucket)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_grid, chunk_program
 
@@ -166,7 +166,8 @@ def _whole_k_prune(configs, named_args, **kwargs):
 
 
 @triton.autotune(configs=autotune_configs(CONFIGS), **autotune_cache(),
-                 key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION", "L2NORM_BWD", "FAST_RANGE", "GATE_MONOTONE"],
+                 key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION", "L2NORM_BWD", "FAST_RANGE", "GATE_MONOTONE",
+                      "WORK"],
                  prune_configs_by={"early_config_prune": _whole_k_prune})
 @triton.jit(do_not_specialize=["T"])
 def _intra_bwd_kernel(
@@ -175,6 +176,7 @@ def _intra_bwd_kernel(
     dq_out, dk_out, db_out, dg_out,
     q_rstd, k_rstd,
     cu_seqlens, chunk_indices, T,
+    WORK,  # autotune key only: tuning.work_bucket(chunks x value heads)
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, HOIST_S: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
     L2NORM_BWD: tl.constexpr = False, FAST_RANGE: tl.constexpr = -1.0, GATE_MONOTONE: tl.constexpr = False,
@@ -428,8 +430,8 @@ def intra_bwd(
     if NT > 0:
         launch(_intra_bwd_kernel, (NT, B * HV), config,
                q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, dq_out, dk_out, db_out, dg_out, q_rstd, k_rstd,
-               cu_seqlens, chunk_indices, T, H=H, HV=HV, K=K, BT=BT, IS_VARLEN=cu_seqlens is not None,
-               DOT_PRECISION=dot_precision, L2NORM_BWD=fuse,
+               cu_seqlens, chunk_indices, T, WORK=work_bucket(B * cdiv(T, BT) * HV), H=H, HV=HV, K=K, BT=BT,
+               IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision, L2NORM_BWD=fuse,
                FAST_RANGE=-1.0 if fast_range is None else float(fast_range),
                GATE_MONOTONE=bool(gate_monotone) and fast_range is not None)
         record_launch("kda.intra_bwd")

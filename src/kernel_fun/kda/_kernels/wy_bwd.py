@@ -29,7 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import alloc, autotune_cache, autotune_configs, config_name, launch  # noqa: F401
+from kernel_fun._common.tuning import (  # noqa: F401
+    alloc, autotune_cache, autotune_configs, cdiv, config_name, launch, work_bucket)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_grid, chunk_program
 
@@ -66,12 +67,14 @@ def _v_only(b_At, b_beta, v, dv, dv2, o_t, m_t, o_v, HVV: tl.constexpr, V: tl.co
     return b_dA, b_db
 
 
-@triton.autotune(configs=autotune_configs(CONFIGS), **autotune_cache(), key=["H", "HV", "K", "V", "BT", "IS_VARLEN", "DOT_PRECISION"])
+@triton.autotune(configs=autotune_configs(CONFIGS), **autotune_cache(),
+                 key=["H", "HV", "K", "V", "BT", "IS_VARLEN", "DOT_PRECISION", "WORK"])
 @triton.jit(do_not_specialize=["T"])
 def _wy_bwd_kernel(
     q, k, v, v_new, g, beta, A, h, do, dh, dv,
     dq, dk, dv2, dg, db, dA,
     cu_seqlens, chunk_indices, scale, T,
+    WORK,  # autotune key only: tuning.work_bucket(chunks x value heads)
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
     EARLY_EPI: tl.constexpr = False,
@@ -253,6 +256,7 @@ def wy_dqkg_bwd(
     if NT > 0:
         launch(_wy_bwd_kernel, (NT, B * HV), config, q, k, v, v_new, g, beta, A, h, do, dh, dv,
                dq, dk, dv2, dg, db, dA, cu_seqlens, chunk_indices, scale, T,
-               H=H, HV=HV, K=K, V=V, BT=BT, IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision)
+               WORK=work_bucket(B * cdiv(T, BT) * HV), H=H, HV=HV, K=K, V=V, BT=BT, IS_VARLEN=cu_seqlens is not None,
+               DOT_PRECISION=dot_precision)
         record_launch("kda.wy_bwd")
     return dq, dk, dv2, db, dg, dA
