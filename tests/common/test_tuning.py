@@ -95,6 +95,9 @@ def test_work_bucket_steps_of_four_from_two_to_nine():
     assert tuning.work_bucket(4 * 32) == 4 and tuning.work_bucket(4 * 64 * 32) == 7
     assert tuning.work_bucket(1 * 16) == 3 and tuning.work_bucket(1 * 64 * 16) == 6
     assert tuning.work_bucket(2 * 2 * 2) == 2
+    # a chunk kernel's: its chunks from B and T (a partial last chunk counts), times its heads
+    assert tuning.chunk_work(4, 4096, 64, 32) == 7 and tuning.chunk_work(1, 4096, 64, 16) == 6
+    assert tuning.chunk_work(1, 4032, 64, 16) == 5 and tuning.chunk_work(1, 4033, 64, 16) == 6  # 63, 64 chunks
 
 
 def _delta_rule_kernel_modules():

@@ -149,6 +149,13 @@ def work_bucket(units: int) -> int:
     return max(2, (min(max(units, 1), 1 << 16).bit_length() + 1) // 2)
 
 
+def chunk_work(B: int, T: int, BT: int, heads: int) -> int:
+    """``WORK`` of a chunk kernel (a program per chunk and head): ``work_bucket`` of its chunks x
+    heads, the chunks counted from the shapes (B x ceil(T / BT)), never from ``cu_seqlens``' values
+    (a packed batch's chunk count changes with its documents' lengths at one signature)."""
+    return work_bucket(B * cdiv(T, BT) * heads)
+
+
 def autotune_configs(configs: list) -> list:
     """The configurations to autotune over: all on a GPU, the first under the interpreter."""
     return list(configs[:1]) if interpreting() else list(configs)

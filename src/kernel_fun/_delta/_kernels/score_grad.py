@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (  # noqa: F401
-    alloc, autotune_cache, autotune_configs, cdiv, config_name, launch, work_bucket)
+    alloc, autotune_cache, autotune_configs, chunk_work, config_name, launch)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_grid, chunk_program
 
@@ -35,7 +35,7 @@ CANDIDATES: list = []
 @triton.autotune(configs=autotune_configs(CONFIGS), **autotune_cache(), key=["HV", "V", "BT", "IS_VARLEN", "WORK"])
 @triton.jit(do_not_specialize=["T"])
 def _score_grad_kernel(v, do, dA, cu_seqlens, chunk_indices, scale, T,
-                       WORK,  # autotune key only: tuning.work_bucket(chunks x value heads)
+                       WORK,  # autotune key only: tuning.chunk_work(chunks x value heads)
                        HV: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                        IS_VARLEN: tl.constexpr):
     _, i_hv, _, _, t0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, HV, HV, BT, IS_VARLEN)
@@ -81,6 +81,6 @@ def score_grad_bwd(
     dA = alloc((B, T, HV, BT), torch.float32, v.device)
     if NT > 0:
         launch(_score_grad_kernel, (NT, B * HV), config, v, do, dA, cu_seqlens, chunk_indices, float(scale), T,
-               WORK=work_bucket(B * cdiv(T, BT) * HV), HV=HV, V=V, BT=BT, IS_VARLEN=cu_seqlens is not None)
+               WORK=chunk_work(B, T, BT, HV), HV=HV, V=V, BT=BT, IS_VARLEN=cu_seqlens is not None)
         record_launch("delta.score_grad")
     return dA

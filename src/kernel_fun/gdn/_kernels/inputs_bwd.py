@@ -24,8 +24,8 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
-    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch, next_pow2, row_stride,
-    work_bucket)
+    alloc, autotune_cache, autotune_configs, cdiv, chunk_work, config_name, install_interpreter_shims, launch, next_pow2,
+    row_stride)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_program
 from kernel_fun._delta.gate import gate_grad
@@ -47,7 +47,7 @@ def inputs_bwd_kernel(
     part,  # [chunks, 2, HV] fp32 out: per program, the sums toward dA_log and ddt_bias
     cu_seqlens, chunk_indices,
     T,
-    WORK,  # autotune key only: tuning.work_bucket(chunks x value heads)
+    WORK,  # autotune key only: tuning.chunk_work(chunks x value heads)
     s_dqk,  # the row stride of dq_out and dk_out (H * K, or a fused q/k/v gradient's row)
     beta_scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr, RB: tl.constexpr,
@@ -155,7 +155,7 @@ def inputs_bwd(q, q_rstd, dq, k, k_rstd, dk, beta, dbeta, beta_sigmoid: bool, be
            beta=beta, dbeta=dbeta, dbeta_out=dbeta_out, g=g, A_log=A_log if gate_in_kernel else dummy,
            dt_bias=dt_bias if has_bias else dummy, dg=dg, dg_out=dg_out, part=part if gate_in_kernel else dummy,
            cu_seqlens=cu_seqlens if is_varlen else dummy, chunk_indices=chunk_indices if is_varlen else dummy, T=T,
-           WORK=work_bucket(B * cdiv(T, BT) * HV),
+           WORK=chunk_work(B, T, BT, HV),
            s_dqk=s_dqk, beta_scale=float(beta_scale), H=H, HV=HV, K=K, KP=max(16, next_pow2(K)), BT=BT,
            RB=rows_per_head(BT, HV // H),
            GATE_IN_KERNEL=bool(gate_in_kernel), HAS_DT_BIAS=has_bias, BETA_SIGMOID=bool(beta_sigmoid),

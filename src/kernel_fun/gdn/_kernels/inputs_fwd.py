@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
-    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch, next_pow2,
-    work_bucket)
+    alloc, autotune_cache, autotune_configs, cdiv, chunk_work, config_name, install_interpreter_shims, launch,
+    next_pow2)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_program
 from kernel_fun._delta.gate import gate_value
@@ -57,7 +57,7 @@ def inputs_fwd_kernel(
     beta_out,  # [B, T, HV] fp32 out (STORE_BETA): beta_scale * sigmoid(beta) (BETA_SIGMOID) or beta as given
     cu_seqlens, chunk_indices,
     T,
-    WORK,  # autotune key only: tuning.work_bucket(chunks x value heads)
+    WORK,  # autotune key only: tuning.chunk_work(chunks x value heads)
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
     gate_scale, beta_scale, eps,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr, RB: tl.constexpr,
@@ -164,7 +164,7 @@ def inputs_fwd(q, k, v, g, beta, A_log, dt_bias, gate_in_kernel: bool, beta_sigm
            dt_bias=dt_bias if (gate_in_kernel and dt_bias is not None) else dummy,
            q_out=q_out, q_rstd=q_rstd, k_out=k_out, k_rstd=k_rstd, gc=gc, beta_out=beta_out,
            cu_seqlens=cu_seqlens if is_varlen else dummy, chunk_indices=chunk_indices if is_varlen else dummy, T=T,
-           WORK=work_bucket(B * cdiv(T, BT) * HV),
+           WORK=chunk_work(B, T, BT, HV),
            s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2),
            s_vb=v.stride(0), s_vt=v.stride(1), s_vh=v.stride(2),
            gate_scale=float(gate_scale), beta_scale=float(beta_scale), eps=float(eps),

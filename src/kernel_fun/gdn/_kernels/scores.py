@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
-    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch, next_pow2,
-    work_bucket)
+    alloc, autotune_cache, autotune_configs, cdiv, chunk_work, config_name, install_interpreter_shims, launch,
+    next_pow2)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_program
 
@@ -45,7 +45,7 @@ def gated_scores_kernel(
     chunk_indices,
     scale,
     T,
-    WORK,  # autotune key only: tuning.work_bucket(chunks x qk heads)
+    WORK,  # autotune key only: tuning.chunk_work(chunks x qk heads)
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, KP: tl.constexpr, GP: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -100,7 +100,7 @@ def gated_scores(q, k, g, scale, cu_seqlens=None, chunk_indices=None, chunk_size
     A = alloc((B, T, HV, BT), dtype=q.dtype, device=q.device)
     args = dict(q=q, k=k, g=g, A=A, cu_seqlens=cu_seqlens if is_varlen else A,
                 chunk_indices=chunk_indices if is_varlen else A, scale=float(scale), T=T,
-                WORK=work_bucket(B * cdiv(T, BT) * H), H=H, HV=HV, K=K,
+                WORK=chunk_work(B, T, BT, H), H=H, HV=HV, K=K,
                 BT=BT, KP=max(16, next_pow2(K)), GP=group_pad(HV // H), IS_VARLEN=is_varlen,
                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     grid = (NT, B * H)

@@ -31,8 +31,8 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
-    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch, next_pow2, row_stride,
-    work_bucket)
+    alloc, autotune_cache, autotune_configs, cdiv, chunk_work, config_name, install_interpreter_shims, launch, next_pow2,
+    row_stride)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_program
 
@@ -181,7 +181,7 @@ def wy_dqk_bwd_kernel(
     chunk_indices,  # [NT, 2] | unused
     scale,
     T,
-    WORK,  # autotune key only: tuning.work_bucket(chunks x the grid's heads)
+    WORK,  # autotune key only: tuning.chunk_work(chunks x the grid's heads)
     s_dv,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -284,7 +284,7 @@ def wy_dqk_bwd(q, k, v_new, g, h, dh, do, dv, dAqk, dAkk, dgz, scale, NT: int, c
     args = dict(
         q=q, k=k, v_new=v_new, g=g, h=h, dh=dh, do=do, dv=dv, dAqk=dAqk, dAkk=dAkk, dgz=dgz, dq=dq, dk=dk, dg=dg,
         cu_seqlens=cu_seqlens if is_varlen else dg, chunk_indices=chunk_indices if is_varlen else dg,
-        scale=float(scale), T=T, WORK=work_bucket(B * cdiv(T, chunk_size) * HO), s_dv=row_stride(dv, "dv"),
+        scale=float(scale), T=T, WORK=chunk_work(B, T, chunk_size, HO), s_dv=row_stride(dv, "dv"),
         H=H, HV=HV, K=K, V=V, BT=chunk_size, KP=KP,
         IS_VARLEN=is_varlen, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PER_HEAD=bool(per_head),
     )

@@ -32,8 +32,8 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
-    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch, next_pow2, row_stride,
-    work_bucket)
+    alloc, autotune_cache, autotune_configs, chunk_work, config_name, install_interpreter_shims, launch, next_pow2,
+    row_stride)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_program
 
@@ -95,7 +95,7 @@ def wy_dv_bwd_kernel(
     chunk_indices,  # [NT, 2] | unused
     scale,
     T,
-    WORK,  # autotune key only: tuning.work_bucket(chunks x value heads)
+    WORK,  # autotune key only: tuning.chunk_work(chunks x value heads)
     s_dv,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
@@ -256,7 +256,7 @@ def wy_dv_bwd(k, v, v_new, g, beta, A, h, do, dv2, scale, NT: int, cu_seqlens=No
     args = dict(
         k=k, v=v, v_new=v_new, g=g, beta=beta, A=A, h=h, do=do, dv2=dv2, dv=dv, db=db, dAqk=dAqk, dAkk=dAkk,
         dgz=dgz, cu_seqlens=cu_seqlens if is_varlen else db, chunk_indices=chunk_indices if is_varlen else db,
-        scale=float(scale), T=T, WORK=work_bucket(B * cdiv(T, BT) * HV), s_dv=row_stride(dv, "dv"), H=H, HV=HV, K=K, V=V,
+        scale=float(scale), T=T, WORK=chunk_work(B, T, BT, HV), s_dv=row_stride(dv, "dv"), H=H, HV=HV, K=K, V=V,
         BT=BT, KP=max(16, next_pow2(K)),
         IS_VARLEN=is_varlen, DOT_PRECISION="ieee" if k.dtype == torch.float32 else "tf32",
     )

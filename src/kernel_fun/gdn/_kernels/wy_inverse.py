@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
-    alloc, autotune_cache, autotune_configs, cdiv, config_name, install_interpreter_shims, launch, work_bucket)
+    alloc, autotune_cache, autotune_configs, chunk_work, config_name, install_interpreter_shims, launch)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_grid, chunk_program
 
@@ -96,7 +96,7 @@ def wy_inverse_kernel(
     cu_seqlens,
     chunk_indices,
     T,
-    WORK,  # autotune key only: tuning.work_bucket(chunks x qk heads)
+    WORK,  # autotune key only: tuning.chunk_work(chunks x qk heads)
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -223,7 +223,7 @@ def wy_inverse(k, g, beta, cu_seqlens=None, chunk_indices=None, chunk_size: int 
     varlen = cu_seqlens is not None  # (else A stands in for the two index pointers, never read)
     launch(wy_inverse_kernel_tuned, (NT, B * H), config, k=k.contiguous(), g=g.contiguous(), beta=beta.contiguous(),
            A=A, cu_seqlens=cu_seqlens if varlen else A, chunk_indices=chunk_indices if varlen else A, T=T,
-           WORK=work_bucket(B * cdiv(T, BT) * H), H=H,
+           WORK=chunk_work(B, T, BT, H), H=H,
            HV=HV, K=K, BT=BT, IS_VARLEN=varlen, DOT_PRECISION="ieee" if k.dtype == torch.float32 else "tf32")
     record_launch("gdn.wy_inverse")
     return A

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (  # noqa: F401
-    alloc, autotune_cache, autotune_configs, cdiv, config_name, launch, work_bucket)
+    alloc, autotune_cache, autotune_configs, cdiv, chunk_work, config_name, launch)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_grid, chunk_program
 from kernel_fun._delta.gate import gate_grad
@@ -68,7 +68,7 @@ def _row_out(dyg, b_x, b_bias, b_nA, dg_out, base, r, n_valid, m_k, HVK: tl.cons
                  key=["HV", "K", "BT", "IS_VARLEN", "GATE", "HAS_DT_BIAS", "WORK"])
 @triton.jit(do_not_specialize=["T"])
 def _gate_bwd_kernel(dg, g_raw, A_log, dt_bias, dg_out, dA_part, dbias_part, cu_seqlens, chunk_indices, T,
-                     WORK,  # autotune key only: tuning.work_bucket(chunks x value heads)
+                     WORK,  # autotune key only: tuning.chunk_work(chunks x value heads)
                      HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                      IS_VARLEN: tl.constexpr, GATE: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
     _, i_hv, _, i_tg, t0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, HV, HV, BT, IS_VARLEN)
@@ -162,7 +162,7 @@ def dg_cumsum_gate_bwd(
         launch(_gate_bwd_kernel, grid, config, dg,
                g.contiguous() if gate else dg, A_log if gate else dg,
                dt_bias if dt_bias is not None and gate else dg, out, dA_part, dbias_part,
-               cu_seqlens, chunk_indices, T, WORK=work_bucket(B * cdiv(T, BT) * HV), HV=HV, K=K, BT=BT,
+               cu_seqlens, chunk_indices, T, WORK=chunk_work(B, T, BT, HV), HV=HV, K=K, BT=BT,
                IS_VARLEN=cu_seqlens is not None,
                GATE=gate, HAS_DT_BIAS=gate and dt_bias is not None)
         record_launch("kda.gate_bwd")

@@ -48,8 +48,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.tuning import (alloc, autotune_cache, autotune_configs, cdiv, config_name,  # noqa: F401
-                                       install_interpreter_shims, launch, work_bucket)
+from kernel_fun._common.tuning import (alloc, autotune_cache, autotune_configs, chunk_work, config_name,  # noqa: F401
+                                       install_interpreter_shims, launch)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_grid, chunk_program
 
@@ -176,7 +176,7 @@ def _intra_bwd_kernel(
     dq_out, dk_out, db_out, dg_out,
     q_rstd, k_rstd,
     cu_seqlens, chunk_indices, T,
-    WORK,  # autotune key only: tuning.work_bucket(chunks x value heads)
+    WORK,  # autotune key only: tuning.chunk_work(chunks x value heads)
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, HOIST_S: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
     L2NORM_BWD: tl.constexpr = False, FAST_RANGE: tl.constexpr = -1.0, GATE_MONOTONE: tl.constexpr = False,
@@ -430,7 +430,7 @@ def intra_bwd(
     if NT > 0:
         launch(_intra_bwd_kernel, (NT, B * HV), config,
                q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, dq_out, dk_out, db_out, dg_out, q_rstd, k_rstd,
-               cu_seqlens, chunk_indices, T, WORK=work_bucket(B * cdiv(T, BT) * HV), H=H, HV=HV, K=K, BT=BT,
+               cu_seqlens, chunk_indices, T, WORK=chunk_work(B, T, BT, HV), H=H, HV=HV, K=K, BT=BT,
                IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision, L2NORM_BWD=fuse,
                FAST_RANGE=-1.0 if fast_range is None else float(fast_range),
                GATE_MONOTONE=bool(gate_monotone) and fast_range is not None)

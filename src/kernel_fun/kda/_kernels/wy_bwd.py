@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (  # noqa: F401
-    alloc, autotune_cache, autotune_configs, cdiv, config_name, launch, work_bucket)
+    alloc, autotune_cache, autotune_configs, chunk_work, config_name, launch)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_grid, chunk_program
 
@@ -74,7 +74,7 @@ def _wy_bwd_kernel(
     q, k, v, v_new, g, beta, A, h, do, dh, dv,
     dq, dk, dv2, dg, db, dA,
     cu_seqlens, chunk_indices, scale, T,
-    WORK,  # autotune key only: tuning.work_bucket(chunks x value heads)
+    WORK,  # autotune key only: tuning.chunk_work(chunks x value heads)
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
     EARLY_EPI: tl.constexpr = False,
@@ -256,7 +256,7 @@ def wy_dqkg_bwd(
     if NT > 0:
         launch(_wy_bwd_kernel, (NT, B * HV), config, q, k, v, v_new, g, beta, A, h, do, dh, dv,
                dq, dk, dv2, dg, db, dA, cu_seqlens, chunk_indices, scale, T,
-               WORK=work_bucket(B * cdiv(T, BT) * HV), H=H, HV=HV, K=K, V=V, BT=BT, IS_VARLEN=cu_seqlens is not None,
+               WORK=chunk_work(B, T, BT, HV), H=H, HV=HV, K=K, V=V, BT=BT, IS_VARLEN=cu_seqlens is not None,
                DOT_PRECISION=dot_precision)
         record_launch("kda.wy_bwd")
     return dq, dk, dv2, db, dg, dA
