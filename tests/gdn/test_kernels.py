@@ -332,9 +332,11 @@ def test_inputs_bwd_adds_the_value_heads_shares(name):
     got = inputs_bwd(qn, rq, dq_parts, kn, rk, dk_parts, *rest)
     for a, b in zip(got, want):
         assert (a is None and b is None) or rel_rms(a.double(), b.double()) < 1e-6
+    bad = torch.randn(B, T, HV + 1, K)  # as many heads as neither q nor v
     with pytest.raises(ValueError, match="must be"):
-        inputs_bwd(qn, rq, dq_parts[:, :, :1], kn, rk, dk_parts[:, :, :1], *rest) if H > 1 else \
-            inputs_bwd(qn, rq, dq_parts[..., :1, :], kn, rk, dk_parts, *rest)
+        inputs_bwd(qn, rq, bad, kn, rk, bad, *rest)
+    with pytest.raises(ValueError, match="must be"):  # dq and dk of two shapes
+        inputs_bwd(qn, rq, sums[0], kn, rk, dk_parts, *rest)
 
 
 def _strided_out(B, T, parts, dtype, pad=(8, 24)):
