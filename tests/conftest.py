@@ -1,8 +1,15 @@
 """Test tiers: CPU tests run our Triton kernels through Triton's interpreter; `-m gpu` tests
 need CUDA and are skipped without it."""
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# Test helpers shared across folders (``family_modules``) import by name: pytest runs with
+# --import-mode=importlib (pyproject.toml), which puts no test folder on sys.path.
+if str(Path(__file__).parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).parent))
 
 
 def _has_cuda() -> bool:

@@ -7,28 +7,14 @@ The real thing (tensors on cuda:1 while cuda:0 is current) is
 tests/common/test_ops_multi_gpu.py, skipped without two GPUs.
 """
 import contextlib
-import importlib.util
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
+import family_modules
 import pytest
 import torch
 
 from kernel_fun._common import capture, device, hardware
 from kernel_fun._common.witness import launches
-
-TESTS = Path(__file__).parents[1]
-
-
-def _load(name, path):
-    """The kda and gdn stand-ins share a file name: each under a name of its own."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
 
 
 @pytest.fixture
@@ -232,9 +218,8 @@ def _gnorm():
 
 
 def _delta(family, monkeypatch):
-    name = f"{family}_standins_dev"
-    _load(name, TESTS / family / "fla_standins.py").install(monkeypatch)
-    cases = _load(f"{family}_cases_dev", TESTS / family / "chain_cases.py")
+    family_modules.load(family, "fla_standins").install(monkeypatch)
+    cases = family_modules.load(family, "chain_cases")
     t = cases.make_inputs(B=1, T=20, H=1, HV=1, K=64, V=64, device="cpu", dtype=torch.float16)
     if family == "kda":
         from kernel_fun import kda

@@ -4,10 +4,10 @@ witnessed; the layer's output and gradients against the same layer whose chunk_g
 is the fp64 reference (the exact call the layer makes: state_v_first, the gate in the op, beta
 sigmoid, the l2norm), dense and with a padding mask; under activation checkpointing; a prefill
 with fla's Cache."""
-import importlib.util
 import sys
 from pathlib import Path
 
+import family_modules
 import pytest
 import torch
 
@@ -18,18 +18,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 import layer_checks as L  # noqa: E402
 
 
-def _standins():
-    # tests/gdn's stand-ins, under the name tests/gdn/conftest.py gives them (tests/kda has a
-    # module of the same file name)
-    if "gdn_fla_standins" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "gdn_fla_standins", Path(__file__).parents[1] / "gdn" / "fla_standins.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["gdn_fla_standins"] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["gdn_fla_standins"]
-
-
 # K = V = 64 (the box's smallest heads), grouped values (HV = 2 H) as Qwen3-Next's layers
 CFG = dict(hidden_size=128, num_heads=2, num_v_heads=4, head_dim=64, expand_v=1)
 B, T = 1, 40
@@ -37,7 +25,7 @@ B, T = 1, 40
 
 @pytest.fixture(autouse=True)
 def _cpu_tier(monkeypatch, layer_cpu_tier):
-    _standins().install(monkeypatch)
+    family_modules.load("gdn", "fla_standins").install(monkeypatch)
 
 
 def _layer(seed=0):
