@@ -27,7 +27,7 @@ CASES = {  # the box's smallest heads (the interpreter's cost grows with them)
     "initial_state_kfirst": dict(B=1, T=70, H=1, HV=1, K=64, V=128, h0=True, state_v_first=False),
     "beta_sigmoid_negeig": dict(B=1, T=80, H=1, HV=2, K=64, V=64, neg=True, strong_decay=True),
     "precomputed_gate": dict(B=1, T=70, H=2, HV=2, K=64, V=64, gate_in_kernel=False, beta_logits=False),
-    "cu_seqlens": dict(B=1, T=150, H=1, HV=2, K=64, V=64, h0=True, N=3, cu=[0, 37, 38, 150]),
+    "cu_seqlens": dict(B=1, T=150, H=1, HV=2, K=64, V=64, h0=True, N=5, cu=[0, 0, 37, 37, 38, 150]),  # empty docs, a 1-token doc
 }
 OURS = ("gdn.wy_inverse", "delta.state_scan_fwd", "delta.state_scan_bwd", "gdn.gated_scores", "gdn.wy_dv_bwd",
         "gdn.wy_dqk_bwd")

@@ -32,7 +32,7 @@ CASES = {
     "long_T": dict(B=1, T=8192, H=1, HV=2, K=128, V=128),
     "k64_v256_kfirst": dict(B=2, T=300, H=2, HV=2, K=64, V=256, h0=True, state_v_first=False),
     "precomputed_gate": dict(B=2, T=333, H=2, HV=2, K=128, V=64, gate_in_kernel=False, beta_logits=False),
-    "varlen_1tok": dict(B=1, T=3000, H=2, HV=4, K=128, V=128, h0=True, N=4, cu=[0, 1, 700, 701, 3000]),
+    "varlen_1tok": dict(B=1, T=3000, H=2, HV=4, K=128, V=128, h0=True, N=5, cu=[0, 1, 700, 700, 701, 3000]),  # an empty doc too
 }
 
 

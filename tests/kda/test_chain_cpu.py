@@ -41,7 +41,7 @@ CASES = {  # the box's smallest heads (K=64, V=64: the interpreter's cost grows 
     "initial_state": dict(B=1, T=130, H=2, HV=2, K=64, V=64, h0=True),
     "beta_sigmoid_negeig": dict(B=1, T=80, H=1, HV=2, K=64, V=128, beta_logits=True, neg=True),
     "precomputed_gate": dict(B=1, T=70, H=2, HV=2, K=64, V=64, gate_in_kernel=False),
-    "cu_seqlens": dict(B=1, T=150, H=1, HV=2, K=64, V=64, h0=True, N=3, cu=[0, 37, 38, 150]),
+    "cu_seqlens": dict(B=1, T=150, H=1, HV=2, K=64, V=64, h0=True, N=5, cu=[0, 0, 37, 37, 38, 150]),  # empty docs, a 1-token doc
 }
 
 

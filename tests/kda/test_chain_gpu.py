@@ -46,7 +46,7 @@ CASES = {
     "beta_sigmoid_strong_decay_negeig": dict(B=1, T=192, H=2, HV=4, K=128, V=128, strong_decay=True,
                                              beta_logits=True, neg=True),
     "precomputed_gate": dict(B=1, T=150, H=2, HV=4, K=128, V=128, gate_in_kernel=False),
-    "cu_seqlens": dict(B=1, T=300, H=2, HV=4, K=128, V=128, h0=True, N=4, cu=[0, 37, 100, 250, 300]),
+    "cu_seqlens": dict(B=1, T=300, H=2, HV=4, K=128, V=128, h0=True, N=5, cu=[0, 37, 37, 100, 250, 300]),  # an empty doc
     "head_dims_k64_v256": dict(B=1, T=130, H=2, HV=2, K=64, V=256, h0=True),
     "head_dims_k64_v64_varlen": dict(B=1, T=150, H=1, HV=2, K=64, V=64, h0=True, N=3, cu=[0, 64, 65, 150]),
     "head_dims_k128_v64": dict(B=1, T=100, H=2, HV=2, K=128, V=64),
