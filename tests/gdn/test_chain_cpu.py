@@ -23,6 +23,7 @@ TOL = dict(o=2e-3, ht=2e-3, dq=2e-3, dk=2e-3, dv=2e-3, dh0=1e-3, dg=4e-3, dbeta=
 
 CASES = {  # the box's smallest heads (the interpreter's cost grows with them)
     "tail_grouped": dict(B=2, T=100, H=1, HV=2, K=64, V=64),
+    "one_token": dict(B=3, T=1, H=1, HV=2, K=64, V=64, h0=True),  # a decode-sized call in chunk mode
     "initial_state_vfirst": dict(B=1, T=130, H=2, HV=2, K=64, V=64, h0=True),
     "initial_state_kfirst": dict(B=1, T=70, H=1, HV=1, K=64, V=128, h0=True, state_v_first=False),
     "beta_sigmoid_negeig": dict(B=1, T=80, H=1, HV=2, K=64, V=64, neg=True, strong_decay=True),

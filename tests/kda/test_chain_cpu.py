@@ -38,6 +38,7 @@ def _make(*args, **kw):
 
 CASES = {  # the box's smallest heads (K=64, V=64: the interpreter's cost grows with them)
     "tail_grouped": dict(B=2, T=100, H=1, HV=2, K=64, V=64),
+    "one_token": dict(B=3, T=1, H=1, HV=2, K=64, V=64, h0=True),  # a decode-sized call in chunk mode
     "initial_state": dict(B=1, T=130, H=2, HV=2, K=64, V=64, h0=True),
     "beta_sigmoid_negeig": dict(B=1, T=80, H=1, HV=2, K=64, V=128, beta_logits=True, neg=True),
     "precomputed_gate": dict(B=1, T=70, H=2, HV=2, K=64, V=64, gate_in_kernel=False),
