@@ -85,30 +85,68 @@ def poison_outputs(monkeypatch):
     monkeypatch.setattr(tuning, "POISON_OUTPUTS", True)
 
 
+def _captured(step, clone):
+    """``step()`` called eagerly three times on a side stream (PyTorch's recipe for capturing fwd +
+    bwd; it also makes the call signatures warm), then captured in a CUDA graph and replayed:
+    (what the replay left in the captured outputs, ``clone(out)`` of the last eager call's)."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            eager = clone(step())
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    return static, eager
+
+
 @pytest.fixture
 def graph_replay():
-    """``run(step) -> (static, eager)``: ``step()`` (a fwd + bwd returning a tensor or a tuple of
-    them) called eagerly three times on a side stream (PyTorch's recipe for capturing fwd + bwd;
-    it also makes the call signatures warm), then captured in a CUDA graph and replayed: what the
-    replay left in the captured outputs, and clones of the last eager call's."""
+    """``run(step) -> (static, eager)``: ``_captured`` for a fwd + bwd ``step()`` returning a tensor
+    or a tuple of them."""
     import torch
 
     def run(step):
+        return _captured(step, lambda out: out.clone() if isinstance(out, torch.Tensor) else [t.clone() for t in out])
+
+    return run
+
+
+@pytest.fixture
+def runtime_contract(no_memory_growth):
+    """``check(step)``: design.md's runtime checks of a fwd + bwd ``step()`` that returns a dict of
+    detached tensors (None where absent) with an ``"o"``: a second call bitwise the same
+    (determinism); a fresh ``o`` each call (no aliasing); bitwise the same on a busy non-default
+    stream; bitwise the same replayed from a CUDA graph (warmed on a side stream first); no live
+    memory growth over 50 more calls."""
+    import torch
+
+    def check(step):
+        eager = {k: v.clone() for k, v in step().items() if v is not None}
+        again = step()
+        for k, v in eager.items():
+            assert torch.equal(v, again[k]), k
+        assert again["o"].data_ptr() != step()["o"].data_ptr()
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
-            for _ in range(3):
-                out = step()
-                eager = out.clone() if isinstance(out, torch.Tensor) else [t.clone() for t in out]
+            torch.cuda._sleep(10_000_000)  # keep the stream busy so that a wrong-stream launch races
+            on_s = step()
         torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static = step()
-        graph.replay()
-        torch.cuda.synchronize()
-        return static, eager
+        for k, v in eager.items():
+            assert torch.equal(v, on_s[k]), k
+        static, _ = _captured(step, lambda out: None)
+        for k, v in eager.items():
+            assert torch.equal(static[k], v), k
+        del static
+        no_memory_growth(step, 50)
 
-    return run
+    return check
 
 
 @pytest.fixture

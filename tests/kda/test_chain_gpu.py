@@ -178,42 +178,10 @@ def _step(t, do, flags):
     return {k: (v.detach() if v is not None else None) for k, v in _run(kda.chunk_kda, t, do, None, **flags).items()}
 
 
-def test_graph_capture_memory_aliasing_stream_determinism(no_memory_growth):
+def test_graph_capture_memory_aliasing_stream_determinism(runtime_contract):
     t = _make(2, 1024, 2, 4, 128, 128)  # the head configuration of CASES: no new autotune key
-    flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True)
     do = _cotangents(t["v"])
-    eager = {k: v.clone() for k, v in _step(t, do, flags).items() if v is not None}
-    # determinism
-    again = _step(t, do, flags)
-    for k, v in eager.items():
-        assert torch.equal(v, again[k]), k
-    # no aliasing between calls
-    assert again["o"].data_ptr() != _step(t, do, flags)["o"].data_ptr()
-    # non-default stream
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        torch.cuda._sleep(10_000_000)
-        on_s = _step(t, do, flags)
-    torch.cuda.current_stream().wait_stream(s)
-    for k, v in eager.items():
-        assert torch.equal(v, on_s[k]), k
-    # CUDA graph capture and replay, bit-identical to eager (warm on a side stream first)
-    s2 = torch.cuda.Stream()
-    s2.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s2):
-        for _ in range(2):
-            _step(t, do, flags)
-    torch.cuda.current_stream().wait_stream(s2)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = _step(t, do, flags)
-    graph.replay()
-    torch.cuda.synchronize()
-    for k, v in eager.items():
-        assert torch.equal(static[k], v), k
-    del graph, static
-    no_memory_growth(lambda: _step(t, do, flags), 50)
+    runtime_contract(lambda: _step(t, do, dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True)))
 
 
 def test_launch_witness_replaced_fla_kernels_did_not_run():
