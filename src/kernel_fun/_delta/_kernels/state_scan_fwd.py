@@ -92,6 +92,12 @@ _CONFIG_TUPLES = [
     # against the key-major BV64-w4-s2's 0.228; VK-BV128-w8-s3 0.427 / 0.311 there.
     (32, 4, 2, None, True),
     (256, 16, 2, None, True),
+    # Candidates for small launches (few sequences x value heads: B=1 T=4096 H=HV=16 runs 32
+    # programs at BV64 on 132 SMs, 128 at BV16, each chunk's dependent chain on narrower tiles).
+    # sm_90a, Triton 3.6, 2026-12-05, not yet timed; registers, no stack in any: gdn's forward
+    # (o inside) BV16-w4-s1 172 / VK 255, its recompute 86 / VK 128; kda's forward 90 / VK 192.
+    (16, 4, 1, None, False),
+    (16, 4, 1, None, True),
 ]
 _ALL = [triton.Config({"BV": bv, "VK": vk}, num_warps=nw, num_stages=ns, maxnreg=mr)
         for bv, nw, ns, mr, vk in _CONFIG_TUPLES]
