@@ -64,7 +64,10 @@ CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
 # bench/records/2026-12-05-h200-stages-gdn-scans-ab-fc6b5e6-ee044dc.json; git ee044dc has them):
 # BV128-w8-s3 0.489-0.491 ms and with G_last a chunk ahead 0.476-0.480, against the pick's
 # 0.473 (three stages issue the chunk's copies a chunk earlier, but 198 KB of shared memory).
-CANDIDATES = [triton.Config({"BV": 64}, num_warps=8, num_stages=2)]
+# BV16-w4-s2: for small launches (B=1 T=4096 H=HV=16: 128 programs on 132 SMs where BV32 runs 64),
+# sm_90a at gdn's call 210 registers and no stack (246 with w from A_wy, where BV32-w4-s2 has 8 B of
+# stack), the same on sm_100a (Triton 3.6, 2026-12-05); not yet timed.
+CANDIDATES = [triton.Config({"BV": 64}, num_warps=8, num_stages=2), triton.Config({"BV": 16}, num_warps=4, num_stages=2)]
 
 
 def config_name(c) -> str:
