@@ -81,3 +81,16 @@ def prefill(layer, x):
     with torch.no_grad():
         out = layer.eval()(x, past_key_values=cache, use_cache=True)[0]
     return out, cache[0]["recurrent_state"], cache[0]["conv_state"], launched_since(before)
+
+
+def inference_mode_matches_no_grad(layer, x, mask=None):
+    """The layer's forward under ``torch.inference_mode`` (evaluation, generation: tensors without
+    version counters) against ``torch.no_grad``: bitwise equal; returns the families the
+    inference-mode forward launched."""
+    with torch.no_grad():
+        ref = layer(x, attention_mask=mask)[0]
+    before = launch_counts()
+    with torch.inference_mode():
+        out = layer(x, attention_mask=mask)[0]
+    assert torch.equal(out, ref)
+    return {k.split(".")[0] for k in launched_since(before)}

@@ -107,3 +107,15 @@ def test_gdn_layer_prefill_with_a_cache():
     assert rel_rms(out, ref_out) < 5e-3
     assert rel_rms(state, ref_state) < 5e-3
     assert all(torch.equal(a, b) for a, b in zip(conv, ref_conv))
+
+
+def test_gdn_layer_under_inference_mode():
+    """Evaluation and generation run under ``torch.inference_mode``: dense and left-padded (packed
+    documents, cu_seqlens made there), bitwise the output of ``torch.no_grad``, every family ours."""
+    kernel_fun.patch_fla()
+    layer = _layer()
+    x = _input(batch=2).detach()
+    mask = torch.ones(2, T, dtype=torch.long)
+    mask[1, :15] = 0
+    for m in (None, mask):
+        assert {"cconv", "gdn", "delta", "gnorm"} <= L.inference_mode_matches_no_grad(layer, x, m)

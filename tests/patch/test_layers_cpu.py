@@ -151,3 +151,15 @@ def test_kda_layer_prefill_with_a_cache():
     assert rel_rms(out, ref_out) < 5e-3
     assert state.shape == ref_state.shape and rel_rms(state, ref_state.float()) < 5e-3
     assert all(c is not None and torch.equal(a, c) for a, c in zip(conv, ref_conv))
+
+
+def test_kda_layer_under_inference_mode():
+    """Evaluation and generation run under ``torch.inference_mode``: dense and left-padded (packed
+    documents, cu_seqlens made there), bitwise the output of ``torch.no_grad``, every family ours."""
+    kernel_fun.patch_fla()
+    layer = _layer()
+    x = (torch.randn(2, T, CFG["hidden_size"]) * 0.5).to(torch.float16)
+    mask = torch.ones(2, T, dtype=torch.long)
+    mask[1, :15] = 0
+    for m in (None, mask):
+        assert {"cconv", "delta", "gnorm"} <= L.inference_mode_matches_no_grad(layer, x, m)
