@@ -56,6 +56,7 @@ def main(argv) -> int:
     p.add_argument("family", choices=["gdn", "kda"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--n", type=int, default=20)
+    p.add_argument("--K", type=int, default=64, choices=[64, 128], help="head dim of q, k (128: the layers'; slower)")
     a = p.parse_args(argv)
     sys.path.insert(0, str(TESTS))
     import family_modules
@@ -76,7 +77,7 @@ def main(argv) -> int:
         seed = a.seed + i
         c = _call(random.Random(seed), a.family)
         N = len(c["cu"]) - 1 if c["cu"] else c["B"]
-        K, V, HV = 64, c["V"], c["HV"]
+        K, V, HV = a.K, c["V"], c["HV"]
         kw = dict(B=c["B"], T=c["T"], H=c["H"], HV=HV, K=K, V=V, h0=c["h0"], N=N, gate_in_kernel=c["gate_in"],
                   beta_logits=c["sig"], strong_decay=c["strong"], seed=seed, device="cpu", dtype=torch.float16)
         if a.family == "gdn":

@@ -10,13 +10,19 @@ calls the original, which ``compat.fla_symbol`` returns even where a name was re
 
 Modeling code that imports fla's ops itself (``from fla.ops.kda import chunk_kda`` in a model
 file) is patched by naming its module: ``patch_fla(modules=[my_model_module])`` rebinds every
-global of that module that *is* one of fla's replaced functions.
+global of that module that *is* one of fla's replaced functions. Such code may also keep the op
+on each layer it builds (transformers' Qwen3-Next: ``self.chunk_gated_delta_rule =
+chunk_gated_delta_rule`` in ``__init__``), where a module's global no longer reaches a model built
+before the patch: a built model (a ``torch.nn.Module``) named in ``modules`` has every attribute
+of its submodules that *is* one of fla's replaced functions rebound, and put back by
+``unpatch_fla()``.
 """
 from __future__ import annotations
 
 import contextlib
 import importlib
 import logging
+import weakref
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -74,17 +80,41 @@ def _is_fla(obj) -> bool:
     return (getattr(obj, "__module__", None) or "").split(".")[0] == "fla"
 
 
-def _rebind(mod: ModuleType, name: str, ours) -> bool:
-    key = (mod.__name__, name)
-    if key in _originals:
+def _owners(m):
+    """What ``modules`` names, as (object whose attributes are rebound, label): a module (object or
+    dotted name), or every submodule of a built ``torch.nn.Module`` (its attributes are the
+    instance's own: ``vars`` of the submodule), labelled ``Class@id.path``."""
+    if isinstance(m, str):
+        return [(importlib.import_module(m), m)]
+    if isinstance(m, ModuleType):
+        return [(m, m.__name__)]
+    import torch
+
+    if isinstance(m, torch.nn.Module):
+        root = f"{type(m).__name__}@{id(m):x}"
+        return [(sub, f"{root}.{path}" if path else root) for path, sub in m.named_modules()]
+    raise TypeError(f"patch_fla(modules=...): a module, a dotted module name or a torch.nn.Module, got {m!r}")
+
+
+def _owner(entry):
+    """The object an ``_originals`` entry rebound a name on, or None once it is gone (a built
+    model is held weakly: the patch does not keep a model alive)."""
+    ref = entry[0]
+    return ref() if isinstance(ref, weakref.ref) else ref
+
+
+def _rebind(mod, name: str, ours, label: str | None = None) -> bool:
+    key = (label or mod.__name__, name)
+    entry = _originals.get(key)
+    if entry is not None and _owner(entry) is mod:
         return False  # already ours: patch_fla() is idempotent
+    _originals.pop(key, None)  # a model that is gone, whose id a new one took
     current = getattr(mod, name)
     if not _is_fla(current):
         # someone else rebound it (another patcher, a user's wrapper): do not stack on it
-        logger.warning("kernel-fun patch: %s.%s is not fla's (it is %r); left as it is",
-                       mod.__name__, name, current)
+        logger.warning("kernel-fun patch: %s.%s is not fla's (it is %r); left as it is", key[0], name, current)
         return False
-    _originals[key] = (mod, current)
+    _originals[key] = (mod if isinstance(mod, ModuleType) else weakref.ref(mod), current)
     setattr(mod, name, ours)
     return True
 
@@ -94,13 +124,16 @@ def patch_fla(modules=()) -> list[str]:
     ``FusedRMSNormGated``) through kernel-fun. Idempotent; undone by ``unpatch_fla()``.
 
     ``modules``: further modules (objects or dotted names) whose globals bind fla's replaced
-    functions directly (modeling code that imports fla's ops): those globals are rebound too.
+    functions directly (modeling code that imports fla's ops): those globals are rebound too; and
+    built models (``torch.nn.Module``), whose submodules' attributes that hold one of fla's
+    replaced functions (a layer that kept the op in ``__init__``) are rebound.
     Returns the names rebound by this call; logs them once at INFO.
     A target fla no longer has raises ``FlaDriftError`` (a warning under
     ``KERNEL_FUN_FALLBACK=1``): a patch that silently did nothing would read as 1.00x.
     """
     from ._common import compat, report, switches
 
+    owners = [o for m in modules for o in _owners(m)]  # a bad entry raises before anything is rebound
     done, missing, found = [], [], []
     for t in TARGETS:
         ours = _family_available(t)
@@ -125,12 +158,11 @@ def patch_fla(modules=()) -> list[str]:
         replaced[id(original(t.module, t.name, getattr(mod, t.name)))] = ours
         if _rebind(mod, t.name, ours):
             done.append(f"{t.module}.{t.name}")
-    for m in modules:
-        mod = importlib.import_module(m) if isinstance(m, str) else m
-        for name, value in list(vars(mod).items()):
+    for owner, label in owners:
+        for name, value in list(vars(owner).items()):
             ours = replaced.get(id(value))
-            if ours is not None and _rebind(mod, name, ours):
-                done.append(f"{mod.__name__}.{name}")
+            if ours is not None and _rebind(owner, name, ours, label):
+                done.append(f"{label}.{name}")
     if done:
         report.log_once(("patch", tuple(done)), "kernel-fun patch_fla: routed " + ", ".join(done))
     return done
@@ -139,10 +171,12 @@ def patch_fla(modules=()) -> list[str]:
 def unpatch_fla() -> list[str]:
     """Put back every name ``patch_fla()`` rebound; returns them."""
     undone = []
-    for (module, name), (mod, obj) in list(_originals.items()):
-        setattr(mod, name, obj)
+    for (module, name), entry in list(_originals.items()):
         del _originals[(module, name)]
-        undone.append(f"{module}.{name}")
+        owner = _owner(entry)
+        if owner is not None:
+            setattr(owner, name, entry[1])
+            undone.append(f"{module}.{name}")
     if undone:
         logger.info("kernel-fun unpatch_fla: restored %s", ", ".join(undone))
     return undone
@@ -158,5 +192,5 @@ def patched_fla(modules=()):
         for key in done:
             module, _, name = key.rpartition(".")
             entry = _originals.pop((module, name), None)
-            if entry is not None:
-                setattr(entry[0], name, entry[1])
+            if entry is not None and _owner(entry) is not None:
+                setattr(_owner(entry), name, entry[1])

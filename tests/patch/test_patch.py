@@ -1,10 +1,12 @@
 """patch_fla(): which names it rebinds, idempotence, reversibility, the fallback still reaching
-fla's own functions, drift, and modeling code that imports fla's ops itself (CPU)."""
+fla's own functions, drift, modeling code that imports fla's ops itself, and a built model whose
+layers kept fla's ops (CPU)."""
 import importlib
 import logging
 import types
 
 import pytest
+import torch
 
 import kernel_fun
 from kernel_fun import patch
@@ -129,3 +131,56 @@ def test_modeling_code_that_imports_fla_ops_itself():
     assert model_file.unrelated is len
     kernel_fun.unpatch_fla()
     assert model_file.chunk_kda is chunk_kda and model_file.rms_norm_gated is rms_norm_gated
+
+
+class _KeepsTheOp(torch.nn.Module):
+    """transformers' Qwen3-Next pattern: the layer keeps the op it imported from fla in
+    ``__init__`` (``self.chunk_gated_delta_rule = chunk_gated_delta_rule``), so a module global
+    rebound after the model was built no longer reaches it."""
+
+    def __init__(self, op, recurrent):
+        super().__init__()
+        self.proj = torch.nn.Linear(2, 2)
+        self.chunk_gated_delta_rule = op
+        self.recurrent_gated_delta_rule = recurrent  # decoding: not replaced, left as it is
+
+
+def test_a_built_model_that_kept_fla_ops_on_its_layers():
+    """A model built before the patch: naming it rebinds its layers' attributes that hold fla's
+    replaced functions (nothing else), idempotently; unpatch and the context manager put them
+    back; the patch holds the model weakly."""
+    import gc
+    import weakref
+
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+    ours = _ours("kernel_fun.gdn:chunk_gated_delta_rule")
+    model = torch.nn.Sequential(_KeepsTheOp(chunk_gated_delta_rule, fused_recurrent_gated_delta_rule),
+                                torch.nn.Sequential(_KeepsTheOp(chunk_gated_delta_rule, fused_recurrent_gated_delta_rule)))
+    layers = [model[0], model[1][0]]
+    done = kernel_fun.patch_fla(modules=[model])
+    root = f"Sequential@{id(model):x}"
+    assert {f"{root}.0.chunk_gated_delta_rule", f"{root}.1.0.chunk_gated_delta_rule"} <= set(done), done
+    assert all(m.chunk_gated_delta_rule is ours for m in layers)
+    assert all(m.recurrent_gated_delta_rule is fused_recurrent_gated_delta_rule for m in layers)
+    assert "chunk_gated_delta_rule" not in model[0]._modules and "proj" in model[0]._modules  # an attribute, not a child
+    again = kernel_fun.patch_fla(modules=[model])
+    assert not any(d.startswith(root) for d in again)  # idempotent
+    kernel_fun.unpatch_fla()
+    assert all(m.chunk_gated_delta_rule is chunk_gated_delta_rule for m in layers)
+    with kernel_fun.patched_fla(modules=[model]):
+        assert all(m.chunk_gated_delta_rule is ours for m in layers)
+    assert all(m.chunk_gated_delta_rule is chunk_gated_delta_rule for m in layers)
+    # held weakly: a patched model that is dropped is freed, and unpatching skips it
+    kernel_fun.patch_fla(modules=[model])
+    gone = weakref.ref(model)
+    del model, layers
+    gc.collect()
+    assert gone() is None
+    assert not any(r.startswith(root) for r in kernel_fun.unpatch_fla())
+
+
+def test_modules_rejects_what_it_cannot_patch():
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        kernel_fun.patch_fla(modules=[object()])
+    assert not patch.is_patched()  # refused before anything was rebound

@@ -1,0 +1,64 @@
+"""transformers' Qwen3-Next linear-attention layer (``Qwen3NextGatedDeltaNet``, the most deployed
+GDN), built before the patch: its modeling code imports fla's ``chunk_gated_delta_rule`` and keeps
+it on each layer in ``__init__``, and its output norm is fla's ``FusedRMSNormGated``. Naming the
+built layer in ``patch_fla(modules=[...])`` routes its op through ours; the norm is ours through
+fla's own module. Against the same layer on transformers' own fp32 torch implementation of the op
+(``torch_chunk_gated_delta_rule``, its fallback where fla is absent): the output and every gradient.
+Skipped where transformers has no Qwen3-Next (the GPU image carries transformers; CI's CPU venv
+does not, and the layer asks for a CUDA device when it builds its norm)."""
+import pytest
+import torch
+
+import kernel_fun
+from kernel_fun._common.numerics import rel_rms
+from kernel_fun._common.witness import launch_counts
+
+pytestmark = pytest.mark.gpu
+
+
+def _layer():
+    modeling = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+    from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig
+
+    if modeling.chunk_gated_delta_rule is None or modeling.FusedRMSNormGated is None:
+        pytest.skip("transformers did not find fla")
+    # two key heads, four value heads (the layer repeats q, k to the value heads before the op), heads
+    # of 128 as Qwen3-Next's; silu, the gated norm's activation there
+    cfg = Qwen3NextConfig(hidden_size=256, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=128,
+                          linear_value_head_dim=128, linear_conv_kernel_dim=4, hidden_act="silu", rms_norm_eps=1e-6)
+    torch.manual_seed(0)
+    layer = modeling.Qwen3NextGatedDeltaNet(cfg, layer_idx=0).to("cuda", torch.bfloat16)
+    return modeling, layer
+
+
+def _grads(layer, x):
+    x = x.detach().requires_grad_(True)
+    out = layer(x)
+    params = [p for p in layer.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(out.float().square().mean(), [x] + params)
+    return out.detach(), dict(zip(["x"] + [n for n, p in layer.named_parameters() if p.requires_grad], grads))
+
+
+def test_qwen3_next_layer_built_before_the_patch():
+    modeling, layer = _layer()
+    fla_op = layer.chunk_gated_delta_rule
+    x = torch.randn(2, 300, 256, device="cuda", dtype=torch.bfloat16)
+    kernel_fun.unpatch_fla()
+    try:
+        done = kernel_fun.patch_fla(modules=[layer])
+        assert any(d.endswith(".chunk_gated_delta_rule") for d in done), done
+        assert layer.chunk_gated_delta_rule is not fla_op
+        before = launch_counts()
+        out, ours = _grads(layer, x)
+        ran = {k for k, n in launch_counts().items() if n != before.get(k, 0)}
+        assert {"gdn.inputs_fwd", "gdn.wy_dqk_bwd", "gnorm.fwd", "gnorm.bwd"} <= ran, ran
+        layer.chunk_gated_delta_rule = modeling.torch_chunk_gated_delta_rule  # transformers' fp32 oracle
+        ref_out, ref = _grads(layer, x)
+    finally:
+        kernel_fun.unpatch_fla()
+    assert layer.chunk_gated_delta_rule is modeling.torch_chunk_gated_delta_rule  # (set by hand above)
+    # A bf16 layer either way (its projections, the op's inputs and output): bounds that tell wiring
+    # from rounding (a wrong wiring is O(1) off), not fla's ceilings; the run prints the errors.
+    errs = {"out": rel_rms(out, ref_out), **{n: rel_rms(g, ref[n]) for n, g in ours.items()}}
+    print({n: f"{e:.1e}" for n, e in errs.items()})
+    assert errs["out"] < 2e-2 and max(errs.values()) < 5e-2, errs
