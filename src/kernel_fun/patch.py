@@ -15,7 +15,8 @@ on each layer it builds (transformers' Qwen3-Next: ``self.chunk_gated_delta_rule
 chunk_gated_delta_rule`` in ``__init__``), where a module's global no longer reaches a model built
 before the patch: a built model (a ``torch.nn.Module``) named in ``modules`` has every attribute
 of its submodules that *is* one of fla's replaced functions rebound, and put back by
-``unpatch_fla()``.
+``unpatch_fla()``. Any other imported module (outside fla and kernel-fun) whose globals hold one of
+fla's replaced functions is named in a WARNING at ``patch_fla()``: its calls stay fla's unless named.
 """
 from __future__ import annotations
 
@@ -165,7 +166,31 @@ def patch_fla(modules=()) -> list[str]:
                 done.append(f"{label}.{name}")
     if done:
         report.log_once(("patch", tuple(done)), "kernel-fun patch_fla: routed " + ", ".join(done))
+    for label, names in _unnamed_bindings(replaced, {id(o) for o, _ in owners}):
+        report.log_once(("patch-unnamed", label), (
+            f"kernel-fun patch_fla: {label} binds fla's {', '.join(names)} itself and was not named: its calls "
+            f"(and those of layers built from it that kept the op) stay fla's; pass the module, or the built "
+            f"model, in patch_fla(modules=[...])"), logging.WARNING)
     return done
+
+
+def _unnamed_bindings(replaced: dict, named: set):
+    """(module name, [global names]) of every imported module outside fla and kernel-fun, not named
+    in ``modules``, whose globals hold one of fla's replaced functions (modeling code that imported
+    fla's op itself, which a rebound fla name does not reach). Reads each module's ``__dict__`` as it
+    is (a lazy module is not made to import anything)."""
+    import sys
+
+    found = []
+    for mod_name, mod in list(sys.modules.items()):
+        top = mod_name.partition(".")[0]
+        if top in ("fla", "kernel_fun") or id(mod) in named or not isinstance(mod, ModuleType):
+            continue
+        names = sorted(n for n, v in list(getattr(mod, "__dict__", {}).items()) if id(v) in replaced
+                       and not n.startswith("__"))
+        if names:
+            found.append((mod_name, names))
+    return found
 
 
 def unpatch_fla() -> list[str]:

@@ -184,3 +184,28 @@ def test_modules_rejects_what_it_cannot_patch():
     with pytest.raises(TypeError, match="torch.nn.Module"):
         kernel_fun.patch_fla(modules=[object()])
     assert not patch.is_patched()  # refused before anything was rebound
+
+
+def test_an_imported_module_that_binds_fla_ops_and_was_not_named_is_warned_of(caplog, monkeypatch):
+    """Modeling code imported before the patch that holds fla's op itself is not reached by the
+    patch unless named: a WARNING says so, naming the module and the op; naming it silences it."""
+    import sys
+
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    modeling = types.ModuleType("some_modeling_qwen")
+    modeling.chunk_gated_delta_rule = chunk_gated_delta_rule
+    monkeypatch.setitem(sys.modules, "some_modeling_qwen", modeling)
+    caplog.set_level(logging.INFO, logger="kernel_fun")
+    kernel_fun.patch_fla()
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "some_modeling_qwen" in r.getMessage()]
+    assert len(warned) == 1 and "chunk_gated_delta_rule" in warned[0].getMessage(), caplog.text
+    assert "modules=[...]" in warned[0].getMessage()
+    kernel_fun.unpatch_fla()
+    caplog.clear()
+    from kernel_fun._common import report
+
+    report.reset_logged()
+    kernel_fun.patch_fla(modules=[modeling])
+    assert modeling.chunk_gated_delta_rule is _ours("kernel_fun.gdn:chunk_gated_delta_rule")
+    assert not [r for r in caplog.records if "some_modeling_qwen" in r.getMessage() and r.levelno == logging.WARNING]
