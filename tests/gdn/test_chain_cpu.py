@@ -174,3 +174,35 @@ def test_fused_qkv_gradient_written_whole(extra, _standins, monkeypatch):
     monkeypatch.setattr(capture, "_capturing", lambda: True)
     for args in ((q, k, v), dense):
         assert gdn.is_supported(*args, t["g"].detach(), t["beta"].detach(), **flags) == (True, "")
+
+
+def test_transformers_qwen3_next_call(_standins):
+    """The call transformers' ``Qwen3NextGatedDeltaNet`` makes: q, k repeated to the value heads,
+    the gate precomputed in fp32 (``-exp(A_log) softplus(a + dt_bias)``), beta activated, the
+    l2norm in the op, no state. Every stage ours (no fla stand-in called), dg in g's fp32, each
+    output against the fp64 recurrence (5.2e-4 and under measured, 2026-12-05)."""
+    B, T, HK, HV, K, V = 2, 100, 1, 2, 64, 64
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(B, T, HK, K, generator=gen).half().repeat_interleave(HV // HK, dim=2) for _ in range(2))
+    v = torch.randn(B, T, HV, V, generator=gen).half()
+    a, A_log, dt_bias = torch.randn(B, T, HV, generator=gen).half(), torch.rand(HV, generator=gen) * 2, torch.randn(HV)
+    g = -A_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias)
+    beta = torch.randn(B, T, HV, generator=gen).half().sigmoid()
+    do = torch.randn(B, T, HV, V, generator=gen).half()
+
+    def run(fn, *xs):
+        xs = [x.detach().requires_grad_() for x in xs]
+        o, ht = fn(*xs[:3], g=xs[3], beta=xs[4], initial_state=None, output_final_state=False,
+                   use_qk_l2norm_in_kernel=True)
+        assert ht is None
+        return (o, *torch.autograd.grad(o, xs, do.to(o.dtype)))
+
+    before = launch_counts()
+    ours = run(gdn.chunk_gated_delta_rule, q, k, v, g, beta)
+    ran = {n for n, c in launch_counts().items() if c != before.get(n, 0)}
+    assert {"gdn.inputs_fwd", "gdn.wy_inverse", "delta.state_scan_fwd", "gdn.inputs_bwd", "gdn.wy_dqk_bwd"} <= ran, ran
+    assert not _standins, _standins
+    assert ours[4].dtype == torch.float32  # dg in g's dtype
+    ref = run(chunk_gated_delta_rule_ref, *(x.double() for x in (q, k, v, g, beta)))
+    errs = {n: _rel(o, r) for n, o, r in zip(("o", "dq", "dk", "dv", "dg", "dbeta"), ours, ref)}
+    assert max(errs.values()) < 2e-3, errs
