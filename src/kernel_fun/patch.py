@@ -15,8 +15,13 @@ on each layer it builds (transformers' Qwen3-Next: ``self.chunk_gated_delta_rule
 chunk_gated_delta_rule`` in ``__init__``), where a module's global no longer reaches a model built
 before the patch: a built model (a ``torch.nn.Module``) named in ``modules`` has every attribute
 of its submodules that *is* one of fla's replaced functions rebound, and put back by
-``unpatch_fla()``. Any other imported module (outside fla and kernel-fun) whose globals hold one of
-fla's replaced functions is named in a WARNING at ``patch_fla()``: its calls stay fla's unless named.
+``unpatch_fla()``. transformers 5 goes one step further: its modeling files wrap the op
+(``use_kernel_func_from_hub_with_fallback``: a function that calls fla's, held in its closure), and
+the layers keep the wrapper; so in what ``modules`` names, a function whose closure holds one of
+fla's replaced functions has that closure cell rebound (every holder of the wrapper sees it, models
+built before the patch included; ``unpatch_fla()`` puts it back). Any other imported module (outside
+fla and kernel-fun) that holds one of fla's replaced functions, itself or in such a closure, is
+named in a WARNING at ``patch_fla()``: its calls stay fla's unless named.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import importlib
 import logging
 import weakref
 from dataclasses import dataclass
-from types import ModuleType
+from types import FunctionType, ModuleType
 
 logger = logging.getLogger("kernel_fun")
 
@@ -104,6 +109,62 @@ def _owner(entry):
     return ref() if isinstance(ref, weakref.ref) else ref
 
 
+class _Cell:
+    """A closure cell the patch rebound (held strongly: a cell keeps no model alive)."""
+
+    def __init__(self, cell):
+        self.cell = cell
+
+    def __call__(self):
+        return self
+
+
+def _fla_cells(fn, replaced: dict, depth: int = 3):
+    """(cell, variable name) of every closure cell of ``fn`` (and of the functions its cells hold,
+    ``depth`` levels down) whose contents is one of fla's replaced functions."""
+    found, seen, todo = [], set(), [(fn, depth)]
+    while todo:
+        f, d = todo.pop()
+        if id(f) in seen or d <= 0:
+            continue
+        seen.add(id(f))
+        if type(f) is not FunctionType or not f.__closure__:
+            continue
+        for var, cell in zip(f.__code__.co_freevars, f.__closure__):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if id(value) in replaced:
+                found.append((cell, var))
+            elif type(value) is FunctionType:
+                todo.append((value, d - 1))
+    return found
+
+
+def _rebind_cells(fn, label: str, replaced: dict) -> list[str]:
+    """Rebind ``fn``'s closure cells that hold fla's replaced functions; the names rebound."""
+    done = []
+    for cell, var in _fla_cells(fn, replaced):
+        key = (label, f"<closure {var}>")
+        _originals[key] = (_Cell(cell), cell.cell_contents)
+        cell.cell_contents = replaced[id(cell.cell_contents)]
+        done.append(f"{label}.<closure {var}>")
+    return done
+
+
+def _restore(name: str, entry) -> bool:
+    """Put one ``_originals`` entry back; False where its model is gone."""
+    owner = _owner(entry)
+    if owner is None:
+        return False
+    if isinstance(owner, _Cell):
+        owner.cell.cell_contents = entry[1]
+    else:
+        setattr(owner, name, entry[1])
+    return True
+
+
 def _rebind(mod, name: str, ours, label: str | None = None) -> bool:
     key = (label or mod.__name__, name)
     entry = _originals.get(key)
@@ -162,13 +223,16 @@ def patch_fla(modules=()) -> list[str]:
     for owner, label in owners:
         for name, value in list(vars(owner).items()):
             ours = replaced.get(id(value))
-            if ours is not None and _rebind(owner, name, ours, label):
-                done.append(f"{label}.{name}")
+            if ours is not None:
+                if _rebind(owner, name, ours, label):
+                    done.append(f"{label}.{name}")
+            elif type(value) is FunctionType:
+                done += _rebind_cells(value, f"{label}.{name}", replaced)
     if done:
         report.log_once(("patch", tuple(done)), "kernel-fun patch_fla: routed " + ", ".join(done))
     for label, names in _unnamed_bindings(replaced, {id(o) for o, _ in owners}):
         report.log_once(("patch-unnamed", label), (
-            f"kernel-fun patch_fla: {label} binds fla's {', '.join(names)} itself and was not named: its calls "
+            f"kernel-fun patch_fla: {label} holds fla's op itself ({', '.join(names)}) and was not named: its calls "
             f"(and those of layers built from it that kept the op) stay fla's; pass the module, or the built "
             f"model, in patch_fla(modules=[...])"), logging.WARNING)
     return done
@@ -186,8 +250,11 @@ def _unnamed_bindings(replaced: dict, named: set):
         top = mod_name.partition(".")[0]
         if top in ("fla", "kernel_fun") or id(mod) in named or not isinstance(mod, ModuleType):
             continue
-        names = sorted(n for n, v in list(getattr(mod, "__dict__", {}).items()) if id(v) in replaced
-                       and not n.startswith("__"))
+        try:
+            names = sorted(n for n, v in list(mod.__dict__.items()) if not n.startswith("__") and (
+                id(v) in replaced or (type(v) is FunctionType and v.__closure__ and _fla_cells(v, replaced))))
+        except Exception:  # noqa: BLE001  (a look at someone else's module never fails the patch)
+            continue
         if names:
             found.append((mod_name, names))
     return found
@@ -198,9 +265,7 @@ def unpatch_fla() -> list[str]:
     undone = []
     for (module, name), entry in list(_originals.items()):
         del _originals[(module, name)]
-        owner = _owner(entry)
-        if owner is not None:
-            setattr(owner, name, entry[1])
+        if _restore(name, entry):
             undone.append(f"{module}.{name}")
     if undone:
         logger.info("kernel-fun unpatch_fla: restored %s", ", ".join(undone))
@@ -217,5 +282,5 @@ def patched_fla(modules=()):
         for key in done:
             module, _, name = key.rpartition(".")
             entry = _originals.pop((module, name), None)
-            if entry is not None and _owner(entry) is not None:
-                setattr(_owner(entry), name, entry[1])
+            if entry is not None:
+                _restore(name, entry)

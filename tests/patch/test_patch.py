@@ -1,7 +1,9 @@
 """patch_fla(): which names it rebinds, idempotence, reversibility, the fallback still reaching
 fla's own functions, drift, modeling code that imports fla's ops itself, and a built model whose
 layers kept fla's ops (CPU)."""
+import functools
 import importlib
+import inspect
 import logging
 import types
 
@@ -209,3 +211,72 @@ def test_an_imported_module_that_binds_fla_ops_and_was_not_named_is_warned_of(ca
     kernel_fun.patch_fla(modules=[modeling])
     assert modeling.chunk_gated_delta_rule is _ours("kernel_fun.gdn:chunk_gated_delta_rule")
     assert not [r for r in caplog.records if "some_modeling_qwen" in r.getMessage() and r.levelno == logging.WARNING]
+
+
+def _hub_wrapped(torch_function, implementation):
+    """transformers 5's ``use_kernel_func_from_hub_with_fallback`` as its modeling files apply it
+    (Qwen3.5, Qwen3-Next at its HEAD): a function named after the torch fallback that calls the
+    package's op, held in its closure, with the keyword arguments that op takes."""
+    applicable = tuple(inspect.signature(implementation).parameters)
+
+    @functools.wraps(torch_function)
+    def wrapped(*args, **kwargs):
+        return implementation(*args, **{k: v for k, v in kwargs.items() if k in applicable})
+
+    return wrapped
+
+
+def test_an_op_that_transformers_5_wrapped_reaches_ours_through_its_closure(caplog, monkeypatch):
+    """The wrapper is what the modeling module and its layers hold (fla's op only in its closure):
+    left unnamed, a WARNING names the module; named (the module, or a built model), the closure
+    cell is rebound, so a layer built before the patch calls ours (its launches witnessed); unpatch
+    and the context manager put fla's back."""
+    import sys
+
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    from kernel_fun._common import report
+    from kernel_fun._common.witness import launch_counts
+
+    def torch_chunk_gated_delta_rule(query, key, value, g, beta, chunk_size=64, initial_state=None,
+                                     output_final_state=False, use_qk_l2norm_in_kernel=False):
+        raise AssertionError("the torch fallback ran")
+
+    modeling = types.ModuleType("some_modeling_qwen3_5")
+    modeling.torch_chunk_gated_delta_rule = _hub_wrapped(torch_chunk_gated_delta_rule, chunk_gated_delta_rule)
+    monkeypatch.setitem(sys.modules, "some_modeling_qwen3_5", modeling)
+    layer = _KeepsTheOp(modeling.torch_chunk_gated_delta_rule, None)  # built before the patch
+    wrapper = layer.chunk_gated_delta_rule
+    ours = _ours("kernel_fun.gdn:chunk_gated_delta_rule")
+
+    def cell():
+        return dict(zip(wrapper.__code__.co_freevars, (c.cell_contents for c in wrapper.__closure__)))["implementation"]
+
+    caplog.set_level(logging.INFO, logger="kernel_fun")
+    kernel_fun.patch_fla()
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "some_modeling_qwen3_5" in r.getMessage()]
+    assert len(warned) == 1 and "torch_chunk_gated_delta_rule" in warned[0], caplog.text
+    assert cell() is chunk_gated_delta_rule
+    for named in (modeling, layer):
+        kernel_fun.unpatch_fla()
+        report.reset_logged()
+        caplog.clear()
+        done = kernel_fun.patch_fla(modules=[named])
+        assert any(d.endswith("<closure implementation>") for d in done), done
+        assert cell() is ours and layer.chunk_gated_delta_rule is wrapper
+        assert not [r for r in caplog.records if r.levelno == logging.WARNING and "some_modeling" in r.getMessage()]
+        assert not [d for d in kernel_fun.patch_fla(modules=[named]) if "closure" in d]  # idempotent
+    # the layer built before the patch calls ours through the wrapper (q, k [1, 4, 1, 64] fp16, the
+    # l2norm in the op: every stage ours under the interpreter)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 1, 64, generator=gen).half() for _ in range(3))
+    g, beta = -torch.rand(1, 4, 1, generator=gen), torch.rand(1, 4, 1, generator=gen).half()
+    before = launch_counts("gdn.")
+    o, _ = layer.chunk_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=None, output_final_state=False,
+                                        use_qk_l2norm_in_kernel=True)
+    assert launch_counts("gdn.") != before and o.shape == v.shape
+    kernel_fun.unpatch_fla()
+    assert cell() is chunk_gated_delta_rule
+    with kernel_fun.patched_fla(modules=[modeling]):
+        assert cell() is ours
+    assert cell() is chunk_gated_delta_rule

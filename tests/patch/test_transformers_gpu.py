@@ -1,11 +1,12 @@
 """transformers' Qwen3-Next linear-attention layer (``Qwen3NextGatedDeltaNet``, the most deployed
-GDN), built before the patch: its modeling code imports fla's ``chunk_gated_delta_rule`` and keeps
-it on each layer in ``__init__``, and its output norm is fla's ``FusedRMSNormGated``. Naming the
-built layer in ``patch_fla(modules=[...])`` routes its op through ours; the norm is ours through
-fla's own module. Against the same layer on transformers' own fp32 torch implementation of the op
-(``torch_chunk_gated_delta_rule``, its fallback where fla is absent): the output and every gradient.
-Skipped where transformers has no Qwen3-Next (the GPU image carries transformers; CI's CPU venv
-does not, and the layer asks for a CUDA device when it builds its norm)."""
+GDN), built before the patch. transformers 4 imports fla's ``chunk_gated_delta_rule`` into the
+modeling file and keeps it on each layer in ``__init__``; transformers 5 keeps a wrapper that calls
+fla's op from its closure (``use_kernel_func_from_hub_with_fallback``). Either way, naming the built
+layer in ``patch_fla(modules=[...])`` routes its op through ours; its output norm is ours too where
+it is fla's ``FusedRMSNormGated`` (transformers 4). Against the same layer on transformers' own fp32
+torch implementation of the op (``torch_chunk_gated_delta_rule``, or what transformers 5's wrapper
+wraps): the output and every gradient. Skipped where transformers has no Qwen3-Next (the GPU image
+carries transformers; CI's CPU venv does not, and the layer asks for a CUDA device when it builds)."""
 import pytest
 import torch
 
@@ -20,7 +21,7 @@ def _layer():
     modeling = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
     from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig
 
-    if modeling.chunk_gated_delta_rule is None or modeling.FusedRMSNormGated is None:
+    if getattr(modeling, "chunk_gated_delta_rule", "absent") is None:
         pytest.skip("transformers did not find fla")
     # two key heads, four value heads (the layer repeats q, k to the value heads before the op), heads
     # of 128 as Qwen3-Next's; silu, the gated norm's activation there
@@ -41,22 +42,25 @@ def _grads(layer, x):
 
 def test_qwen3_next_layer_built_before_the_patch():
     modeling, layer = _layer()
-    fla_op = layer.chunk_gated_delta_rule
+    # transformers' fp32 torch op: the module's function (4), or the one transformers 5's wrapper wraps
+    oracle = getattr(modeling.torch_chunk_gated_delta_rule, "__wrapped__", modeling.torch_chunk_gated_delta_rule)
     x = torch.randn(2, 300, 256, device="cuda", dtype=torch.bfloat16)
     kernel_fun.unpatch_fla()
     try:
         done = kernel_fun.patch_fla(modules=[layer])
-        assert any(d.endswith(".chunk_gated_delta_rule") for d in done), done
-        assert layer.chunk_gated_delta_rule is not fla_op
+        assert any("chunk_gated_delta_rule" in d for d in done), done
         before = launch_counts()
         out, ours = _grads(layer, x)
         ran = {k for k, n in launch_counts().items() if n != before.get(k, 0)}
-        assert {"gdn.inputs_fwd", "gdn.wy_dqk_bwd", "gnorm.fwd", "gnorm.bwd"} <= ran, ran
-        layer.chunk_gated_delta_rule = modeling.torch_chunk_gated_delta_rule  # transformers' fp32 oracle
+        assert {"gdn.inputs_fwd", "gdn.wy_inverse", "gdn.wy_dqk_bwd", "gdn.inputs_bwd"} <= ran, ran
+        if type(layer.norm).__module__.startswith("fla."):  # transformers 4: fla's FusedRMSNormGated
+            assert {"gnorm.fwd", "gnorm.bwd"} <= ran, ran
+        layer.chunk_gated_delta_rule = oracle
+        before = launch_counts("gdn.")
         ref_out, ref = _grads(layer, x)
+        assert launch_counts("gdn.") == before  # the oracle ran, not ours
     finally:
         kernel_fun.unpatch_fla()
-    assert layer.chunk_gated_delta_rule is modeling.torch_chunk_gated_delta_rule  # (set by hand above)
     # A bf16 layer either way (its projections, the op's inputs and output): bounds that tell wiring
     # from rounding (a wrong wiring is O(1) off), not fla's ceilings; the run prints the errors.
     errs = {"out": rel_rms(out, ref_out), **{n: rel_rms(g, ref[n]) for n, g in ours.items()}}
