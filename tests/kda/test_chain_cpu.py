@@ -4,6 +4,7 @@ end through ``kda.chunk_kda`` and autograd against the fp64 recurrence. This che
 chain's wiring (arguments, layouts, grouped heads, packed documents, the initial state, the
 fused l2norm backward) before any GPU time is spent; the GPU tier checks fla's real stages
 and the numerics at real shapes."""
+import model_calls
 import pytest
 import torch
 
@@ -163,18 +164,6 @@ def test_transformers_kimi_linear_call(_standins):
     beta = torch.rand(B, T, H, generator=gen)
     do = torch.randn(B, T, H, V, generator=gen).half()
 
-    def run(fn, *xs):
-        xs = [x.detach().requires_grad_() for x in xs]
-        o, ht = fn(*xs[:3], g=xs[3], beta=xs[4], initial_state=None, output_final_state=False,
-                   use_qk_l2norm_in_kernel=True)
-        assert ht is None
-        return (o, *torch.autograd.grad(o, xs, do.to(o.dtype)))
-
-    before = launch_counts()
-    ours = run(kda.chunk_kda, q, k, v, g, beta)
-    ran = {n for n, c in launch_counts().items() if c != before.get(n, 0)}
-    assert {"delta.state_scan_fwd", "delta.state_scan_bwd", "kda.wy_bwd", "kda.intra_bwd"} <= ran, ran
-    assert ours[4].dtype == ours[5].dtype == torch.float32
-    ref = run(chunk_kda_ref, *(x.double() for x in (q, k, v, g, beta)))
-    errs = {n: _rel(o, r) for n, o, r in zip(("o", "dq", "dk", "dv", "dg", "dbeta"), ours, ref)}
-    assert max(errs.values()) < 2e-3, errs
+    ours = model_calls.check(kda.chunk_kda, chunk_kda_ref, q, k, v, g, beta, do,
+                             ("delta.state_scan_fwd", "delta.state_scan_bwd", "kda.wy_bwd", "kda.intra_bwd"))
+    assert ours["dg"].dtype == ours["dbeta"].dtype == torch.float32
