@@ -17,8 +17,10 @@ before the patch: a built model (a ``torch.nn.Module``) named in ``modules`` has
 of its submodules that *is* one of fla's replaced functions rebound, and put back by
 ``unpatch_fla()``. transformers 5 goes one step further: its modeling files wrap the op
 (``use_kernel_func_from_hub_with_fallback``: a function that calls fla's, held in its closure), and
-the layers keep the wrapper; so in what ``modules`` names, a function whose closure holds one of
-fla's replaced functions has that closure cell rebound (every holder of the wrapper sees it, models
+the layers keep or call the wrapper (a function, or, with the ``kernels`` package transformers 5
+installs, a ``torch.nn.Module`` whose ``forward`` calls it); so in what ``modules`` names, a function
+(or such a module's ``forward``) whose closure holds one of fla's replaced functions has that closure
+cell rebound (every holder of the wrapper sees it, models
 built before the patch included; ``unpatch_fla()`` puts it back). Any other imported module (outside
 fla and kernel-fun) that holds one of fla's replaced functions, itself or in such a closure, is
 named in a WARNING at ``patch_fla()``: its calls stay fla's unless named.
@@ -142,6 +144,21 @@ def _fla_cells(fn, replaced: dict, depth: int = 3):
     return found
 
 
+def _closure_roots(value) -> list:
+    """The functions of ``value`` whose closures may hold fla's op: ``value`` itself where it is a
+    function, the class's own ``forward`` where it is a ``torch.nn.Module`` (transformers 5 with the
+    ``kernels`` package turns the wrapper into a module whose ``forward`` calls it). Read off
+    ``type(value)`` only: no attribute of someone else's object is touched."""
+    cls = type(value)
+    if cls is FunctionType:
+        return [value] if value.__closure__ else []
+    forward = cls.__dict__.get("forward") if isinstance(cls, type) else None
+    if type(forward) is FunctionType and forward.__closure__ and any(
+            c.__module__ == "torch.nn.modules.module" and c.__name__ == "Module" for c in cls.__mro__):
+        return [forward]
+    return []
+
+
 def _rebind_cells(fn, label: str, replaced: dict) -> list[str]:
     """Rebind ``fn``'s closure cells that hold fla's replaced functions; the names rebound."""
     done = []
@@ -226,8 +243,9 @@ def patch_fla(modules=()) -> list[str]:
             if ours is not None:
                 if _rebind(owner, name, ours, label):
                     done.append(f"{label}.{name}")
-            elif type(value) is FunctionType:
-                done += _rebind_cells(value, f"{label}.{name}", replaced)
+            else:
+                for fn in _closure_roots(value):
+                    done += _rebind_cells(fn, f"{label}.{name}", replaced)
     if done:
         report.log_once(("patch", tuple(done)), "kernel-fun patch_fla: routed " + ", ".join(done))
     for label, names in _unnamed_bindings(replaced, {id(o) for o, _ in owners}):
@@ -252,7 +270,7 @@ def _unnamed_bindings(replaced: dict, named: set):
             continue
         try:
             names = sorted(n for n, v in list(mod.__dict__.items()) if not n.startswith("__") and (
-                id(v) in replaced or (type(v) is FunctionType and v.__closure__ and _fla_cells(v, replaced))))
+                id(v) in replaced or any(_fla_cells(f, replaced) for f in _closure_roots(v))))
         except Exception:  # noqa: BLE001  (a look at someone else's module never fails the patch)
             continue
         if names:

@@ -280,3 +280,41 @@ def test_an_op_that_transformers_5_wrapped_reaches_ours_through_its_closure(capl
     with kernel_fun.patched_fla(modules=[modeling]):
         assert cell() is ours
     assert cell() is chunk_gated_delta_rule
+
+
+def test_an_op_the_kernels_package_made_a_module_of_reaches_ours(monkeypatch):
+    """With the ``kernels`` package (a dependency of transformers 5) the wrapper becomes a
+    ``torch.nn.Module`` whose class's ``forward`` calls it (kernels' ``_create_func_module``): the
+    modeling module holds that module; naming it rebinds the cell two closures down, warned of when
+    unnamed, put back by unpatch."""
+    import sys
+
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    def torch_chunk_gated_delta_rule(query, key, value, g, beta, initial_state=None, output_final_state=False,
+                                     use_qk_l2norm_in_kernel=False):
+        raise AssertionError("the torch fallback ran")
+
+    def as_module(func):
+        class Func(torch.nn.Module):
+            def forward(self, *args, **kwargs):
+                return func(*args, **kwargs)
+
+        return Func()
+
+    wrapper = _hub_wrapped(torch_chunk_gated_delta_rule, chunk_gated_delta_rule)
+    modeling = types.ModuleType("some_modeling_with_kernels")
+    modeling.torch_chunk_gated_delta_rule = as_module(wrapper)
+    ours = _ours("kernel_fun.gdn:chunk_gated_delta_rule")
+
+    def cell():
+        return dict(zip(wrapper.__code__.co_freevars, (c.cell_contents for c in wrapper.__closure__)))["implementation"]
+
+    monkeypatch.setitem(sys.modules, "some_modeling_with_kernels", modeling)
+    assert ("some_modeling_with_kernels", ["torch_chunk_gated_delta_rule"]) in patch._unnamed_bindings(
+        {id(chunk_gated_delta_rule): ours}, set())
+    done = kernel_fun.patch_fla(modules=[modeling])
+    assert "some_modeling_with_kernels.torch_chunk_gated_delta_rule.<closure implementation>" in done, done
+    assert cell() is ours
+    kernel_fun.unpatch_fla()
+    assert cell() is chunk_gated_delta_rule
