@@ -45,16 +45,19 @@ def device():
 @pytest.fixture
 def clean_state(monkeypatch):
     """No KERNEL_FUN_* switches, and the per-process caches (log-once, warm signatures, fla
-    drift status, static verdicts) forgotten before and after the test."""
+    drift status, static verdicts, patch_fla's last look at the imported modules) forgotten before and
+    after the test."""
+    from kernel_fun import patch
     from kernel_fun._common import capture, compat, gate, report
 
     for k in list(os.environ):
         if k.startswith("KERNEL_FUN_"):
             monkeypatch.delenv(k)
-    for reset in (report.reset_logged, capture.reset_warm, compat.reset, gate.Verdicts.reset_all):
+    resets = (report.reset_logged, capture.reset_warm, compat.reset, gate.Verdicts.reset_all, patch.reset_scan)
+    for reset in resets:
         reset()
     yield
-    for reset in (report.reset_logged, capture.reset_warm, compat.reset, gate.Verdicts.reset_all):
+    for reset in resets:
         reset()
 
 

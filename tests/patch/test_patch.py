@@ -318,3 +318,23 @@ def test_an_op_the_kernels_package_made_a_module_of_reaches_ours(monkeypatch):
     assert cell() is ours
     kernel_fun.unpatch_fla()
     assert cell() is chunk_gated_delta_rule
+
+
+def test_the_look_at_imported_modules_is_taken_again_only_after_an_import(monkeypatch):
+    """``patch_fla()`` called again with nothing imported since (``patched_fla()`` in a loop) does not
+    look through every module again; an import since makes it look."""
+    import sys
+
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    replaced = {id(chunk_gated_delta_rule): _ours("kernel_fun.gdn:chunk_gated_delta_rule")}
+    first = types.ModuleType("some_modeling_first")
+    first.op = chunk_gated_delta_rule
+    monkeypatch.setitem(sys.modules, "some_modeling_first", first)
+    assert ("some_modeling_first", ["op"]) in patch._unnamed_bindings(replaced, frozenset())
+    assert patch._unnamed_bindings(replaced, frozenset()) == []  # nothing new: not looked again
+    second = types.ModuleType("some_modeling_second")
+    second.op = chunk_gated_delta_rule
+    monkeypatch.setitem(sys.modules, "some_modeling_second", second)
+    found = patch._unnamed_bindings(replaced, frozenset())
+    assert ("some_modeling_first", ["op"]) in found and ("some_modeling_second", ["op"]) in found
