@@ -338,3 +338,30 @@ def test_the_look_at_imported_modules_is_taken_again_only_after_an_import(monkey
     monkeypatch.setitem(sys.modules, "some_modeling_second", second)
     found = patch._unnamed_bindings(replaced, frozenset())
     assert ("some_modeling_first", ["op"]) in found and ("some_modeling_second", ["op"]) in found
+
+
+def test_two_wrapped_ops_under_one_name_are_each_put_back():
+    """A function whose closures hold two wrappers of fla's op (each its own ``implementation``
+    cell): both cells are rebound and both put back."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    def torch_op(query, key, value, g, beta):
+        raise AssertionError("the torch fallback ran")
+
+    a, b = (_hub_wrapped(torch_op, chunk_gated_delta_rule) for _ in range(2))
+
+    def both(*args, **kwargs):
+        return a(*args, **kwargs), b(*args, **kwargs)
+
+    modeling = types.ModuleType("some_modeling_two")
+    modeling.both = both
+    ours = _ours("kernel_fun.gdn:chunk_gated_delta_rule")
+
+    def impl(w):
+        return dict(zip(w.__code__.co_freevars, (c.cell_contents for c in w.__closure__)))["implementation"]
+
+    done = kernel_fun.patch_fla(modules=[modeling])
+    assert len([d for d in done if d.startswith("some_modeling_two.both.<closure implementation")]) == 2, done
+    assert impl(a) is ours and impl(b) is ours
+    kernel_fun.unpatch_fla()
+    assert impl(a) is chunk_gated_delta_rule and impl(b) is chunk_gated_delta_rule
