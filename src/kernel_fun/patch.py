@@ -23,7 +23,8 @@ installs, a ``torch.nn.Module`` whose ``forward`` calls it); so in what ``module
 cell rebound (every holder of the wrapper sees it, models
 built before the patch included; ``unpatch_fla()`` puts it back). Any other imported module (outside
 fla and kernel-fun) that holds one of fla's replaced functions, itself or in such a closure, is
-named in a WARNING at ``patch_fla()``: its calls stay fla's unless named.
+named in a WARNING at ``patch_fla()``: its calls stay fla's unless named (fla's own layer and model
+modules too, where one is not among ``TARGETS``: a layer of a newer fla).
 """
 from __future__ import annotations
 
@@ -55,6 +56,8 @@ TARGETS: tuple = (
     # FusedRMSNormGated.forward (the layers' output norm)
     Target("fla.modules.norm.fused_norm_gate", "rms_norm_gated", "kernel_fun.gnorm:rms_norm_gated"),
     Target("fla.layers.gated_deltanet", "chunk_gated_delta_rule", "kernel_fun.gdn:chunk_gated_delta_rule"),
+    # MomAttention (Mixture-of-Memories): the same op over its memories' packed tokens
+    Target("fla.layers.mom", "chunk_gated_delta_rule", "kernel_fun.gdn:chunk_gated_delta_rule"),
 )
 
 # (module name, attribute) -> (the module, fla's object), for every name rebound now
@@ -250,6 +253,16 @@ def patch_fla(modules=()) -> list[str]:
 _last_scan = None  # (modules imported, fla's replaced functions, modules named) at the last look
 
 
+def _outside_scan(mod_name: str) -> bool:
+    """Modules the look for unnamed holders skips: kernel-fun, and fla's except its layers and
+    models (``fla.ops`` and ``fla.modules`` define and re-export the ops; a layer module of an fla
+    release newer than ``TARGETS`` knows, as ``fla.layers.mom`` was, is named like anyone's)."""
+    top, _, rest = mod_name.partition(".")
+    if top == "kernel_fun":
+        return True
+    return top == "fla" and not rest.startswith(("layers.", "models."))
+
+
 def reset_scan() -> None:
     """Forget the last look (tests: a module a test added and removed can leave its id to the next)."""
     global _last_scan
@@ -257,7 +270,8 @@ def reset_scan() -> None:
 
 
 def _unnamed_bindings(replaced: dict, named: frozenset):
-    """(module name, [global names]) of every imported module outside fla and kernel-fun, not named
+    """(module name, [global names]) of every imported module outside kernel-fun and fla's ops and
+    modules (``_outside_scan``), not named
     in ``modules``, whose globals hold one of fla's replaced functions (modeling code that imported
     fla's op itself, which a rebound fla name does not reach). Reads each module's ``__dict__`` as it
     is (a lazy module is not made to import anything). Looks again only when a module was imported
@@ -271,8 +285,7 @@ def _unnamed_bindings(replaced: dict, named: frozenset):
     _last_scan = scan
     found = []
     for mod_name, mod in list(sys.modules.items()):
-        top = mod_name.partition(".")[0]
-        if top in ("fla", "kernel_fun") or id(mod) in named or not isinstance(mod, ModuleType):
+        if _outside_scan(mod_name) or id(mod) in named or not isinstance(mod, ModuleType):
             continue
         try:
             names = sorted(n for n, v in list(mod.__dict__.items()) if not n.startswith("__") and (

@@ -20,6 +20,7 @@ EXPECTED = {  # name an fla layer calls through -> our drop-in
     "fla.layers.gated_deltanet.causal_conv1d": "kernel_fun.cconv:causal_conv1d",
     "fla.modules.norm.fused_norm_gate.rms_norm_gated": "kernel_fun.gnorm:rms_norm_gated",
     "fla.layers.gated_deltanet.chunk_gated_delta_rule": "kernel_fun.gdn:chunk_gated_delta_rule",
+    "fla.layers.mom.chunk_gated_delta_rule": "kernel_fun.gdn:chunk_gated_delta_rule",
 }
 
 
@@ -211,6 +212,25 @@ def test_an_imported_module_that_binds_fla_ops_and_was_not_named_is_warned_of(ca
     kernel_fun.patch_fla(modules=[modeling])
     assert modeling.chunk_gated_delta_rule is _ours("kernel_fun.gdn:chunk_gated_delta_rule")
     assert not [r for r in caplog.records if "some_modeling_qwen" in r.getMessage() and r.levelno == logging.WARNING]
+
+
+def test_an_fla_layer_module_outside_the_targets_is_warned_of_and_fla_ops_modules_are_not(caplog, monkeypatch):
+    """A layer module of a newer fla that binds a replaced op at import (as ``fla.layers.mom`` did
+    before it joined the targets) is not reached by the targets: a WARNING names it. fla's ops and
+    modules packages, which define and re-export the ops, are not warned of."""
+    import sys
+
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    layer_mod = types.ModuleType("fla.layers.some_new_layer")
+    layer_mod.chunk_gated_delta_rule = chunk_gated_delta_rule
+    monkeypatch.setitem(sys.modules, "fla.layers.some_new_layer", layer_mod)
+    caplog.set_level(logging.INFO, logger="kernel_fun")
+    kernel_fun.patch_fla()
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert [m for m in warned if "fla.layers.some_new_layer" in m and "chunk_gated_delta_rule" in m], warned
+    assert not [m for m in warned if "fla.ops" in m or "fla.modules" in m], warned
+    assert not patch._outside_scan("fla.models.some_model") and patch._outside_scan("fla.ops.kda.chunk")
 
 
 def _hub_wrapped(torch_function, implementation):
