@@ -176,12 +176,22 @@ def compile_counts():
     return count
 
 
+def persistent_growth(growth, window: int = 10) -> bool:
+    """Whether live memory measured after each of a run of calls (bytes above the baseline) grew to
+    stay: above the baseline at every one of the last ``window`` measurements. A leak never comes
+    back to the baseline (it grows, or holds what it kept); a call's outputs that sometimes outlive it
+    by a moment and are gone at a later measurement (the H100, 2026-12-05: gdn's fwd + bwd alternated
+    between 0 and one call's gradients in no regular order, docs/gdn.md twenty-eighth session) do."""
+    return min(growth[-window:]) > 0
+
+
 @pytest.fixture
 def no_memory_growth():
     """``check(step, n)``: run ``step()`` n times after a baseline and assert that the live CUDA
-    memory (``memory_allocated``) ends no higher than the baseline. On failure the message gives
-    the growth after each step (one-off or per step: a leak grows each step) and the live blocks
-    allocated after the baseline with the Python frames that allocated them."""
+    memory (``memory_allocated``) comes back to the baseline within the last ten calls
+    (``persistent_growth``). On failure the message gives the growth after each step (one-off or per
+    step: a leak grows each step) and the live blocks allocated after the baseline with the Python
+    frames that allocated them."""
     import torch
 
     def check(step, n):
@@ -194,7 +204,7 @@ def no_memory_growth():
                 step()
                 torch.cuda.synchronize()
                 growth.append(torch.cuda.memory_allocated() - base)
-            snap = torch.cuda.memory._snapshot() if growth[-1] > 0 else None
+            snap = torch.cuda.memory._snapshot() if persistent_growth(growth) else None
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)
         if snap is None:

@@ -5,7 +5,7 @@ growth per call with Python's collector on, off and run after each call, fresh, 
 side stream, after the fixture's capture and after the old test's form of it, and what
 ``gc.DEBUG_SAVEALL`` finds unreachable after three calls (Triton's launch hooks too). GPU only:
 ``PYTHONPATH=/tmp/site:src python3 tools/mem_probe.py`` from the repository root."""
-import gc, sys, os
+import gc, sys, os, time
 from collections import Counter
 sys.path.insert(0, "tests"); sys.path.insert(0, "tests/gdn")
 import torch
@@ -21,11 +21,12 @@ flags = dict(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, stat
 def step():
     return {k: (v.detach() if v is not None else None) for k, v in run(gdn.chunk_gated_delta_rule, t, do, None, **flags).items()}
 
-def growth(n, label, collect=False):
+def growth(n, label, collect=False, pause=0.0):
     torch.cuda.synchronize(); base = torch.cuda.memory_allocated(); out = []
     for _ in range(n):
         step(); torch.cuda.synchronize()
         if collect: gc.collect()
+        if pause: time.sleep(pause)  # the autograd engine's device thread letting go of its graph task
         out.append((torch.cuda.memory_allocated() - base) // 1024)
     print(label, out, flush=True)
 
@@ -57,6 +58,7 @@ static, _ = C._captured(step, lambda out: None)
 del static
 growth(16, "after capture, gc on:")
 growth(16, "after capture, gc.collect each step:", collect=True)
+growth(16, "after capture, 10 ms pause each step:", pause=0.01)
 gc.disable(); growth(16, "after capture, gc off:"); gc.enable()
 garbage("after capture")
 
