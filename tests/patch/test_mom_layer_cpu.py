@@ -32,18 +32,24 @@ def _reference(**kw):
     return o.to(kw["q"].dtype), (None if ht is None else ht.float())
 
 
-def test_mom_layer_is_patched_engages_every_family_and_matches_the_reference():
+def _layer():
     import fla.layers.mom as mom
 
-    done = kernel_fun.patch_fla()
-    assert "fla.layers.mom.chunk_gated_delta_rule" in done
     torch.manual_seed(0)
     layer = mom.MomAttention(**CFG, layer_idx=0)
     with torch.no_grad():  # the layer's own init (gain 2^-2.5) leaves fp16 gradients below its range here
         for p in layer.parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.15)
-    layer = layer.to(torch.float16).train()
+    return layer.to(torch.float16)
+
+
+def test_mom_layer_is_patched_engages_every_family_and_matches_the_reference():
+    import fla.layers.mom as mom
+
+    done = kernel_fun.patch_fla()
+    assert "fla.layers.mom.chunk_gated_delta_rule" in done
+    layer = _layer().train()
     torch.manual_seed(1)
     x = (torch.randn(2, 40, CFG["hidden_size"]) * 0.5).to(torch.float16).requires_grad_(True)
 
@@ -61,3 +67,25 @@ def test_mom_layer_is_patched_engages_every_family_and_matches_the_reference():
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     assert mom.chunk_gated_delta_rule is chunk_gated_delta_rule
+
+
+def test_mom_layer_prefill_with_a_cache():
+    """Generation's prefill (``use_cache=True``, fla's ``Cache``, above 64 tokens: chunk mode): our op
+    returns each memory's final state (``output_final_state`` over the memories' packed tokens); the
+    output and the cached states against the same layer on the fp64 reference op (issue 17's o /
+    final-state ceiling, 5e-3)."""
+    import fla.layers.mom as mom
+
+    from kernel_fun._common.numerics import rel_rms
+
+    kernel_fun.patch_fla()
+    layer = _layer()
+    torch.manual_seed(2)
+    x = (torch.randn(1, 80, CFG["hidden_size"]) * 0.5).to(torch.float16)
+    out, states, _, ran = L.prefill(layer, x)
+    assert ran.get("gdn.inputs_fwd", 0) == 1 and ran.get("delta.state_scan_fwd", 0) == 1, ran
+    with L.swapped(mom, "chunk_gated_delta_rule", _reference):
+        ref_out, ref_states, _, _ = L.prefill(layer, x)
+    assert states[0].shape == ref_states[0].shape == (CFG["num_memories"], CFG["num_heads"], 64, 64)
+    assert rel_rms(out, ref_out) < 5e-3
+    assert rel_rms(states[0], ref_states[0]) < 5e-3
