@@ -313,8 +313,8 @@ def state_scan_bwd(
     if tuple(w.shape) != w_shape or tuple(dv_like.shape) != tuple(do.shape) or k.shape[:2] != (B, T):
         raise ValueError(f"state_scan_bwd: shapes q {tuple(q.shape)} k {tuple(k.shape)} w {tuple(w.shape)} "
                          f"do {tuple(do.shape)} dv {tuple(dv_like.shape)} do not agree")
-    if HV % HQ or HV % HK or K > 128 or BT < 16 or BT & (BT - 1):
-        raise ValueError(f"state_scan_bwd: needs HV a multiple of HQ and HK, K <= 128, a power-of-two "
+    if HV % HQ or HV % HK or K > 256 or BT < 16 or BT & (BT - 1):
+        raise ValueError(f"state_scan_bwd: needs HV a multiple of HQ and HK, K <= 256, a power-of-two "
                          f"chunk_size >= 16 (HQ={HQ}, HK={HK}, HV={HV}, K={K}, BT={BT})")
     if gk is not None and tuple(gk.shape) != (B, T, HV, K):
         raise ValueError(f"state_scan_bwd: gk {tuple(gk.shape)} must be {(B, T, HV, K)}")

@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (
-    alloc, autotune_cache, autotune_configs, install_interpreter_shims, launch, next_pow2, work_bucket)
+    alloc, autotune_cache, autotune_configs, install_interpreter_shims, interpreting, launch, next_pow2, work_bucket)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import check_varlen_batch, scan_grid, scan_order, scan_program, total_chunks
 
@@ -109,10 +109,13 @@ def config_name(c) -> str:
 
 
 def _prune(configs, named_args, **kwargs):
-    """Drop V-blocks wider than V (all masked lanes); keep at least one configuration."""
+    """Drop V-blocks wider than V (all masked lanes), and the key-major layout where K > 128 (its
+    state is two 64-row K slices); keep at least one configuration."""
     V = kwargs.get("V", named_args.get("V"))
-    kept = [c for c in configs if c.kwargs["BV"] <= max(V, 32)]
-    return kept or list(configs[:1])
+    K = kwargs.get("K", named_args.get("K"))
+    fits = [c for c in configs if K <= 128 or c.kwargs.get("VK")]
+    kept = [c for c in fits if c.kwargs["BV"] <= max(V, 32)]
+    return kept or list(fits[:1] or configs[:1])
 
 
 @triton.jit
@@ -265,7 +268,7 @@ def state_scan_fwd_kernel(
         # replicated work), and the left operands (S^T, v_new^T) come from registers: only
         # the right operands (loaded tiles, the gated queries, the masked Aqk) pass through
         # shared memory, where the key-major layout stages the state and v_new every chunk.
-        KP: tl.constexpr = 2 * BK if TWO_K else BK
+        KP: tl.constexpr = BK if K <= BK else (2 * BK if K <= 2 * BK else 4 * BK)  # one tile over all of K
         o_k = tl.arange(0, KP)
         m_k = o_k < K
         m_vk = m_v[:, None] & m_k[None, :]
@@ -516,6 +519,7 @@ _AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "Q_GATED", "HAS_AQK",
 # interpreter runs.
 _SHIPPED = ("VK-BV128-w8-s2-rNone", "BV128-w8-s2-rNone", "VK-BV64-w4-s2-rNone", "BV64-w4-s2-rNone")
 CONFIGS = [c for c in _ALL if config_name(c) in _SHIPPED]
+_INTERPRETED_VK = next(c for c in _ALL if c.kwargs["VK"] and c.kwargs["BV"] == 32)
 CANDIDATES = [c for c in _ALL if config_name(c) not in _SHIPPED]
 state_scan_fwd_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(),
@@ -637,8 +641,10 @@ def state_scan_fwd(
                          f"w {tuple(w.shape)} u {tuple(u.shape)} do not agree")
     if HV % HQ or HV % HK:
         raise ValueError(f"state_scan_fwd: HV={HV} must be a multiple of HQ={HQ} and HK={HK}")
-    if K > 128 or BT < 16 or BT & (BT - 1):
-        raise ValueError(f"state_scan_fwd: needs K <= 128 and a power-of-two chunk_size >= 16 (K={K}, BT={BT})")
+    if K > 256 or BT < 16 or BT & (BT - 1):
+        raise ValueError(f"state_scan_fwd: needs K <= 256 and a power-of-two chunk_size >= 16 (K={K}, BT={BT})")
+    if config is None and K > 128 and interpreting():
+        config = _INTERPRETED_VK  # the interpreter's one autotuned config is key-major, which needs K <= 128
     if q_gated and (gk is None or HQ != HV):
         raise ValueError("state_scan_fwd: q_gated needs gk and qg shaped [B, T, HV, K]")
     if gk is not None and tuple(gk.shape) != (B, T, HV, K):
