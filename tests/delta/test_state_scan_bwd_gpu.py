@@ -140,7 +140,7 @@ def test_dv_from_A_against_fla_dAv_and_dhu(name, config):
 
 
 @pytest.mark.parametrize("config", [None] + CONFIGS + CANDIDATES, ids=lambda c: "autotuned" if c is None else config_name(c))
-@pytest.mark.parametrize("name", ["gdn", "gdn_varlen_scores", "gdn_varlen_scores_tril"])
+@pytest.mark.parametrize("name", ["gdn", "gdn_varlen_scores", "gdn_varlen_scores_tril", "gdn_varlen_scores_tril_k256"])
 def test_wy_every_config(name, config):
     """GDN's form without fla's recompute_w_u (``wy=(A_wy, beta)``: dv2^T w made as ((dv2^T A_wy)
     diag(beta gamma)) K): against fla's dhu fed fla's bf16 w (the rounding points differ: 5e-3),
@@ -148,12 +148,14 @@ def test_wy_every_config(name, config):
     ``_scores``: with the intra-chunk dv made inside from a score matrix (``A=``, as the GDN chain
     calls it), packed documents; ``_tril``: the scores zero above the diagonal and ``A_tril=True``,
     exactly the chain's call (gated_scores writes them so). A_wy, fla's, has its zeros above the
-    diagonal written, as wy_inverse writes them."""
+    diagonal written, as wy_inverse writes them. ``_k256``: fla's default GatedDeltaNet heads (K = 256,
+    V = 512)."""
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu
 
     from kernel_fun.kda.reference_stages import dAv_reference
 
-    c = _case(gate="g", V=128, cu_seqlens=CU if "varlen" in name else None)
+    wide = name.endswith("k256")
+    c = _case(gate="g", K=256 if wide else 128, V=512 if wide else 128, cu_seqlens=CU if "varlen" in name else None)
     scores = None
     if "scores" in name:
         B, T, HV, _ = c["do"].shape

@@ -198,6 +198,16 @@ def test_autotuned(kind):
     assert launches("delta.state_scan_fwd") == before + 1
 
 
+@pytest.mark.parametrize("config", [c for c in ALL_CONFIGS if c.kwargs["VK"] and c.kwargs["BV"] <= 128],
+                         ids=config_name)
+def test_every_value_major_config_at_fla_default_gdn_heads(config):
+    """fla's default GatedDeltaNet heads (K = 256, V = 512: only the value-major layout holds a state
+    that wide): each value-major configuration against fla and the reference, packed, with h and
+    v_new saved (the recompute's form) and the output (the forward's)."""
+    c = CASES["gdn_wy"](K=256, V=512, cu_seqlens=CU)
+    _compare(c, _ours(c, save_h=True, save_v_new=True, config=config))
+
+
 SHAPES = [("kda", 64, 64), ("kda", 64, 128), ("kda", 128, 128), ("gdn", 64, 64), ("gdn", 64, 256), ("gdn", 128, 256),
           ("gdn_wy", 64, 64), ("gdn_wy", 128, 256)]
 

@@ -33,6 +33,7 @@ CASES = {
     "k64_v256_kfirst": dict(B=2, T=300, H=2, HV=2, K=64, V=256, h0=True, state_v_first=False),
     "precomputed_gate": dict(B=2, T=333, H=2, HV=2, K=128, V=64, gate_in_kernel=False, beta_logits=False),
     "varlen_1tok": dict(B=1, T=3000, H=2, HV=4, K=128, V=128, h0=True, N=5, cu=[0, 1, 700, 700, 701, 3000]),  # an empty doc too
+    "fla_default_heads": dict(B=2, T=1000, H=2, HV=2, K=256, V=512, h0=True),  # head_dim 256, expand_v 2
 }
 
 
@@ -148,6 +149,21 @@ def test_every_backward_config_against_its_reference(half, dv_config, dqk_config
             for a, b in zip(out, first):
                 assert torch.equal(a, b)
         first = out
+
+
+@pytest.mark.parametrize("half,dv_config,dqk_config", BWD_PAIRS,
+                         ids=[f"{h}-{config_name(a if h == 'dv' else b)}" for h, a, b in BWD_PAIRS])
+def test_every_backward_config_at_fla_default_gdn_heads(half, dv_config, dqk_config):
+    """fla's default GatedDeltaNet heads (head_dim 256, expand_v 2: K = 256, V = 512): each
+    configuration of the two halves against the fp64 reference (Triton 3.4-3.7.0's Hopper miscompiles
+    are per configuration), and the gated scores (autotuned) there."""
+    t, A, ref = _stage_inputs(B=1, T=200, H=1, HV=2, K=256, V=512)
+    out = bwd_mod.wy_dqkwg_bwd(**t, A=A, scale=256 ** -0.5, out_dtype=torch.float32, dv_config=dv_config,
+                               dqk_config=dqk_config)
+    for n, o, r_ in zip(("dq", "dk", "dv", "dbeta", "dg"), out, ref):
+        assert _rel(o.cpu(), r_) < STAGE_TOL[n], (n, _rel(o.cpu(), r_))
+    S = scores_mod.gated_scores(t["q"], t["k"], t["g"], 0.3)
+    assert _rel(S.cpu(), R.gated_scores_ref(t["q"].cpu(), t["k"].cpu(), t["g"].cpu(), 0.3)) < 1e-2
 
 
 @pytest.mark.parametrize("dqk_config", [None] + dqk_mod.CONFIGS, ids=lambda c: "autotuned" if c is None else config_name(c))

@@ -75,7 +75,7 @@ def test_every_path_of_the_box_is_ours(change):
     q, k, v, g, beta = _inputs()
     kw = {k_: v_ for k_, v_ in dict(GATE, **change).items() if v_ is not None or k_ in ("cu_seqlens",)}
     assert gdn.is_supported(q, k, v, g, beta, **kw) == (True, "")
-    for K, V in ((64, 64), (64, 256), (128, 64), (128, 256)):
+    for K, V in ((64, 64), (64, 256), (128, 64), (128, 256), (256, 512), (128, 512), (256, 128)):
         assert gdn.is_supported(*_inputs(K=K, V=V), **GATE) == (True, ""), (K, V)
     assert gdn.is_supported(*_inputs(dtype=torch.bfloat16), **GATE) == (True, "")
     assert gdn.is_supported(*_inputs(T=1), **GATE) == (True, "")
@@ -109,9 +109,9 @@ def test_routed_arguments_fall_back_with_reason(fla_calls, caplog, kwargs, needl
 @pytest.mark.parametrize("change,needle", [
     (dict(dtype=torch.float32), "dtype torch.float32"),
     (dict(K=96), "K=96"),
-    (dict(K=256), "K=256"),
+    (dict(K=32), "K=32"),
     (dict(V=32), "V=32"),
-    (dict(V=512), "V=512"),
+    (dict(V=1024), "V=1024"),
 ])
 def test_box_limits_route(fla_calls, change, needle):
     ok, reason = gdn.is_supported(*_inputs(**change), **GATE)

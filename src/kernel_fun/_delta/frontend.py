@@ -153,10 +153,12 @@ def box(family: str, call: dict, extra: dict, scalar_gate: bool) -> tuple[bool, 
             return False, f"{name} dtype {t.dtype} (ours: bfloat16, float16)", N
     if not (q.dtype == k.dtype == v.dtype):
         return False, f"mixed q/k/v dtypes {q.dtype}, {k.dtype}, {v.dtype}", N
-    if K not in (64, 128):
-        return False, f"K={K} (ours: 64, 128)", N
-    if V not in (64, 128, 256):
-        return False, f"V={V} (ours: 64, 128, 256)", N
+    # gdn also takes fla's default GatedDeltaNet heads (head_dim 256, expand_v 2: K = 256, V = 512)
+    ks, vs = ((64, 128, 256), (64, 128, 256, 512)) if scalar_gate else ((64, 128), (64, 128, 256))
+    if K not in ks:
+        return False, f"K={K} (ours: {', '.join(map(str, ks))})", N
+    if V not in vs:
+        return False, f"V={V} (ours: {', '.join(map(str, vs))})", N
     if routed:
         return False, routed, N
     if h0 is not None and h0.dtype != torch.float32:

@@ -43,7 +43,7 @@ from kernel_fun._common.witness import record_launch
 
 from kernel_fun._delta.chunking import check_varlen_batch, scan_grid, scan_order, scan_program, total_chunks
 
-from .state_scan_fwd import GATE_CHANNEL, GATE_NONE, GATE_SCALAR, _prune
+from .state_scan_fwd import GATE_CHANNEL, GATE_NONE, GATE_SCALAR, prune_by_k
 
 install_interpreter_shims()
 
@@ -68,10 +68,28 @@ CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
 # sm_90a at gdn's call 210 registers and no stack (246 with w from A_wy, where BV32-w4-s2 has 8 B of
 # stack), the same on sm_100a (Triton 3.6, 2026-12-05); not yet timed.
 CANDIDATES = [triton.Config({"BV": 64}, num_warps=8, num_stages=2), triton.Config({"BV": 16}, num_warps=4, num_stages=2)]
+# At K = 256 (fla's default GatedDeltaNet heads): sm_90a at gdn's call, K=256 V=512 (Triton 3.6,
+# 2026-12-05), stack bytes BV16-w4-s2 0, BV64-w8-s2 24 against BV32-w4-s2 280, BV64-w4-s2 1480,
+# BV128-w8-s2 1336. Those two are the autotune set there (``prune_by_k``); not yet timed.
+_WIDE = ("BV16-w4-s2", "BV64-w8-s2")
+CONFIGS += CANDIDATES  # the K <= 128 set stays CONFIGS' first three, as measured; the other two only above
+CANDIDATES = []
+
+
+def _name(c) -> str:
+    return f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}"
+
+
+def _prune(configs, named_args, **kwargs):
+    """This K's configurations (``prune_by_k``), less V-blocks wider than V; at least one."""
+    K, V = kwargs.get("K", named_args.get("K")), kwargs.get("V", named_args.get("V"))
+    fits = prune_by_k(configs, K, _WIDE, _name) or list(configs)
+    kept = [c for c in fits if c.kwargs["BV"] <= max(V, 32)]
+    return kept or fits[:1]
 
 
 def config_name(c) -> str:
-    return f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}"
+    return _name(c)
 
 
 @triton.jit(do_not_specialize=["T"])

@@ -108,14 +108,20 @@ def config_name(c) -> str:
     return f"{'VK-' if c.kwargs.get('VK') else ''}BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}-r{c.maxnreg}"
 
 
+def prune_by_k(configs, K: int, wide: tuple, name=None) -> list:
+    """A scan's autotune set at this K: the configurations ``name``d in ``wide`` where K > 128 (fla's
+    default GatedDeltaNet heads, K = 256), the others where K <= 128 (the set measured there)."""
+    name = name or config_name
+    return [c for c in configs if (name(c) in wide) == (K > 128)]
+
+
 def _prune(configs, named_args, **kwargs):
-    """Drop V-blocks wider than V (all masked lanes), and the key-major layout where K > 128 (its
-    state is two 64-row K slices); keep at least one configuration."""
+    """The configurations for this K (``prune_by_k``), less V-blocks wider than V (all masked
+    lanes); at least one."""
     V = kwargs.get("V", named_args.get("V"))
-    K = kwargs.get("K", named_args.get("K"))
-    fits = [c for c in configs if K <= 128 or c.kwargs.get("VK")]
+    fits = prune_by_k(configs, kwargs.get("K", named_args.get("K")), _WIDE) or list(configs)
     kept = [c for c in fits if c.kwargs["BV"] <= max(V, 32)]
-    return kept or list(fits[:1] or configs[:1])
+    return kept or fits[:1]
 
 
 @triton.jit
@@ -517,7 +523,12 @@ _AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "Q_GATED", "HAS_AQK",
 # VK-BV128-w8-s2 1.076 at B=8. Every other configuration (CANDIDATES, which benches and GPU tests
 # force) was slower (1.39-4.6 ms). The first entry (in _CONFIG_TUPLES order) is the one the
 # interpreter runs.
-_SHIPPED = ("VK-BV128-w8-s2-rNone", "BV128-w8-s2-rNone", "VK-BV64-w4-s2-rNone", "BV64-w4-s2-rNone")
+# At K = 256 (fla's default GatedDeltaNet heads) only the value-major layout holds the state (one
+# [BV, 256] tile), and the set is its narrow V-blocks: sm_90a at gdn's call with o, K=256 V=512
+# (Triton 3.6, 2026-12-05), stack bytes VK-BV16-w4-s1 248, VK-BV32-w4-s2 400 against VK-BV64-w4-s2
+# 768 and VK-BV128-w8-s2 656; the recompute (no o) 0 at both narrow ones. Not yet timed.
+_WIDE = ("VK-BV32-w4-s2-rNone", "VK-BV16-w4-s1-rNone")
+_SHIPPED = ("VK-BV128-w8-s2-rNone", "BV128-w8-s2-rNone", "VK-BV64-w4-s2-rNone", "BV64-w4-s2-rNone") + _WIDE
 CONFIGS = [c for c in _ALL if config_name(c) in _SHIPPED]
 _INTERPRETED_VK = next(c for c in _ALL if c.kwargs["VK"] and c.kwargs["BV"] == 32)
 CANDIDATES = [c for c in _ALL if config_name(c) not in _SHIPPED]
