@@ -119,3 +119,24 @@ def test_gdn_layer_under_inference_mode():
     mask[1, :15] = 0
     for m in (None, mask):
         assert {"cconv", "gdn", "delta", "gnorm"} <= L.inference_mode_matches_no_grad(layer, x, m)
+
+
+def test_gdn_layer_at_fla_default_heads_engages():
+    """fla's default GatedDeltaNet heads (head_dim 256, expand_v 2: K = 256, V = 512, what
+    ``GatedDeltaNetConfig`` builds): our gdn runs, the output and gradients within the noise floor of
+    the same layer on the fp64 reference op."""
+    kernel_fun.patch_fla()
+    torch.manual_seed(0)
+    from fla.layers import GatedDeltaNet
+
+    layer = GatedDeltaNet(hidden_size=128, num_heads=1, head_dim=256, expand_v=2, layer_idx=0).to(torch.float16)
+    x = _input()
+
+    def run(h):
+        return layer(h)[0]
+
+    before = L.launch_counts()
+    out, ours = L.grads(layer, run, x)
+    ran = L.launched_since(before)
+    assert ran.get("gdn.inputs_fwd", 0) == 1 and ran.get("delta.state_scan_bwd", 0) == 1, ran
+    L.within_noise_floor(layer, run, x, out, ours, _swap(), {"x", "A_log", "dt_bias", "q_proj.weight"})
