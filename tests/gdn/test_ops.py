@@ -204,7 +204,7 @@ def test_bench_adds_the_flashqla_cases_only_where_flash_qla_imports(monkeypatch)
                             lambda n, *a, p=present: (object() if p else None) if n == "flash_qla" else real(n, *a))
         names = {n for n, _ in bench_gdn.cases()}
         assert (rows <= names) if present else not (rows & names), (present, names)
-        assert {"prod_b8", "grouped_h16_hv32_b4", "varlen_16docs", "latency_b1_t4096"} <= names
+        assert {"prod_b8", "grouped_h16_hv32_b4", "varlen_16docs", "latency_b1_t4096", "fla_default_heads_b8"} <= names
 
 
 def test_calls_fla_hands_to_flashqla_stay_with_fla(monkeypatch, fla_calls):

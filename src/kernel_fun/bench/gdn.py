@@ -214,6 +214,8 @@ def cases(overrides: dict | None = None):
         ("varlen_16docs", lambda: _case("varlen_16docs", 1, 65536, 16, 16, 128, 128,
                                         cu_seqlens=_random_cu_seqlens(65536, 16), profile=True)),
         ("latency_b1_t4096", lambda: _case("latency_b1_t4096", 1, 4096, 16, 16, 128, 128)),
+        # fla's default GatedDeltaNet (GatedDeltaNetConfig: 6 heads, head_dim 256, expand_v 2)
+        ("fla_default_heads_b8", lambda: _case("fla_default_heads_b8", 8, 8192, 6, 6, 256, 512, profile=True)),
     ] + ([  # FlashQLA (issue 17's anchor), only where it is installed: K = V = 128 only
         ("prod_b8_vs_flashqla", lambda: _flashqla_case("prod_b8_vs_flashqla", 8, **PROD)),
         ("grouped_h16_hv32_b4_vs_flashqla",
