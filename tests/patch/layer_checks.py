@@ -18,6 +18,15 @@ def grads(layer, run, h):
     return out.detach(), [None if t.grad is None else t.grad.clone() for t in leaves]
 
 
+def gdn_reference_op(**kw):
+    """fla's ``chunk_gated_delta_rule`` as a layer calls it, on the fp64 reference: o in q's dtype,
+    the final state fp32 (what a layer swapped onto the reference calls)."""
+    from kernel_fun.gdn.reference import chunk_gated_delta_rule_ref
+
+    o, ht = chunk_gated_delta_rule_ref(**kw)
+    return o.to(kw["q"].dtype), (None if ht is None else ht.float())
+
+
 def launched_since(before: dict) -> dict:
     return {k: n - before.get(k, 0) for k, n in launch_counts().items() if n != before.get(k, 0)}
 

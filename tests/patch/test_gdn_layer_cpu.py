@@ -40,17 +40,10 @@ def _input(seed=1, batch=B, tokens=T):
     return (torch.randn(batch, tokens, CFG["hidden_size"]) * 0.5).to(torch.float16).requires_grad_(True)
 
 
-def _reference(**kw):
-    from kernel_fun.gdn.reference import chunk_gated_delta_rule_ref
-
-    o, ht = chunk_gated_delta_rule_ref(**kw)
-    return o.to(kw["q"].dtype), (None if ht is None else ht.float())
-
-
 def _swap():
     import fla.layers.gated_deltanet as gdn_layer
 
-    return L.swapped(gdn_layer, "chunk_gated_delta_rule", _reference)
+    return L.swapped(gdn_layer, "chunk_gated_delta_rule", L.gdn_reference_op)
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["dense", "padding_mask"])

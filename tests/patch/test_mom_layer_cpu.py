@@ -25,13 +25,6 @@ def _cpu_tier(monkeypatch, layer_cpu_tier):
     family_modules.load("gdn", "fla_standins").install(monkeypatch)
 
 
-def _reference(**kw):
-    from kernel_fun.gdn.reference import chunk_gated_delta_rule_ref
-
-    o, ht = chunk_gated_delta_rule_ref(**kw)
-    return o.to(kw["q"].dtype), (None if ht is None else ht.float())
-
-
 def _layer():
     import fla.layers.mom as mom
 
@@ -61,7 +54,7 @@ def test_mom_layer_is_patched_engages_every_family_and_matches_the_reference():
     ran = L.launched_since(before)
     assert {"cconv", "gdn", "delta", "gnorm"} <= {k.split(".")[0] for k in ran}, ran
     assert ran.get("gdn.inputs_fwd", 0) == 1 and ran.get("gdn.inputs_bwd", 0) == 1, ran
-    L.within_noise_floor(layer, run, x, out, ours, L.swapped(mom, "chunk_gated_delta_rule", _reference),
+    L.within_noise_floor(layer, run, x, out, ours, L.swapped(mom, "chunk_gated_delta_rule", L.gdn_reference_op),
                          {"x", "A_log", "dt_bias", "q_proj.weight", "o_norm.weight"})
     kernel_fun.unpatch_fla()
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
@@ -84,7 +77,7 @@ def test_mom_layer_prefill_with_a_cache():
     x = (torch.randn(1, 80, CFG["hidden_size"]) * 0.5).to(torch.float16)
     out, states, _, ran = L.prefill(layer, x)
     assert ran.get("gdn.inputs_fwd", 0) == 1 and ran.get("delta.state_scan_fwd", 0) == 1, ran
-    with L.swapped(mom, "chunk_gated_delta_rule", _reference):
+    with L.swapped(mom, "chunk_gated_delta_rule", L.gdn_reference_op):
         ref_out, ref_states, _, _ = L.prefill(layer, x)
     assert states[0].shape == ref_states[0].shape == (CFG["num_memories"], CFG["num_heads"], 64, 64)
     assert rel_rms(out, ref_out) < 5e-3
