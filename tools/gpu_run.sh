@@ -11,6 +11,7 @@
 #        cconv_diag (tools/cconv_diag.py timed, then under Nsight Compute),
 #        cconv_host (host cost against device time of the two forwards, tools/cconv_host.py),
 #        model_idle (tools/model_idle.py: IDLE_FAMILY gdn|kda, IDLE_ARMS ours|fla|ours,fla),
+#        gdn_forms (tools/gdn_forms.py: the split and fused forwards timed against each other),
 #        gdn_host (where gdn's host time per call goes: tools/gdn_host.py; GDN_HOST_SHAPE="B=4,T=4096,HV=32"),
 #        flashqla (installs the FlashQLA wheels carried in .whl_fq/ into /tmp/site_fq, on this step's
 #        path only; runs tools/flashqla_probe.py, then the gdn bench's *_vs_flashqla cases:
@@ -202,6 +203,8 @@ for step in "$@"; do
       # model 0.9 ms a step); AUTOTUNE_CACHE=restore keeps what it restored
       [ "${AUTOTUNE_CACHE:-}" = restore ] || find "$TC" -name '*.autotune.json' -delete 2>/dev/null
       timeout "$T" python3 -m kernel_fun bench --model "$fam" ${MODEL_ARGS:-} --json "$OUT/model_$fam.json" 2>&1 | tee "$OUT/model_$fam.log" ;;
+    gdn_forms) # the split and fused forwards timed against each other (tools/gdn_forms.py; FORMS_SHAPES narrows)
+      timeout "$T" python3 tools/gdn_forms.py "$OUT/gdn_forms.json" ${FORMS_SHAPES:-} 2>&1 | tee "$OUT/gdn_forms.log" | grep -v Warning ;;
     gdn_tests) timeout "$T" python3 -m pytest -m gpu tests/gdn -q -rs -s --durations=5 2>&1 | tee "$OUT/gdn_tests.log" | tail -30 ;;
     gpu_tests) run_sharded_tests ;;
     gdn_bench) timeout "$T" python3 -m kernel_fun bench --family gdn ${GDN_CASES:-} --json "$OUT/gdn_bench.json" 2>&1 | tee "$OUT/gdn_bench.log" ;;

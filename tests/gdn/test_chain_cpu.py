@@ -14,6 +14,7 @@ from kernel_fun import gdn
 from kernel_fun._common import capture
 from kernel_fun._common.numerics import rel_rms as _rel
 from kernel_fun._common.witness import launch_counts
+from kernel_fun.gdn import chain
 from kernel_fun.gdn.reference import chunk_gated_delta_rule_ref
 
 # fp16 operands, fp32 accumulation, fp64 stand-ins. Largest measured over these cases (CPU,
@@ -89,6 +90,9 @@ def test_chain_against_fp64_recurrence(name, l2norm, _standins):
         assert after.get(stage, 0) > before.get(stage, 0), stage
     for stage in ("gdn.inputs_fwd", "gdn.inputs_bwd"):
         assert l2norm or after.get(stage, 0) == before.get(stage, 0), stage
+    # the split forward (above K = 128) makes o in chunk_output; the fused scan makes it below
+    split = after.get("gdn.chunk_output", 0) - before.get("gdn.chunk_output", 0)
+    assert split == (1 if c["K"] > chain.SPLIT_ABOVE_K else 0), split
     assert set(_standins) <= FLA_STAGES, set(_standins) - FLA_STAGES
     if l2norm:
         assert not set(_standins) & INPUT_STAGES, set(_standins) & INPUT_STAGES

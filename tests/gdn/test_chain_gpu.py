@@ -13,6 +13,7 @@ from kernel_fun import gdn
 from kernel_fun._common.numerics import rel_rms as _rel
 from kernel_fun._common.tuning import config_name
 from kernel_fun.gdn import reference_stages as R
+from kernel_fun.gdn._kernels import output as out_mod
 from kernel_fun.gdn._kernels import scores as scores_mod
 from kernel_fun.gdn._kernels import wy_dqk_bwd as dqk_mod
 from kernel_fun.gdn._kernels import wy_dqkwg_bwd as bwd_mod
@@ -224,6 +225,25 @@ def test_every_scores_config_against_its_reference(config):
     t, _, _ = _stage_inputs()
     S = scores_mod.gated_scores(t["q"], t["k"], t["g"], 0.3, config=config)
     assert _rel(S.cpu(), R.gated_scores_ref(t["q"].cpu(), t["k"].cpu(), t["g"].cpu(), 0.3)) < 1e-2
+
+
+@pytest.mark.parametrize("shape", ["grouped", "fla_default_heads"])
+@pytest.mark.parametrize("config", out_mod.CONFIGS, ids=config_name)
+def test_every_chunk_output_config_against_its_reference(config, shape):
+    """The split forward's output (above K = 128: fla's default heads, K = 256 V = 512; and the
+    grouped K = 128 case) in every configuration, bf16, against the fp64 stage reference."""
+    B, T, H, HV, K, V = (1, 200, 1, 2, 256, 512) if shape == "fla_default_heads" else (2, 300, 2, 4, 128, 128)
+    gen = torch.Generator().manual_seed(0)
+    a = -torch.rand(B, T, HV, generator=gen).double() * 2.0
+    g = torch.cat([c.cumsum(1) for c in a.split(64, dim=1)], 1).float() / math.log(2.0)
+    q = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).bfloat16()
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).bfloat16()
+    h = (torch.randn(B, -(-T // 64), HV, K, V, generator=gen) * 0.5).bfloat16()
+    vn = torch.randn(B, T, HV, V, generator=gen).bfloat16()
+    Aqk = scores_mod.gated_scores(q.cuda(), k.cuda(), g.cuda(), 0.3)
+    o = out_mod.chunk_output(q.cuda(), h.cuda(), vn.cuda(), Aqk, g.cuda(), 0.3, config=config)
+    ref = R.chunk_output_ref(q, h, vn, Aqk.cpu(), g, 0.3)
+    assert _rel(o.float().cpu(), ref) < 1e-2, _rel(o.float().cpu(), ref)
 
 
 def test_launch_witness_replaced_fla_kernels_did_not_run():

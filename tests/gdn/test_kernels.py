@@ -14,6 +14,7 @@ from kernel_fun.gdn._kernels import scores as scores_mod
 from kernel_fun.gdn._kernels import wy_dqk_bwd as dqk_mod
 from kernel_fun.gdn._kernels import wy_dqkwg_bwd as bwd_mod
 from kernel_fun.gdn._kernels import wy_dv_bwd as dv_mod
+from kernel_fun.gdn._kernels import output as out_mod
 from kernel_fun.gdn._kernels import wy_inverse as inv_mod
 
 CASES = {  # (B, T, H, HV, K, V, cu_seqlens)
@@ -70,6 +71,50 @@ def test_gated_scores(name):
         blk = A[b, s:e, :, :e - s]
         assert not blk.isnan().any()
         assert rel_rms(blk, ref[b, s:e, :, :e - s]) < 1e-5
+
+
+# the split forward's output (fla's chunk_fwd_o with the scores read): K=256 V=512 is fla's default
+# GatedDeltaNet head, where the split is the forward; a packed batch with tokens after the last
+# document (written as zeros)
+OUTPUT_CASES = dict(CASES, k256_v512=(1, 100, 1, 2, 256, 512, None),
+                    varlen_padded=(1, 160, 1, 2, 64, 64, [0, 37, 38, 130]))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.float16, 3e-3)])
+@pytest.mark.parametrize("name", list(OUTPUT_CASES))
+def test_chunk_output(name, dtype, tol):
+    B, T, H, HV, K, V, cu = OUTPUT_CASES[name]
+    t, cu_t = _inputs(B, T, H, HV, K, V, cu, dtype)
+    idx = None
+    if cu_t is not None:
+        from fla.ops.utils.index import prepare_chunk_indices
+        idx = prepare_chunk_indices(cu_t, 64)
+    Aqk = R.gated_scores_ref(t["q"], t["k"], t["g"], 0.3, cu_t).to(dtype)
+    before = launch_counts("gdn.").get("gdn.chunk_output", 0)
+    o = out_mod.chunk_output(t["q"], t["h"], t["v_new"], Aqk, t["g"], 0.3, cu_seqlens=cu_t, chunk_indices=idx)
+    assert launch_counts("gdn.")["gdn.chunk_output"] == before + 1
+    assert o.dtype == dtype and not o.isnan().any()
+    ref = R.chunk_output_ref(t["q"], t["h"], t["v_new"], Aqk, t["g"], 0.3, cu_t)
+    assert rel_rms(o.double(), ref) < tol, name
+    if cu is not None:
+        assert (o[:, cu[-1]:] == 0).all()
+
+
+def test_chunk_output_every_config():
+    """Every configuration of the output kernel, forced (K = 128 so that both K-blocks split it)."""
+    t, _ = _inputs(1, 130, 1, 2, 128, 128, None, torch.float32)
+    Aqk = R.gated_scores_ref(t["q"], t["k"], t["g"], 0.3).float()
+    ref = R.chunk_output_ref(t["q"], t["h"], t["v_new"], Aqk, t["g"], 0.3)
+    for c in out_mod.CONFIGS + out_mod.CANDIDATES:
+        o = out_mod.chunk_output(t["q"], t["h"], t["v_new"], Aqk, t["g"], 0.3, config=c)
+        assert rel_rms(o.double(), ref) < 2e-6, config_name(c)
+
+
+def test_chunk_output_rejects_mismatched_shapes():
+    t, _ = _inputs(1, 70, 1, 2, 64, 64, None, torch.float32)
+    Aqk = R.gated_scores_ref(t["q"], t["k"], t["g"], 0.3).float()
+    with pytest.raises(ValueError, match="chunk_output"):
+        out_mod.chunk_output(t["q"], t["h"][:, :1], t["v_new"], Aqk, t["g"], 0.3)
 
 
 # measured (interpreter): fp32 <= 8.3e-7, fp16 <= 1.7e-4 (A rounded to fp16 at the store); bounds

@@ -36,7 +36,8 @@ KERNELS = {
     "gdn.wy_inverse": "K K^T gated and its WY inverse A, once per qk head for the group's value heads",
     "delta.state_scan_fwd": "the forward state scan (scalar gate) making o; h and v_new for the backward",
     "delta.state_scan_bwd": "the backward state scan (scalar gate) making dv",
-    "gdn.gated_scores": "the gated scores the backward scan makes dv from",
+    "gdn.gated_scores": "the gated scores the backward scan makes dv from (and, above K = 128, the split forward's o)",
+    "gdn.chunk_output": "the split forward's o from h, v_new and the scores (above K = 128)",
     "gdn.wy_dv_bwd": "the WY backward's dv/dbeta/dA half",
     "gdn.wy_dqk_bwd": "the dq/dk/dg half, group sum in fp32",
     "gdn.inputs_fwd": "l2norm of q, k, beta's sigmoid, the gate and its chunk cumsum, v copied (the layer's slices)",
@@ -61,7 +62,7 @@ def chain_setup() -> dict:
     from ..gdn import chain
 
     return {"module": chain.__name__, "ours": ["gdn.wy_inverse", "delta.state_scan_fwd", "delta.state_scan_bwd", "gdn.gated_scores",
-                                                 "gdn.wy_dv_bwd", "gdn.wy_dqk_bwd"]}
+                                                 "gdn.chunk_output", "gdn.wy_dv_bwd", "gdn.wy_dqk_bwd"]}
 
 
 def _case(name, B, T, H, HV, K, V, cu_seqlens=None, profile=False):

@@ -10,7 +10,7 @@ chain). The gate is kept as its chunk-local cumulative sum in log2 units (fla's 
 | l2norm of q, k; beta sigmoid; gate (+ in-op activation) cumsum | ours, one launch (``_kernels/inputs_fwd.py``); without the l2norm in the op: fla's ``fused_beta_sigmoid_fwd`` and ``gdn_gate_chunk_cumsum`` / ``chunk_local_cumsum`` | ours, one launch (``_kernels/inputs_bwd.py``); without the l2norm: fla's ``fused_beta_sigmoid_bwd``, ``gdn_gate_bwd`` |
 | kkt + solve | ours (``_kernels/wy_inverse.py``: A only, one program per (chunk, qk head) for the group's value heads) | (A kept from the forward) |
 | w, u | never formed: the scan makes v_new from A, v, beta | never formed: the recompute scan as the forward; the backward scan makes dv2^T w from A, beta |
-| state scan | ours (``_delta`` state_scan_fwd, o made inside, h never written) | ours: the forward scan again writing h and v_new; the gated scores (``gdn/_kernels/scores.py``); ``_delta`` state_scan_bwd making dv from them |
+| state scan | ours (``_delta`` state_scan_fwd, o made inside, h never written); above K = 128 split: the scan writes h and v_new, o from the gated scores and ``_kernels/output.py`` | ours: the forward scan again writing h and v_new; the gated scores (``gdn/_kernels/scores.py``); ``_delta`` state_scan_bwd making dv from them |
 | dq, dk, dw, dg + WY backward + reverse cumsum + group sum | | ours, two kernels (``gdn/_kernels/wy_dqkwg_bwd.py``: ``wy_dv_bwd`` then ``wy_dqk_bwd``) |
 
 fla's ``chunk_bwd_dqkwg`` (refused by fla on Hopper with Triton 3.4-3.7.0), ``prepare_wy_repr_bwd``,
@@ -28,12 +28,19 @@ from .._delta._kernels.state_scan_bwd import state_scan_bwd
 from .._delta._kernels.state_scan_fwd import state_scan_fwd
 from ._kernels.inputs_bwd import inputs_bwd
 from ._kernels.inputs_fwd import inputs_fwd
+from ._kernels.output import chunk_output
 from ._kernels.scores import gated_scores
 from ._kernels.wy_dqkwg_bwd import wy_dqkwg_bwd
 from ._kernels.wy_inverse import wy_inverse
 
 RCP_LN2 = 1.4426950408889634  # log2(e): fla's gates are cumsummed in log2 space
 BT = 64  # chunk size
+# The forward's form: fused (the state scan makes o along its chain of chunks, h never written) at
+# K <= SPLIT_ABOVE_K; split above it (the scan writes h and v_new and makes no o; the gated scores and
+# ``chunk_output`` make o for every chunk at once, as fla's fwd_h + fwd_o): at K = 256 (fla's default
+# GatedDeltaNet heads) the fused scan spills in every configuration (sm_90a, docs/gdn.md), the scan
+# without o in none. tools/gdn_forms.py times the two forms against each other.
+SPLIT_ABOVE_K = 128
 
 
 def _fla(module: str, symbol: str):
@@ -102,9 +109,15 @@ def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final
         chunk_indices, chunk_offsets = chunk_meta(cu_seqlens, cu_seqlens_cpu, chunk_indices)
         gc = gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices)
     A = wy_inverse(k, gc, beta, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
-    o, final_state, _, _ = state_scan_fwd(
-        q, k, None, None, g=gc, wy=(A, v, beta), scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT)
+    scan = dict(g=gc, wy=(A, v, beta), scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT)
+    if k.shape[-1] <= SPLIT_ABOVE_K:
+        o, final_state, _, _ = state_scan_fwd(q, k, None, None, **scan)
+    else:
+        _, final_state, h, v_new = state_scan_fwd(q, k, None, None, save_h=True, save_v_new=True, store_o=False, **scan)
+        Aqk = gated_scores(q, k, gc, scale, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
+        o = chunk_output(q, h, v_new, Aqk, gc, scale, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
+        del h, v_new, Aqk
     return o, final_state, gc, A, chunk_indices, chunk_offsets
 
 

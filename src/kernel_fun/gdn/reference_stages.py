@@ -201,3 +201,20 @@ def wy_dv_bwd_ref(q, k, v, v_new, g, beta, h, dh, do, dv2, scale, cu_seqlens=Non
         dAqk[b, s:e, :, :e - s] = gqk.transpose(0, 1)
         dAkk[b, s:e, :, :e - s] = gkk.transpose(0, 1)
     return dv, db, dAqk, dAkk
+
+
+def chunk_output_ref(q, h, v_new, Aqk, g, scale, cu_seqlens=None):
+    """``[B, T, HV, V]`` fp64: per chunk, scale * diag(exp2(G)) Q S + Aqk v_new (S = ``h[b, c]``);
+    zero on tokens in no chunk (after ``cu_seqlens[-1]``)."""
+    B, T, H, K = q.shape
+    HV, V = v_new.shape[2], v_new.shape[3]
+    G = HV // H
+    o = torch.zeros(B, T, HV, V, dtype=F64)
+    for b, s, e, c in chunks(B, T, cu_seqlens):
+        n = e - s
+        qc = q[b, s:e].double().repeat_interleave(G, 1).transpose(0, 1)  # [HV, n, K]
+        gc = g[b, s:e].double().transpose(0, 1)  # [HV, n]
+        inter = scale * torch.exp2(gc)[:, :, None] * (qc @ h[b, c].double())  # [HV, n, V]
+        intra = Aqk[b, s:e, :, :n].double().transpose(0, 1) @ v_new[b, s:e].double().transpose(0, 1)
+        o[b, s:e] = (inter + intra).transpose(0, 1)
+    return o
