@@ -248,7 +248,7 @@ def probes(device: str, shape: dict | None = None) -> list:
     from .._delta._kernels.state_scan_fwd import state_scan_fwd
     from .._delta.reference import chunk_local_cumsum_ref, intra_ref, state_scan_bwd_ref, state_scan_fwd_ref
     from ..gdn import reference_stages as R
-    from ..gdn._kernels import inputs_bwd, inputs_fwd, scores, wy_dqk_bwd, wy_dv_bwd, wy_inverse
+    from ..gdn._kernels import inputs_bwd, inputs_fwd, output, scores, wy_dqk_bwd, wy_dv_bwd, wy_inverse
     from ..kda.reference_stages import dAv_reference
     from .harness import Probe, UsageError
 
@@ -290,6 +290,7 @@ def probes(device: str, shape: dict | None = None) -> list:
     scale = K ** -0.5
     ref_in = {n: x.double() for n, x in cpu.items()}
     wy_ref = functools.cache(lambda: R.wy_dqkwg_bwd_ref(**ref_in, scale=scale, cu_seqlens=cu_cpu))
+    Aqk_o = R.gated_scores_ref(cpu["q"], cpu["k"], cpu["g"], scale, cu_seqlens=cu_cpu).to(device, low)  # chunk_output's
     dv_in = dict(k=t["k"], v=t["v"], v_new=t["v_new"], g=g, beta=beta, A=A, h=t["h"], do=t["do"], dv2=t["dv2"])
     dv, db, dAqk, dAkk, dgz = wy_dv_bwd.wy_dv_bwd(**dv_in, scale=scale, NT=NT, **var)  # the second half's inputs
     dqk_in = dict(q=t["q"], k=t["k"], v_new=t["v_new"], g=g, h=t["h"], dh=t["dh"], do=t["do"], dv=dv, dAqk=dAqk,
@@ -306,6 +307,9 @@ def probes(device: str, shape: dict | None = None) -> list:
         P("gdn.gated_scores", lambda c: (scores.gated_scores(t["q"], t["k"], g, 0.3, **var, config=c),),
           lambda: (R.gated_scores_ref(cpu["q"], cpu["k"], cpu["g"], 0.3, cu_seqlens=cu_cpu),), ("A",), module=scores,
           label="gdn gated_scores"),
+        P("gdn.chunk_output", lambda c: (output.chunk_output(t["q"], t["h"], t["v_new"], Aqk_o, g, scale, **var, config=c),),
+          lambda: (R.chunk_output_ref(cpu["q"], cpu["h"], cpu["v_new"], Aqk_o.cpu(), cpu["g"], scale, cu_seqlens=cu_cpu),),
+          ("o",), module=output, label="gdn chunk_output"),
     ]
     # The inputs' two kernels as the layer's call meets them: q, k, v column slices of one fused
     # [B, T, 2 H K + HV V] buffer (v copied in the launch), the gate and beta sigmoid in the op

@@ -47,7 +47,7 @@ def source(fn, pointer_types: dict, constexprs: dict) -> ASTSource:
     # a constexpr the caller leaves out takes its default, as at launch
     constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **constexprs}
     sig = {n: pointer_types.get(n, "*fp32") for n in fn.arg_names}
-    for n in ("T", "WORK"):  # WORK: the delta-rule kernels' autotune key (tuning.work_bucket)
+    for n in ("T", "NT", "WORK"):  # WORK: the delta-rule kernels' autotune key (tuning.work_bucket); NT: chunks
         if n in sig:
             sig[n] = "i32"
     div16 = {n for n, t in sig.items() if t.endswith(":16")}
@@ -396,6 +396,20 @@ def gdn_wy_inverse(full):
     yield from _gdn_specs("gdn_wy_inverse", m, m.wy_inverse_kernel, full, grouped=True)
 
 
+def gdn_output(full):
+    """The split forward's output kernel (``gdn/chain.py`` above K = 128) at fla's default
+    GatedDeltaNet heads (H = HV = 6, K = 256, V = 512); the full list adds K = 128 and packed documents."""
+    from kernel_fun.gdn._kernels import output as m
+
+    fn = _jit_fn(m.chunk_output_kernel)
+    ptr = {n: "*fp32" if n == "g" else "*bf16" for n in fn.arg_names}
+    ptr.update(cu_seqlens="*i64", chunk_indices="*i64", scale="fp32")
+    for cfg, K, varlen in itertools.product(m.CONFIGS + (m.CANDIDATES if full else []), (256, 128) if full else (256,),
+                                            (False, True) if full else (False,)):
+        c = dict(H=6, HV=6, K=K, V=512, BT=64, IS_VARLEN=varlen, DOT_PRECISION="tf32", **cfg.kwargs)
+        yield f"gdn_output K={K} varlen={varlen} {cfg_label(cfg)}", fn, ptr, c, cfg
+
+
 def gdn_inputs(full):
     """The inputs' kernels (``gdn.chain.inputs_forward`` / ``inputs_backward``) at the layer's call: H = 16, HV = 32,
     K = 128, bf16 q/k/g/beta, fp32 A_log/dt_bias/rstd/gc/beta/dbeta/dg; full: packed documents, the
@@ -471,7 +485,7 @@ def gnorm(full):
 SPECS = {"intra_bwd": intra_bwd, "wy_bwd": wy_bwd, "state_scan_fwd": state_scan_fwd,
            "state_scan_bwd": state_scan_bwd, "score_grad": score_grad, "gate_bwd": gate_bwd, "cconv": cconv,
            "gdn_scores": gdn_scores, "gdn_wy_dv": gdn_wy_dv, "gdn_wy_dqk": gdn_wy_dqk, "gdn_inputs": gdn_inputs,
-           "gdn_wy_inverse": gdn_wy_inverse,
+           "gdn_wy_inverse": gdn_wy_inverse, "gdn_output": gdn_output,
            "gnorm": gnorm}
 
 
