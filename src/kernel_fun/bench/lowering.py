@@ -227,6 +227,12 @@ def state_scan_fwd(full):
     # and the backward's recompute (h and v_new written, no output), at the layer's K = V = 128
     gdn = dict(GATE=1, Q_GATED=False, HAS_AQK=False, V=128, WY_FROM_A=True)
     gdn_recompute = dict(gdn, STORE_O=False, SAVE_H=True, SAVE_V_NEW=True, USE_H0=True)
+    # fla's default GatedDeltaNet heads (6 of K = 256, V = 512): the split forward's scan and the
+    # backward's recompute, no output, in the configurations kept above K = 128 (``prune_by_k``)
+    k256 = dict(gdn_recompute, HQ=6, HK=6, HV=6, K=256, V=512)
+    for cfg in (c for c in m.CONFIGS if m.config_name(c) in m._WIDE):
+        yield f"state_scan_fwd gdn_recompute K=256 {m.config_name(cfg)}", m.state_scan_fwd_kernel, ptr, dict(
+            base, **k256, **cfg.kwargs), cfg
     if not full:
         for cfg in m.CONFIGS:
             yield f"state_scan_fwd {m.config_name(cfg)}", m.state_scan_fwd_kernel, ptr, dict(base, **cfg.kwargs), cfg
@@ -258,6 +264,10 @@ def state_scan_bwd(full):
                  STORE_DH0=True, IS_VARLEN=varlen, DOT_PRECISION="tf32", DV_FROM_A=True, WY_FROM_A=wy,
                  A_TRIL=wy, **cfg.kwargs)
         yield (f"state_scan_bwd gdn varlen={varlen} wy={wy} {m.config_name(cfg)}", m.state_scan_bwd_kernel, ptr, c, cfg)
+    for cfg in (c for c in m.CONFIGS if m.config_name(c) in m._WIDE):  # fla's default heads, as above
+        c = dict(HQ=6, HK=6, HV=6, K=256, V=512, BT=64, KP=256, GATE=1, USE_DHT=True, STORE_DH0=True,
+                 IS_VARLEN=False, DOT_PRECISION="tf32", DV_FROM_A=True, WY_FROM_A=True, A_TRIL=True, **cfg.kwargs)
+        yield f"state_scan_bwd gdn K=256 {m.config_name(cfg)}", m.state_scan_bwd_kernel, ptr, c, cfg
     gates = (0, 1, 2) if full else (2,)
     for cfg, gate, varlen, dva in itertools.product(m.CONFIGS + m.CANDIDATES if full else m.CONFIGS, gates, (False, True) if full else (False,),
                                                     (False, True)):
