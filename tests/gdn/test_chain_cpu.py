@@ -33,6 +33,7 @@ CASES = {  # the box's smallest heads (the interpreter's cost grows with them)
     "cu_seqlens": dict(B=1, T=150, H=1, HV=2, K=64, V=64, h0=True, N=5, cu=[0, 0, 37, 37, 38, 150]),  # empty docs, a 1-token doc
     # fla's default GatedDeltaNet heads (head_dim 256, expand_v 2): the scans' value-major form only
     "fla_default_heads": dict(B=1, T=70, H=1, HV=2, K=256, V=512, h0=True),
+    "fla_default_heads_packed": dict(B=1, T=150, H=1, HV=2, K=256, V=512, h0=True, N=3, cu=[0, 37, 38, 150]),
 }
 OURS = ("gdn.wy_inverse", "delta.state_scan_fwd", "delta.state_scan_bwd", "gdn.gated_scores", "gdn.wy_dv_bwd",
         "gdn.wy_dqk_bwd")

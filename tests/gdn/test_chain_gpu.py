@@ -35,6 +35,7 @@ CASES = {
     "precomputed_gate": dict(B=2, T=333, H=2, HV=2, K=128, V=64, gate_in_kernel=False, beta_logits=False),
     "varlen_1tok": dict(B=1, T=3000, H=2, HV=4, K=128, V=128, h0=True, N=5, cu=[0, 1, 700, 700, 701, 3000]),  # an empty doc too
     "fla_default_heads": dict(B=2, T=1000, H=2, HV=2, K=256, V=512, h0=True),  # head_dim 256, expand_v 2
+    "fla_default_heads_packed": dict(B=1, T=1500, H=2, HV=2, K=256, V=512, h0=True, N=4, cu=[0, 1, 600, 600, 1500]),
 }
 
 
