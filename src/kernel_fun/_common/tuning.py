@@ -33,6 +33,13 @@ def next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
+def fitting_blocks(configs, limits: dict) -> list:
+    """The configurations whose blocks are no wider than ``limits`` (e.g. ``{"BV": max(V, 32)}``: a
+    wider block runs only masked lanes); the first one where none fits."""
+    kept = [c for c in configs if all(c.kwargs[b] <= most for b, most in limits.items())]
+    return kept or list(configs[:1])
+
+
 def interpreting() -> bool:
     """True when Triton kernels run through the interpreter (CPU tensors)."""
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")

@@ -117,7 +117,6 @@ def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final
         _, final_state, h, v_new = state_scan_fwd(q, k, None, None, save_h=True, save_v_new=True, store_o=False, **scan)
         Aqk = gated_scores(q, k, gc, scale, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
         o = chunk_output(q, h, v_new, Aqk, gc, scale, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
-        del h, v_new, Aqk
     return o, final_state, gc, A, chunk_indices, chunk_offsets
 
 

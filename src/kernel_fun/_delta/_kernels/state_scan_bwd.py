@@ -43,7 +43,7 @@ from kernel_fun._common.witness import record_launch
 
 from kernel_fun._delta.chunking import check_varlen_batch, scan_grid, scan_order, scan_program, total_chunks
 
-from .state_scan_fwd import GATE_CHANNEL, GATE_NONE, GATE_SCALAR, prune_by_k
+from .state_scan_fwd import GATE_CHANNEL, GATE_NONE, GATE_SCALAR, k_pruner
 
 install_interpreter_shims()
 
@@ -53,8 +53,9 @@ install_interpreter_shims()
 # 2026-11-30; stack = spills): BV 32 / 64 / 128 take 255 registers and an 8 / 88 / 40-byte
 # stack (without dv from A: 188 registers and none / 96 / 48); 62-136 KB shared memory
 # (num_stages 1 and 2 compile to the same code: the reverse loop is not pipelined).
+# The first three are the set at K <= 128; the last two (``_WIDE``) the set above it (``k_pruner``).
 CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
-           for bv, nw, ns in [(32, 4, 2), (64, 4, 2), (128, 8, 2)]]
+           for bv, nw, ns in [(32, 4, 2), (64, 4, 2), (128, 8, 2), (64, 8, 2), (16, 4, 2)]]
 # BV=64 on 8 warps: 206 registers and no stack with dv from A (the 4-warp one: 255 and 88 bytes),
 # at one 136 KB CTA per SM either way. GPU-tested (the GPU tests force every candidate) and timed
 # at gdn's call, where it lost (B=4 T=4096 H=16 HV=32: 0.937 ms against BV128-w8-s2's 0.562,
@@ -66,30 +67,19 @@ CONFIGS = [triton.Config({"BV": bv}, num_warps=nw, num_stages=ns)
 # 0.473 (three stages issue the chunk's copies a chunk earlier, but 198 KB of shared memory).
 # BV16-w4-s2: for small launches (B=1 T=4096 H=HV=16: 128 programs on 132 SMs where BV32 runs 64),
 # sm_90a at gdn's call 210 registers and no stack (246 with w from A_wy, where BV32-w4-s2 has 8 B of
-# stack), the same on sm_100a (Triton 3.6, 2026-12-05); not yet timed.
-CANDIDATES = [triton.Config({"BV": 64}, num_warps=8, num_stages=2), triton.Config({"BV": 16}, num_warps=4, num_stages=2)]
+# stack), the same on sm_100a (Triton 3.6, 2026-12-05); not yet timed at K <= 128.
 # At K = 256 (fla's default GatedDeltaNet heads): sm_90a at gdn's call, K=256 V=512 (Triton 3.6,
 # 2026-12-05), stack bytes BV16-w4-s2 0, BV64-w8-s2 24 against BV32-w4-s2 280, BV64-w4-s2 1480,
-# BV128-w8-s2 1336. Those two are the autotune set there (``prune_by_k``); not yet timed.
-_WIDE = ("BV16-w4-s2", "BV64-w8-s2")
-CONFIGS += CANDIDATES  # the K <= 128 set stays CONFIGS' first three, as measured; the other two only above
-CANDIDATES = []
-
-
-def _name(c) -> str:
-    return f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}"
-
-
-def _prune(configs, named_args, **kwargs):
-    """This K's configurations (``prune_by_k``), less V-blocks wider than V; at least one."""
-    K, V = kwargs.get("K", named_args.get("K")), kwargs.get("V", named_args.get("V"))
-    fits = prune_by_k(configs, K, _WIDE, _name) or list(configs)
-    kept = [c for c in fits if c.kwargs["BV"] <= max(V, 32)]
-    return kept or fits[:1]
+# BV128-w8-s2 1336: those two are the set there.
+_WIDE = ("BV64-w8-s2", "BV16-w4-s2")
+CANDIDATES: list = []
 
 
 def config_name(c) -> str:
-    return _name(c)
+    return f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}"
+
+
+_prune = k_pruner(_WIDE, config_name)
 
 
 @triton.jit(do_not_specialize=["T"])

@@ -45,7 +45,8 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (
-    alloc, autotune_cache, autotune_configs, install_interpreter_shims, interpreting, launch, next_pow2, work_bucket)
+    alloc, autotune_cache, autotune_configs, fitting_blocks, install_interpreter_shims, interpreting, launch, next_pow2,
+    work_bucket)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import check_varlen_batch, scan_grid, scan_order, scan_program, total_chunks
 
@@ -115,13 +116,13 @@ def prune_by_k(configs, K: int, wide: tuple, name=None) -> list:
     return [c for c in configs if (name(c) in wide) == (K > 128)]
 
 
-def _prune(configs, named_args, **kwargs):
-    """The configurations for this K (``prune_by_k``), less V-blocks wider than V (all masked
-    lanes); at least one."""
-    V = kwargs.get("V", named_args.get("V"))
-    fits = prune_by_k(configs, kwargs.get("K", named_args.get("K")), _WIDE) or list(configs)
-    kept = [c for c in fits if c.kwargs["BV"] <= max(V, 32)]
-    return kept or fits[:1]
+def k_pruner(wide: tuple, name=None):
+    """A scan's ``early_config_prune``: this K's configurations (``prune_by_k``), less V-blocks wider
+    than V; at least one."""
+    def prune(configs, named_args, **kwargs):
+        K, V = (kwargs.get(n, named_args.get(n)) for n in ("K", "V"))
+        return fitting_blocks(prune_by_k(configs, K, wide, name) or list(configs), {"BV": max(V, 32)})
+    return prune
 
 
 @triton.jit
@@ -532,6 +533,7 @@ _SHIPPED = ("VK-BV128-w8-s2-rNone", "BV128-w8-s2-rNone", "VK-BV64-w4-s2-rNone", 
 CONFIGS = [c for c in _ALL if config_name(c) in _SHIPPED]
 _INTERPRETED_VK = next(c for c in _ALL if c.kwargs["VK"] and c.kwargs["BV"] == 32)
 CANDIDATES = [c for c in _ALL if config_name(c) not in _SHIPPED]
+_prune = k_pruner(_WIDE)
 state_scan_fwd_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(),
     key=_AUTOTUNE_KEY,

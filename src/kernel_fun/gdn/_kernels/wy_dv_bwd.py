@@ -32,8 +32,8 @@ import triton
 import triton.language as tl
 
 from kernel_fun._common.tuning import (  # noqa: F401  (config_name: every kernel module names its configs)
-    alloc, autotune_cache, autotune_configs, chunk_work, config_name, install_interpreter_shims, launch, next_pow2,
-    row_stride)
+    alloc, autotune_cache, autotune_configs, chunk_work, config_name, fitting_blocks, install_interpreter_shims, launch,
+    next_pow2, row_stride)
 from kernel_fun._common.witness import record_launch
 from kernel_fun._delta.chunking import chunk_program
 
@@ -70,9 +70,7 @@ CANDIDATES = [_config(*c) for c in _CANDIDATE_TUPLES]
 
 def prune_bv(configs, named_args, **kwargs):
     """Drop configurations whose value block is wider than V (both halves of the backward)."""
-    V = kwargs.get("V", named_args.get("V"))
-    kept = [c for c in configs if c.kwargs["BV"] <= max(V, 32)]
-    return kept or list(configs[:1])
+    return fitting_blocks(configs, {"BV": max(kwargs.get("V", named_args.get("V")), 32)})
 
 
 @triton.jit(do_not_specialize=["T"])
