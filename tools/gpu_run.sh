@@ -2,7 +2,7 @@
 # One batched GPU session step on the lent H200: install the carried fla wheel, then run the
 # named steps, each under its own timeout, logging to $OUT. Usage: tools/gpu_run.sh STEP...
 # Steps: doctor, gnorm_tests, gnorm_bench, model_kda (kernel-fun bench --model kda; MODEL_ARGS
-#        passes e.g. "--shape steps=8"), model_gdn, gdn_tests, gdn_bench, cconv_tests, cconv_bench,
+#        passes e.g. "--shape steps=8"), model_gdn, model_gdn_default (fla's own GatedDeltaNet heads: 6 x K=256, V=512), gdn_tests, gdn_bench, cconv_tests, cconv_bench,
 #        delta_tests, kda_stage_tests, kda_tests, kda_bench, candidates,
 #        gpu_tests (every GPU test, SHARDS processes at once; TEST_PATHS narrows),
 #        stages_cconv, stages_kda, stages_gdn, stages_gnorm (kernel-fun bench --stages FAMILY:
@@ -197,7 +197,7 @@ for step in "$@"; do
         | tee "$OUT/model_idle.log" | tail -80 ;;
     gnorm_tests) timeout "$T" python3 -m pytest -m gpu tests/gnorm -q -x -rs --durations=5 2>&1 | tee "$OUT/gnorm_tests.log" | tail -30 ;;
     gnorm_bench) timeout "$T" python3 -m kernel_fun bench --family gnorm --json "$OUT/gnorm_bench.json" 2>&1 | tee "$OUT/gnorm_bench.log" ;;
-    model_kda|model_gdn) fam=${step#model_}
+    model_kda|model_gdn|model_gdn_default) fam=${step#model_}
       # tuned at the model's own shapes: entries an earlier step left on this (warm) machine are
       # keyed without B and T and would be reused (2026-12-04: the GPU tests' picks cost the GDN
       # model 0.9 ms a step); AUTOTUNE_CACHE=restore keeps what it restored

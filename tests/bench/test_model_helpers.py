@@ -18,6 +18,15 @@ def test_parse_overrides_and_rejects_unknown_keys():
         model.parse({"layers": "two"})
 
 
+def test_layer_kinds_own_heads_under_the_overrides():
+    """gdn_default is fla's GatedDeltaNet as its config builds it (6 heads of 256, values 2x): its heads
+    and head size come with the kind, --shape still overrides them, the other kinds keep DEFAULTS'."""
+    cfg = model.parse({}, "gdn_default")
+    assert (cfg["heads"], cfg["head_dim"]) == (6, 256) and model.LAYERS["gdn_default"][1] == {"expand_v": 2}
+    assert model.parse({"heads": "4"}, "gdn_default")["heads"] == 4
+    assert (model.parse({}, "gdn")["heads"], model.parse({}, "gdn")["head_dim"]) == (16, 128)
+
+
 def test_cli_model_usage_errors_exit_2(capsys):
     from kernel_fun.__main__ import main
 

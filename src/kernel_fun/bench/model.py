@@ -1,7 +1,8 @@
-"""`kernel-fun bench --model kda|gdn`: the model-level A/B, the number users are judged by.
+"""`kernel-fun bench --model kda|gdn|gdn_default`: the model-level A/B, the number users are judged by.
 
 A small stack of fla's real layers (``KimiDeltaAttention`` at fla 0.6.0's defaults: hidden 2048,
-16 heads, head_dim 128; or ``GatedDeltaNet`` with 16 q/k heads and 32 value heads of 128) with
+16 heads, head_dim 128; ``GatedDeltaNet`` with 16 q/k heads and 32 value heads of 128; or
+``GatedDeltaNet`` at fla's own defaults, 6 heads of K = 256 and V = 512) with
 pre-norm residuals, an embedding and an LM head, trained for a few
 steps in one process on one GPU, bf16 autocast, AdamW, fixed seed and the same initial weights
 in every arm:
@@ -33,7 +34,11 @@ LAYERS = {
     "kda": ("KimiDeltaAttention", {}, ("cconv", "kda", "gnorm")),
     # issue 17's GDN stack: 16 q/k heads of 128, 32 value heads of 128 (Qwen3-Next's grouping)
     "gdn": ("GatedDeltaNet", {"num_v_heads": 32, "expand_v": 1}, ("cconv", "gdn", "gnorm")),
+    # fla's GatedDeltaNet as its config builds it: 6 heads of K = 256, values expanded 2x (V = 512)
+    "gdn_default": ("GatedDeltaNet", {"expand_v": 2}, ("cconv", "gdn", "gnorm")),
 }
+# a layer kind's own heads and head size, where they are not DEFAULTS' (``--shape`` still overrides them)
+LAYER_SHAPES = {"gdn_default": {"heads": 6, "head_dim": 256}}
 DEFAULTS = dict(layers=4, hidden=2048, heads=16, head_dim=128, B=4, T=4096, vocab=8192, steps=12,
                 warmup=3, lr=5e-4, seed=0)
 # ours first: its first step then also tunes the fla stages our chain still calls, as a user's
@@ -43,11 +48,12 @@ ARMS = ("ours", "fla", "disabled", "fla_ulp")
 FAMILIES = ("cconv", "kda", "delta", "gnorm", "gdn")  # launch-counter prefixes of ours
 
 
-def parse(overrides: dict) -> dict:
-    """The shape and schedule from ``--shape`` overrides; an unknown key is an error."""
+def parse(overrides: dict, layer: str | None = None) -> dict:
+    """The shape and schedule from ``--shape`` overrides over the layer kind's defaults; an unknown key
+    is an error."""
     from .harness import UsageError
 
-    cfg = dict(DEFAULTS)
+    cfg = dict(DEFAULTS, **LAYER_SHAPES.get(layer, {}))
     for key, value in overrides.items():
         if key not in cfg:
             raise UsageError(f"--model: unknown --shape key {key!r} (keys: {', '.join(cfg)})")
@@ -512,7 +518,7 @@ def main(layer: str, overrides: dict, json_path: str | None) -> int:
         from .harness import UsageError
 
         raise UsageError(f"--model: unknown layer {layer!r} (layers: {', '.join(LAYERS)})")
-    cfg = parse(overrides)
+    cfg = parse(overrides, layer)
     if not torch.cuda.is_available():
         print("kernel-fun bench --model: the model A/B needs a CUDA GPU; none here.")
         return 2
