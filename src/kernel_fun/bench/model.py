@@ -249,7 +249,7 @@ def _arm_env(arm: str, layer: str):
 
     saved = os.environ.get("KERNEL_FUN_DISABLE")
     bypass = contextlib.nullcontext()
-    if layer == "gdn" and arm != "ours":
+    if LAYERS[layer][0] == "GatedDeltaNet" and arm != "ours":
         # fla refuses GDN's backward on Hopper with Triton 3.4-3.7.0 (fla #640); its arms run with
         # the refusal bypassed, as its op bench does: fla's speed, not a usable result
         from .gdn import fla_refusal_bypassed
@@ -605,7 +605,7 @@ def main(layer: str, overrides: dict, json_path: str | None) -> int:
              "ours_ms": inter["ours"], "fla_ms": inter["fla"], "speedup": summary["step_speedup"],
              "engaged": all(summary["engaged"][fam] for fam in LAYERS[layer][2])}]
     rec = harness.record(rows, {}, extra={"model": {"layer": LAYERS[layer][0], "layer_args": LAYERS[layer][1],
-                                                    "fla_backward_refusal_bypassed": layer == "gdn",
+                                                    "fla_backward_refusal_bypassed": LAYERS[layer][0] == "GatedDeltaNet",
                                                     "config": cfg, "autotune_cache_entries_at_start": cache_entries,
                                                     "lazy_allocations_mb": lazy_mb,
                                                     "summary": summary, "arms": arms}})
