@@ -169,6 +169,13 @@ def test_k128_two_state_slices(poisoned, gate):
     _run(gate, torch.float16, B=1, K=128, V=32, T=100)
 
 
+@pytest.mark.parametrize("gate", ["gk", "g"])
+def test_k256_key_major_two_wide_slices(poisoned, gate):
+    """K = 256 in the key-major layout: the state as two 128-row slices (the output too, which the
+    chain makes in its own kernel there); the recompute's form from A, packed, in test_wy_from_A_at_k256."""
+    _run(gate, torch.float16, B=1, K=256, V=32, T=100, config=KM32)
+
+
 def test_q_gated(poisoned):
     """KDA with qg = q * exp2(gk) precomputed ([B, T, HV, K]): same o, gk read at chunk ends only."""
     x, h0 = _stage_inputs("gk", torch.float16, K=128, V=32)
@@ -230,6 +237,7 @@ def test_argument_errors():
 # The value-major layout (VK: the state held as S^T [BV, K]) is a second code path of the same
 # kernel; the interpreter runs the first configuration (key-major) unless one is forced.
 VK32 = next(c for c in ALL_CONFIGS if c.kwargs["VK"] and c.kwargs["BV"] == 32)
+KM32 = next(c for c in ALL_CONFIGS if not c.kwargs["VK"] and c.kwargs["BV"] == 32 and c.maxnreg is None)
 
 
 @pytest.mark.parametrize("gate", ["gk", "g", "g_aqk", "none"])
@@ -320,6 +328,23 @@ def test_wy_from_A(poisoned, layout, dtype, gate):
     _, ht, _, _ = state_scan_fwd(x["q"], x["k"], None, None, g=x.get("g"), scale=SCALE, initial_state=h0,
                                  output_final_state=True, wy=(A_nan, x["v"], x["beta"]), config=config)
     assert torch.isnan(ht).any()
+
+
+@pytest.mark.parametrize("layout", ["key_major", "value_major"])
+def test_wy_from_A_at_k256(poisoned, layout):
+    """The scan as the chain runs it at fla's default GatedDeltaNet heads (K = 256): from A, v, beta,
+    packed documents, h and v_new written, no output (the split forward's and the recompute's form)."""
+    x, h0 = _stage_inputs("g", torch.float16, B=1, T=180, K=256, V=32, cu_seqlens=CU)
+    _, ht_ref, h_ref, vn_ref = _reference(x, h0, CU)
+    o, ht, h, vn = state_scan_fwd(
+        torch.full_like(x["q"], float("nan")), x["k"], None, None, g=x["g"], scale=SCALE, initial_state=h0,
+        output_final_state=True, cu_seqlens=CU, save_h=True, save_v_new=True, store_o=False,
+        wy=(x["A"], x["v"], x["beta"]), config=KM32 if layout == "key_major" else VK32)
+    assert o is None
+    tol = TOL[torch.float16]
+    _check("final_state", ht, ht_ref, tol)
+    _check("h", h, h_ref, tol)
+    _check("v_new", vn, vn_ref, tol, rows=slice(0, int(CU[-1])))
 
 
 def test_wy_from_A_argument_errors():

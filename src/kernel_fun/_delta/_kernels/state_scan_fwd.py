@@ -99,6 +99,12 @@ _CONFIG_TUPLES = [
     # (o inside) BV16-w4-s1 172 / VK 255, its recompute 86 / VK 128; kda's forward 90 / VK 192.
     (16, 4, 1, None, False),
     (16, 4, 1, None, True),
+    # Candidates above K = 128 (fla's default GatedDeltaNet heads, the recompute form: no o): the
+    # key-major layout holds K = 256 as two [128, BV] slices (BK = 128); sm_90a, Triton 3.6, 2026-12-05,
+    # registers / stack (B) at K=256 V=512: BV16-w4-s1 128 / 0 (4 programs an SM), BV32-w4-s1 199 / 0,
+    # BV32-w4-s2 192 / 0, BV64-w8-s2 254 / 0 (BV64-w4 255 / 48-56); value-major VK-BV64-w8-s2 250 / 0
+    # (VK-BV64-w4-s2 264 B of stack, VK-BV128-w8-s2 408).
+    (64, 8, 2, None, True),
 ]
 _ALL = [triton.Config({"BV": bv, "VK": vk}, num_warps=nw, num_stages=ns, maxnreg=mr)
         for bv, nw, ns, mr, vk in _CONFIG_TUPLES]
@@ -216,7 +222,8 @@ def state_scan_fwd_kernel(
 ):
     # One program per (V-block, value head, sequence); the V-blocks of one head are adjacent
     # program ids, so they run together and share q, k, w and the gate through L2.
-    # The [K, BV] fp32 state lives in registers as K-slices of BK = 64 rows (two for K = 128):
+    # The [K, BV] fp32 state lives in registers as K-slices of BK = 64 rows (two for K = 128; two
+    # of BK = 128 rows at K = 256):
     # every [BT, K] operand is then handled 64 columns at a time, which halves the transient
     # registers of the query gating.
     TWO_K: tl.constexpr = K > BK
@@ -515,6 +522,13 @@ def state_scan_fwd_kernel(
                          tl.zeros([BT, BV], dtype=tl.float32).to(o.dtype.element_ty), mask=m_p)
 
 
+def _slice_rows(K: int) -> int:
+    """BK, the rows of one of the key-major layout's state slices: 64 up to K = 128 (two slices at
+    K = 128), 128 above it (K = 256 as two [128, BV] slices; the value-major layout's one tile is
+    unchanged, KP = 2 BK = 256)."""
+    return min(64, max(16, next_pow2(K))) if K <= 128 else 128
+
+
 _AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "Q_GATED", "HAS_AQK", "USE_H0", "STORE_HT", "STORE_O",
                  "SAVE_H", "SAVE_V_NEW", "STATE_V_FIRST", "IS_VARLEN", "WY_FROM_A", "WORK"]
 # Production autotune set: the measured winners. H200, KDA T=8192, H=HV=16, K=128, V=256, bf16,
@@ -657,7 +671,7 @@ def state_scan_fwd(
     if K > 256 or BT < 16 or BT & (BT - 1):
         raise ValueError(f"state_scan_fwd: needs K <= 256 and a power-of-two chunk_size >= 16 (K={K}, BT={BT})")
     if config is None and K > 128 and interpreting():
-        config = _INTERPRETED_VK  # the interpreter's one autotuned config is key-major, which needs K <= 128
+        config = _INTERPRETED_VK  # the interpreter's one autotuned config is key-major; the GPU's set there is not
     if q_gated and (gk is None or HQ != HV):
         raise ValueError("state_scan_fwd: q_gated needs gk and qg shaped [B, T, HV, K]")
     if gk is not None and tuple(gk.shape) != (B, T, HV, K):
@@ -710,7 +724,7 @@ def state_scan_fwd(
         chunk_offsets=chunk_offsets if (is_varlen and save_h) else dummy,
         seq_order=scan_order(cu_seqlens) if is_varlen else dummy,
         scale=float(scale), T=T, T_total=T, N=N, WORK=work_bucket(N * HV),
-        HQ=HQ, HK=HK, HV=HV, K=K, V=V, BT=BT, BK=min(64, max(16, next_pow2(K))),
+        HQ=HQ, HK=HK, HV=HV, K=K, V=V, BT=BT, BK=_slice_rows(K),
         GATE=gate_kind, Q_GATED=q_gated, HAS_AQK=Aqk is not None, USE_H0=initial_state is not None,
         STORE_HT=output_final_state, STORE_O=store_o, SAVE_H=save_h, SAVE_V_NEW=save_v_new,
         STATE_V_FIRST=state_v_first, IS_VARLEN=is_varlen, WY_FROM_A=beta is not None,
