@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from kernel_fun._common.witness import launches
 from kernel_fun._delta import reference as ref
-from kernel_fun._delta._kernels.state_scan_fwd import CANDIDATES, CONFIGS, config_name, state_scan_fwd
+from kernel_fun._delta._kernels.state_scan_fwd import _WIDE, CANDIDATES, CONFIGS, config_name, state_scan_fwd
 
 ALL_CONFIGS = CONFIGS + CANDIDATES
 from kernel_fun._common.numerics import rel_rms
@@ -198,12 +198,12 @@ def test_autotuned(kind):
     assert launches("delta.state_scan_fwd") == before + 1
 
 
-@pytest.mark.parametrize("config", [c for c in ALL_CONFIGS if c.kwargs["VK"] and c.kwargs["BV"] <= 128],
-                         ids=config_name)
-def test_every_value_major_config_at_fla_default_gdn_heads(config):
-    """fla's default GatedDeltaNet heads (K = 256, V = 512: only the value-major layout holds a state
-    that wide): each value-major configuration against fla and the reference, packed, with h and
-    v_new saved (the recompute's form) and the output (the forward's)."""
+@pytest.mark.parametrize("config", [c for c in ALL_CONFIGS if (c.kwargs["VK"] and c.kwargs["BV"] <= 128)
+                                    or config_name(c) in _WIDE], ids=config_name)
+def test_every_wide_config_at_fla_default_gdn_heads(config):
+    """fla's default GatedDeltaNet heads (K = 256, V = 512): each value-major configuration and each
+    key-major one of the set above K = 128 (two [128, BV] state slices) against fla and the reference,
+    packed, with h and v_new saved (the recompute's form) and the output (the forward's)."""
     c = CASES["gdn_wy"](K=256, V=512, cu_seqlens=CU)
     _compare(c, _ours(c, save_h=True, save_v_new=True, config=config))
 

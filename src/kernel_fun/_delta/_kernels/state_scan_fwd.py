@@ -538,14 +538,19 @@ _AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "Q_GATED", "HAS_AQK",
 # VK-BV128-w8-s2 1.076 at B=8. Every other configuration (CANDIDATES, which benches and GPU tests
 # force) was slower (1.39-4.6 ms). The first entry (in _CONFIG_TUPLES order) is the one the
 # interpreter runs.
-# At K = 256 (fla's default GatedDeltaNet heads) only the value-major layout holds the state (one
-# [BV, 256] tile), and the set is its narrow V-blocks: sm_90a at gdn's call with o, K=256 V=512
-# (Triton 3.6, 2026-12-05), stack bytes VK-BV16-w4-s1 248, VK-BV32-w4-s2 400 against VK-BV64-w4-s2
-# 768 and VK-BV128-w8-s2 656; the recompute (no o) 0 at both narrow ones. Not yet timed.
-_WIDE = ("VK-BV32-w4-s2-rNone", "VK-BV16-w4-s1-rNone")
+# At K = 256 (fla's default GatedDeltaNet heads, where gdn's chain runs this scan without o: the split
+# forward and the backward's recompute) the key-major layout with two [128, BV] slices: H100, gdn's
+# recompute-form probe, every config forced, 2026-12-05 (tools/scan_configs.py;
+# bench/records/2026-12-05-h100-gdn-scan-k256-configs-b{4,8}-1c952a0.json): at B=4 T=4096 H=6 K=256 V=512
+# BV32-w4-s2 0.461 ms, BV64-w8-s2 0.495, BV16-w4-s1 0.789 against the value-major VK-BV32-w4-s2 0.566
+# (shipped until then), VK-BV64-w8-s2 0.568, VK-BV16-w4-s1 0.811 (fla's fwd_h there about 0.41, from
+# the model's profile); at B=8 T=8192 BV64-w8-s2 1.465, BV32-w4-s2 1.795 against VK-BV32-w4-s2 1.734
+# (fla's fwd_h 1.540 in the op bench). BV16-w4-s1 (128 registers, 4 programs an SM) is kept for small
+# launches.
+_WIDE = ("BV32-w4-s2-rNone", "BV64-w8-s2-rNone", "BV16-w4-s1-rNone")
 _SHIPPED = ("VK-BV128-w8-s2-rNone", "BV128-w8-s2-rNone", "VK-BV64-w4-s2-rNone", "BV64-w4-s2-rNone") + _WIDE
 CONFIGS = [c for c in _ALL if config_name(c) in _SHIPPED]
-_INTERPRETED_VK = next(c for c in _ALL if c.kwargs["VK"] and c.kwargs["BV"] == 32)
+_INTERPRETED_WIDE = next(c for c in _ALL if config_name(c) == _WIDE[0])
 CANDIDATES = [c for c in _ALL if config_name(c) not in _SHIPPED]
 _prune = k_pruner(_WIDE)
 state_scan_fwd_kernel_tuned = triton.autotune(
@@ -671,7 +676,7 @@ def state_scan_fwd(
     if K > 256 or BT < 16 or BT & (BT - 1):
         raise ValueError(f"state_scan_fwd: needs K <= 256 and a power-of-two chunk_size >= 16 (K={K}, BT={BT})")
     if config is None and K > 128 and interpreting():
-        config = _INTERPRETED_VK  # the interpreter's one autotuned config is key-major; the GPU's set there is not
+        config = _INTERPRETED_WIDE  # the interpreter runs the first config, not one of this K's set
     if q_gated and (gk is None or HQ != HV):
         raise ValueError("state_scan_fwd: q_gated needs gk and qg shaped [B, T, HV, K]")
     if gk is not None and tuple(gk.shape) != (B, T, HV, K):
