@@ -305,17 +305,27 @@ def test_without_l2norm_against_fp64_naive_recurrence(name):
     assert {n: launch_counts().get(n, 0) for n in before} == before
 
 
-@pytest.mark.parametrize("config", [None] + __import__("kernel_fun.gdn._kernels.inputs_fwd", fromlist=["x"]).CONFIGS,
+def _inputs_config_pairs():
+    """(forward, backward) configurations: the autotuned pair, then every configuration of each kernel
+    (CONFIGS and CANDIDATES) paired by position, the shorter list's missing ones autotuned."""
+    import itertools
+
+    from kernel_fun.gdn._kernels import inputs_bwd as ib
+    from kernel_fun.gdn._kernels import inputs_fwd as i_f
+
+    return [(None, None)] + list(itertools.zip_longest(i_f.CONFIGS + i_f.CANDIDATES, ib.CONFIGS + ib.CANDIDATES))
+
+
+@pytest.mark.parametrize("config,bwd_config", _inputs_config_pairs(),
                          ids=lambda c: "autotuned" if c is None else config_name(c))
-def test_fused_inputs_every_config_against_fla_stages(config):
-    """Forward and backward kernels (the same config index) against fla's l2norm, beta sigmoid
-    and gate stages on the layer's bf16 call: column-slice q, k, grouped values."""
+def test_fused_inputs_every_config_against_fla_stages(config, bwd_config):
+    """Forward and backward kernels (every configuration of each, paired by position) against fla's
+    l2norm, beta sigmoid and gate stages on the layer's bf16 call: column-slice q, k, grouped values."""
     from kernel_fun._common.compat import fla_symbol
     from kernel_fun.gdn import chain
     from kernel_fun.gdn._kernels import inputs_bwd as ib
-    from kernel_fun.gdn._kernels.inputs_fwd import CONFIGS, inputs_fwd
+    from kernel_fun.gdn._kernels.inputs_fwd import inputs_fwd
 
-    bwd_config = None if config is None else ib.CONFIGS[CONFIGS.index(config)]
     B, T, H, HV, K = 2, 1000, 2, 4, 128
     gen = torch.Generator(device="cuda").manual_seed(0)
     r = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
