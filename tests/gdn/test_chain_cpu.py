@@ -31,7 +31,7 @@ CASES = {  # the box's smallest heads (the interpreter's cost grows with them)
     "beta_sigmoid_negeig": dict(B=1, T=80, H=1, HV=2, K=64, V=64, neg=True, strong_decay=True),
     "precomputed_gate": dict(B=1, T=70, H=2, HV=2, K=64, V=64, gate_in_kernel=False, beta_logits=False),
     "cu_seqlens": dict(B=1, T=150, H=1, HV=2, K=64, V=64, h0=True, N=5, cu=[0, 0, 37, 37, 38, 150]),  # empty docs, a 1-token doc
-    # fla's default GatedDeltaNet heads (head_dim 256, expand_v 2): the scans' value-major form only
+    # fla's default GatedDeltaNet heads (head_dim 256, expand_v 2): the split forward, the scans above K = 128
     "fla_default_heads": dict(B=1, T=70, H=1, HV=2, K=256, V=512, h0=True),
     "fla_default_heads_packed": dict(B=1, T=150, H=1, HV=2, K=256, V=512, h0=True, N=3, cu=[0, 37, 38, 150]),
 }
