@@ -551,9 +551,10 @@ _WIDE = ("BV32-w4-s2-rNone", "BV64-w8-s2-rNone", "BV16-w4-s1-rNone")
 _SHIPPED = ("VK-BV128-w8-s2-rNone", "BV128-w8-s2-rNone", "VK-BV64-w4-s2-rNone", "BV64-w4-s2-rNone") + _WIDE
 CONFIGS = [c for c in _ALL if config_name(c) in _SHIPPED]
 # Above K = 128 with the output (which gdn's chain never asks for there: it splits the forward) the s2
-# configurations need 237-265 KB of shared memory (H100, 2026-12-05); BV16-w4-s1 fits, and is the one the
-# interpreter runs there too (its autotuner would run the first configuration, not one of this K's set).
+# configurations need 237-265 KB of shared memory (H100, 2026-12-05); BV16-w4-s1 fits. The interpreter
+# runs the set's first there (its autotuner would run the first configuration, not one of this K's set).
 _WIDE_FIXED = next(c for c in _ALL if config_name(c) == "BV16-w4-s1-rNone")
+_WIDE_INTERPRETED = next(c for c in _ALL if config_name(c) == _WIDE[0])
 CANDIDATES = [c for c in _ALL if config_name(c) not in _SHIPPED]
 _prune = k_pruner(_WIDE)
 state_scan_fwd_kernel_tuned = triton.autotune(
@@ -679,7 +680,7 @@ def state_scan_fwd(
     if K > 256 or BT < 16 or BT & (BT - 1):
         raise ValueError(f"state_scan_fwd: needs K <= 256 and a power-of-two chunk_size >= 16 (K={K}, BT={BT})")
     if config is None and K > 128 and (store_o or interpreting()):
-        config = _WIDE_FIXED
+        config = _WIDE_INTERPRETED if interpreting() else _WIDE_FIXED
     if q_gated and (gk is None or HQ != HV):
         raise ValueError("state_scan_fwd: q_gated needs gk and qg shaped [B, T, HV, K]")
     if gk is not None and tuple(gk.shape) != (B, T, HV, K):
