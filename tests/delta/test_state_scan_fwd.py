@@ -377,5 +377,8 @@ def test_autotune_sets_by_k():
 
     assert fwd(128, 128) == ["BV64-w4-s2-rNone", "BV128-w8-s2-rNone", "VK-BV128-w8-s2-rNone", "VK-BV64-w4-s2-rNone"]
     assert fwd(256, 512) == ["BV32-w4-s2-rNone", "BV64-w8-s2-rNone", "BV16-w4-s1-rNone"]
+    # with the output above K = 128 only the configuration whose shared memory holds it
+    assert [f.config_name(c) for c in f._prune(f.CONFIGS, {}, K=256, V=512, STORE_O=True)] == ["BV16-w4-s1-rNone"]
+    assert fwd(128, 128) == [f.config_name(c) for c in f._prune(f.CONFIGS, {}, K=128, V=128, STORE_O=True)]
     assert bwd(128, 128) == ["BV32-w4-s2", "BV64-w4-s2", "BV128-w8-s2"]
     assert bwd(256, 512) == ["BV64-w8-s2", "BV16-w4-s2"]

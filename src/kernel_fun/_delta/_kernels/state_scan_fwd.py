@@ -122,12 +122,16 @@ def prune_by_k(configs, K: int, wide: tuple, name=None) -> list:
     return [c for c in configs if (name(c) in wide) == (K > 128)]
 
 
-def k_pruner(wide: tuple, name=None):
-    """A scan's ``early_config_prune``: this K's configurations (``prune_by_k``), less V-blocks wider
-    than V; at least one."""
+def k_pruner(wide: tuple, name=None, wide_with_o: tuple = ()):
+    """A scan's ``early_config_prune``: this K's configurations (``prune_by_k``; above K = 128 with the
+    output, ``STORE_O``, only those named in ``wide_with_o`` where given), less V-blocks wider than V; at
+    least one."""
     def prune(configs, named_args, **kwargs):
-        K, V = (kwargs.get(n, named_args.get(n)) for n in ("K", "V"))
-        return fitting_blocks(prune_by_k(configs, K, wide, name) or list(configs), {"BV": max(V, 32)})
+        K, V, store_o = (kwargs.get(n, named_args.get(n)) for n in ("K", "V", "STORE_O"))
+        fits = prune_by_k(configs, K, wide, name) or list(configs)
+        if store_o and K > 128 and wide_with_o:
+            fits = [c for c in fits if (name or config_name)(c) in wide_with_o] or fits
+        return fitting_blocks(fits, {"BV": max(V, 32)})
     return prune
 
 
@@ -548,15 +552,15 @@ _AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "Q_GATED", "HAS_AQK",
 # (fla's fwd_h 1.540 in the op bench). BV16-w4-s1 (128 registers, 4 programs an SM) is kept for small
 # launches.
 _WIDE = ("BV32-w4-s2-rNone", "BV64-w8-s2-rNone", "BV16-w4-s1-rNone")
+# Above K = 128 with the output (which gdn's chain never asks for there: it splits the forward) the s2
+# configurations need 237-265 KB of shared memory (H100, 2026-12-05); BV16-w4-s1 fits.
+_WIDE_WITH_O = ("BV16-w4-s1-rNone",)
 _SHIPPED = ("VK-BV128-w8-s2-rNone", "BV128-w8-s2-rNone", "VK-BV64-w4-s2-rNone", "BV64-w4-s2-rNone") + _WIDE
 CONFIGS = [c for c in _ALL if config_name(c) in _SHIPPED]
-# Above K = 128 with the output (which gdn's chain never asks for there: it splits the forward) the s2
-# configurations need 237-265 KB of shared memory (H100, 2026-12-05); BV16-w4-s1 fits. The interpreter
-# runs the set's first there (its autotuner would run the first configuration, not one of this K's set).
-_WIDE_FIXED = next(c for c in _ALL if config_name(c) == "BV16-w4-s1-rNone")
+# the interpreter's autotuner runs CONFIGS' first, which is not of the set above K = 128: there it runs this
 _WIDE_INTERPRETED = next(c for c in _ALL if config_name(c) == _WIDE[0])
 CANDIDATES = [c for c in _ALL if config_name(c) not in _SHIPPED]
-_prune = k_pruner(_WIDE)
+_prune = k_pruner(_WIDE, wide_with_o=_WIDE_WITH_O)
 state_scan_fwd_kernel_tuned = triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(),
     key=_AUTOTUNE_KEY,
@@ -679,8 +683,8 @@ def state_scan_fwd(
         raise ValueError(f"state_scan_fwd: HV={HV} must be a multiple of HQ={HQ} and HK={HK}")
     if K > 256 or BT < 16 or BT & (BT - 1):
         raise ValueError(f"state_scan_fwd: needs K <= 256 and a power-of-two chunk_size >= 16 (K={K}, BT={BT})")
-    if config is None and K > 128 and (store_o or interpreting()):
-        config = _WIDE_INTERPRETED if interpreting() else _WIDE_FIXED
+    if config is None and K > 128 and interpreting():
+        config = _WIDE_INTERPRETED
     if q_gated and (gk is None or HQ != HV):
         raise ValueError("state_scan_fwd: q_gated needs gk and qg shaped [B, T, HV, K]")
     if gk is not None and tuple(gk.shape) != (B, T, HV, K):
