@@ -427,11 +427,13 @@ def state_scan_fwd_kernel(
                 b_g = tl.load(g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
             if WY_FROM_A:
                 # v_new = A diag(beta) (v - diag(gamma) k S): w and u never formed
-                b_kn = tl.load(k + o_i[:, None] * (HK * K) + o_k1[None, :], mask=m_tk1, other=0.0)
-                b_ks = tl.dot(b_kn, b_s1c, input_precision=DOT_PRECISION)
+                # k loaded as it lies; without the output the state update takes its transpose (K_ONCE
+                # below)
+                b_kn1 = tl.load(k + o_i[:, None] * (HK * K) + o_k1[None, :], mask=m_tk1, other=0.0)
+                b_ks = tl.dot(b_kn1, b_s1c, input_precision=DOT_PRECISION)
                 if TWO_K:
-                    b_kn = tl.load(k + o_i[:, None] * (HK * K) + o_k2[None, :], mask=m_tk2, other=0.0)
-                    b_ks = tl.dot(b_kn, b_s2c, b_ks, input_precision=DOT_PRECISION)
+                    b_kn2 = tl.load(k + o_i[:, None] * (HK * K) + o_k2[None, :], mask=m_tk2, other=0.0)
+                    b_ks = tl.dot(b_kn2, b_s2c, b_ks, input_precision=DOT_PRECISION)
                 if GATE == 1:
                     b_ks *= tl.exp2(b_g)[:, None]
                 b_bt = tl.load(beta + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
@@ -461,7 +463,19 @@ def state_scan_fwd_kernel(
             # only need the state before the chunk (already in b_s*c). k^T comes as [BK, BT]
             # loaded transposed from memory, never as a transposed product (the Triton 3.4-3.7.0
             # Hopper miscompile, fla issue #640).
-            b_k1t = tl.load(k + o_i[None, :] * (HK * K) + o_k1[:, None], mask=m_k1[:, None] & m_t[None, :], other=0.0)
+            # K_ONCE (GDN's recompute form: from A, no output): k^T is the transpose of the tile loaded
+            # above (of a loaded tile, never of a dot result), k read once a chunk: at K = 256 the
+            # shared memory of BV32-w4-s2 falls from 99 to 66 KB (three programs an SM where two fitted)
+            # and the scan went 1.794 -> 1.293 ms at B=8 T=8192 H=6 V=512 (H100, 2026-12-05; docs/gdn.md).
+            # With the output (k^T also against q) it is not taken: there, on the H100 with Triton 3.6,
+            # four-warp one-stage configurations (BV16/BV32-w4-s1, BV32-w4-s1-r168, BV64-w4-s1-r128)
+            # made illegal memory accesses.
+            K_ONCE: tl.constexpr = WY_FROM_A and not STORE_O
+            if K_ONCE:
+                b_k1t = tl.trans(b_kn1)
+            else:
+                b_k1t = tl.load(k + o_i[None, :] * (HK * K) + o_k1[:, None], mask=m_k1[:, None] & m_t[None, :],
+                                other=0.0)
             if GATE == 2:
                 b_gl1 = tl.load(g + last * (HV * K) + o_k1, mask=m_k1, other=0.0).to(tl.float32)
                 b_s1 *= tl.exp2(b_gl1)[:, None]
@@ -469,7 +483,11 @@ def state_scan_fwd_kernel(
                 b_s1 *= tl.exp2(b_gl)
             b_s1 = tl.dot(b_k1t, b_vu, b_s1, input_precision=DOT_PRECISION)
             if TWO_K:
-                b_k2t = tl.load(k + o_i[None, :] * (HK * K) + o_k2[:, None], mask=m_k2[:, None] & m_t[None, :], other=0.0)
+                if K_ONCE:
+                    b_k2t = tl.trans(b_kn2)
+                else:
+                    b_k2t = tl.load(k + o_i[None, :] * (HK * K) + o_k2[:, None], mask=m_k2[:, None] & m_t[None, :],
+                                    other=0.0)
                 if GATE == 2:
                     b_gl2 = tl.load(g + last * (HV * K) + o_k2, mask=m_k2, other=0.0).to(tl.float32)
                     b_s2 *= tl.exp2(b_gl2)[:, None]
