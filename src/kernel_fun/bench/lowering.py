@@ -229,7 +229,7 @@ def state_scan_fwd(full):
     gdn_recompute = dict(gdn, STORE_O=False, SAVE_H=True, SAVE_V_NEW=True, USE_H0=True)
     # fla's default GatedDeltaNet heads (6 of K = 256, V = 512): the split forward's scan and the
     # backward's recompute, no output, in the configurations kept above K = 128 (``prune_by_k``)
-    k256 = dict(gdn_recompute, HQ=6, HK=6, HV=6, K=256, V=512)
+    k256 = dict(gdn_recompute, HQ=6, HK=6, HV=6, K=256, V=512, BK=m._slice_rows(256))  # the launcher's BK there
     for cfg in (c for c in m.CONFIGS if m.config_name(c) in m._WIDE):
         yield f"state_scan_fwd gdn_recompute K=256 {m.config_name(cfg)}", m.state_scan_fwd_kernel, ptr, dict(
             base, **k256, **cfg.kwargs), cfg

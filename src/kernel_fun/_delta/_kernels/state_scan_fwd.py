@@ -465,7 +465,7 @@ def state_scan_fwd_kernel(
             # Hopper miscompile, fla issue #640).
             # K_ONCE (GDN's recompute form: from A, no output): k^T is the transpose of the tile loaded
             # above (of a loaded tile, never of a dot result), k read once a chunk: at K = 256 the
-            # shared memory of BV32-w4-s2 falls from 99 to 66 KB (three programs an SM where two fitted)
+            # shared memory of BV32-w4-s2 falls from 172 to 107 KB (two programs an SM where one fitted)
             # and the scan went 1.794 -> 1.293 ms at B=8 T=8192 H=6 V=512 (H100, 2026-12-05; docs/gdn.md).
             # With the output (k^T also against q) it is not taken: there, on the H100 with Triton 3.6,
             # four-warp one-stage configurations (BV16/BV32-w4-s1, BV32-w4-s1-r168, BV64-w4-s1-r128)
@@ -568,7 +568,9 @@ _AUTOTUNE_KEY = ["HQ", "HK", "HV", "K", "V", "BT", "GATE", "Q_GATED", "HAS_AQK",
 # (shipped until then), VK-BV64-w8-s2 0.568, VK-BV16-w4-s1 0.811 (fla's fwd_h there about 0.41, from
 # the model's profile); at B=8 T=8192 BV64-w8-s2 1.465, BV32-w4-s2 1.795 against VK-BV32-w4-s2 1.734
 # (fla's fwd_h 1.540 in the op bench). BV16-w4-s1 (128 registers, 4 programs an SM) is kept for small
-# launches.
+# launches. Since K_ONCE in this form (k loaded once a chunk; H100, 2026-12-05, old and new alternated,
+# bench/records/2026-12-05-h100-gdn-scan-k-once-ab.json): BV32-w4-s2 0.461 -> 0.417 ms at B=4 and 1.794 ->
+# 1.293 at B=8 (now the pick at both), BV64-w8-s2 0.493 -> 0.485 and 1.459 -> 1.454.
 _WIDE = ("BV32-w4-s2-rNone", "BV64-w8-s2-rNone", "BV16-w4-s1-rNone")
 # Above K = 128 with the output (which gdn's chain never asks for there: it splits the forward) the s2
 # configurations need 237-265 KB of shared memory (H100, 2026-12-05); BV16-w4-s1 fits.

@@ -37,8 +37,9 @@ install_interpreter_shims()
 # the layer's flags, loads first, 2026-12-03): registers w4 128, w2 251, w8 64; no stack.
 CONFIGS = [triton.Config({}, num_warps=nw) for nw in (4, 2, 8)]
 # At fla's default heads (K = 256, G = 1) w4 spills 384 B and w8 takes 245 registers; w16 113, no stack
-# (sm_90a, 2026-12-05). Not yet timed.
-CANDIDATES = [triton.Config({}, num_warps=16)]
+# (sm_90a, 2026-12-05), but no faster (H100, B=4 T=4096 H=6 V=512: w8 0.119 ms, w16 0.121, w4 0.180;
+# bench/records/2026-12-05-h100-stages-gdn-inputs-k256-4c875cc.json): not kept.
+CANDIDATES: list = []
 
 
 @triton.jit(do_not_specialize=["T"])

@@ -43,9 +43,10 @@ install_interpreter_shims()
 # registers w4 180, w8 96, no stack (w2 spilled 296 B: dropped).
 CONFIGS = [triton.Config({}, num_warps=nw) for nw in (4, 8)]
 # At fla's default heads (K = 256, V = 512, G = 1: a program holds 64 rows of q, k and v) w4 spills 512 B
-# and w8 takes 244 registers (8 warps an SM); w16 128, no stack (sm_90a, 2026-12-05). The model's profile
-# there: 0.141 ms a call against about 0.06 at the copy rate (H100). Not yet timed.
-CANDIDATES = [triton.Config({}, num_warps=16)]
+# and w8 takes 244 registers (8 warps an SM); w16 128, no stack (sm_90a, 2026-12-05), but no faster (H100,
+# B=4 T=4096 H=6: w8 0.149 ms, w16 0.149, w4 0.208; bench/records/2026-12-05-h100-stages-gdn-inputs-k256-4c875cc.json):
+# not kept.
+CANDIDATES: list = []
 
 
 @triton.jit(do_not_specialize=["T"])
