@@ -236,9 +236,9 @@ _KEY_MAJOR_RECOMPUTE = ([(c, 128, 128) for c in ALL_CONFIGS if not c.kwargs["VK"
 @pytest.mark.parametrize("config,K,V", _KEY_MAJOR_RECOMPUTE,
                          ids=[f"{config_name(c)}-K{K}" for c, K, _ in _KEY_MAJOR_RECOMPUTE])
 def test_every_key_major_config_recompute_form(config, K, V):
-    """gdn's recompute form (from A, v, beta; no output), where the key-major layout loads k once a chunk
-    and takes its transpose (K_ONCE), in every key-major configuration at K = 128 and in the set above
-    it at K = 256: packed, h and v_new saved, against fla's fwd_h and the fp64 reference."""
+    """gdn's recompute form (from A, v, beta; no output) in every key-major configuration at K = 128 and
+    in the set above it at K = 256, where the key-major layout loads k once a chunk and takes its
+    transpose (K_ONCE): packed, h and v_new saved, against fla's fwd_h and the fp64 reference."""
     c = CASES["gdn_wy"](K=K, V=V, cu_seqlens=CU)
     _compare_without_o(c, _ours(c, save_h=True, save_v_new=True, store_o=False, config=config))
 
