@@ -427,8 +427,8 @@ def state_scan_fwd_kernel(
                 b_g = tl.load(g + o_i * HV, mask=m_t, other=0.0).to(tl.float32)
             if WY_FROM_A:
                 # v_new = A diag(beta) (v - diag(gamma) k S): w and u never formed
-                # k loaded as it lies; without the output the state update takes its transpose (K_ONCE
-                # below)
+                # k loaded as it lies; above K = 128 without the output the state update takes its
+                # transpose (K_ONCE below)
                 b_kn1 = tl.load(k + o_i[:, None] * (HK * K) + o_k1[None, :], mask=m_tk1, other=0.0)
                 b_ks = tl.dot(b_kn1, b_s1c, input_precision=DOT_PRECISION)
                 if TWO_K:
