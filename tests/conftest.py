@@ -1,6 +1,7 @@
 """Test tiers: CPU tests run our Triton kernels through Triton's interpreter; `-m gpu` tests
 need CUDA and are skipped without it."""
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -34,6 +35,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def run_uninterpreted(tmp_path):
+    """``run(code, name)``: ``code`` written to ``tmp_path/name`` and run by this Python without
+    TRITON_INTERPRET (``triton.jit`` reads a kernel's source from its file, and the compile checks need
+    real jit functions); returns the ``CompletedProcess``."""
+    def run(code: str, name: str = "check.py") -> subprocess.CompletedProcess:
+        f = tmp_path / name
+        f.write_text(code)
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        return subprocess.run([sys.executable, str(f)], env=env, capture_output=True, text=True, timeout=900)
+    return run
 
 
 @pytest.fixture

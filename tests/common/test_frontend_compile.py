@@ -22,13 +22,9 @@ import textwrap
 import pytest
 
 
-def _run(code: str, tmp_path) -> subprocess.CompletedProcess:
-    """``code`` as a file (triton.jit reads a kernel's source from its file), without
-    TRITON_INTERPRET."""
-    f = tmp_path / "frontend_check.py"
-    f.write_text("import sys\n" + code)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, str(f)], env=env, capture_output=True, text=True, timeout=900)
+def _run(code: str, run) -> subprocess.CompletedProcess:
+    """``code`` (with ``sys`` imported) through the ``run_uninterpreted`` fixture."""
+    return run("import sys\n" + code, "frontend_check.py")
 
 
 def _ptxas_for(target: str) -> str | None:
@@ -38,16 +34,16 @@ def _ptxas_for(target: str) -> str | None:
     return ptxas_missing(target)
 
 
-def test_every_kernel_lowers_through_the_frontend(tmp_path):
+def test_every_kernel_lowers_through_the_frontend(run_uninterpreted):
     # what the compile test below builds for sm_90a went through this frontend there
     r = _run("from kernel_fun.bench import lowering\n"
-             "sys.exit(lowering.main(['all', '--frontend', '--except-shipped', '--jobs', '2']))\n", tmp_path)
+             "sys.exit(lowering.main(['all', '--frontend', '--except-shipped', '--jobs', '2']))\n", run_uninterpreted)
     assert r.returncode == 0 and "\n0 failed" in r.stdout, r.stdout[-4000:] + r.stderr[-4000:]
     assert "UNCOVERED" not in r.stdout, r.stdout[-4000:]
     assert r.stdout.count("\nok ") >= 100, r.stdout[-2000:]
 
 
-def test_the_frontend_lowers_each_distinct_ir_once(tmp_path):
+def test_the_frontend_lowers_each_distinct_ir_once(run_uninterpreted):
     """Configs that differ only in warps or stages give one Triton IR: lowered once. Those
     ``--except-shipped`` leaves out are exactly the compile mode's."""
     r = _run(textwrap.dedent("""
@@ -66,12 +62,12 @@ def test_the_frontend_lowers_each_distinct_ir_once(tmp_path):
             assert lines[-1] == "0 failed", lines[-3:]
         assert shipped < every and len(every) < len(full)
         print("distinct", len(full), len(every), len(every - shipped))
-    """), tmp_path)
+    """), run_uninterpreted)
     assert r.returncode == 0 and "distinct" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
 
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
-def test_every_shipped_config_compiles(tmp_path, target):
+def test_every_shipped_config_compiles(run_uninterpreted, target):
     why = _ptxas_for(target)
     if why:
         pytest.skip(why)
@@ -87,7 +83,7 @@ def test_every_shipped_config_compiles(tmp_path, target):
         assert any(family in line for line in ok), (family, r.stdout[-2000:])
 
 
-def test_the_check_catches_what_the_interpreter_misses(tmp_path):
+def test_the_check_catches_what_the_interpreter_misses(run_uninterpreted):
     """A kernel the interpreter runs, with one name bound to two shapes across an if/else."""
     r = _run(textwrap.dedent("""
         import triton, triton.language as tl
@@ -106,7 +102,7 @@ def test_the_check_catches_what_the_interpreter_misses(tmp_path):
             lowering.lower(two_shapes, {"n": "i32"}, dict(A=16, B=32), num_warps=4)
         except Exception as e:
             print("rejected:", type(e).__name__)
-    """), tmp_path)
+    """), run_uninterpreted)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "rejected: CompilationError" in r.stdout, r.stdout + r.stderr[-3000:]
 
@@ -116,7 +112,7 @@ def test_the_check_catches_what_the_interpreter_misses(tmp_path):
 # Triton and held to what it is for (the PTX carries the approximate instructions, the SASS is
 # shorter than tl.sigmoid's). Its values are checked on the GPU (tests/cconv, every dtype).
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
-def test_fast_sigmoid_assembles_and_is_shorter(tmp_path, target):
+def test_fast_sigmoid_assembles_and_is_shorter(run_uninterpreted, target):
     why = _ptxas_for(target)
     if why:
         pytest.skip(why)
@@ -141,7 +137,7 @@ def test_fast_sigmoid_assembles_and_is_shorter(tmp_path, target):
             body = [l for l in sass.splitlines() if re.match(r"\\s+/\\*[0-9a-f]{4,6}\\*/", l)]
             print("fast" if fast else "exact", "ftz" if "ex2.approx.ftz.f32" in c.asm["ptx"] else "-",
                   "rcp" if "rcp.approx.ftz.f32" in c.asm["ptx"] else "-", len(body))
-    """).replace("TARGET_NAME", repr(target)), tmp_path)
+    """).replace("TARGET_NAME", repr(target)), run_uninterpreted)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
     fast, exact = lines["fast"].split(), lines["exact"].split()

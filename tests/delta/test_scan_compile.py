@@ -4,11 +4,8 @@ autotuner's pick there on the H100, fits two programs an SM. It did not while th
 k twice a chunk (k and k^T: 172 KB of shared memory; since K_ONCE 107 KB), and the scan ran 1.794 against
 1.293 ms at B=8 T=8192 H=6 (docs/gdn.md, thirty-first session).
 
-Run in a subprocess without TRITON_INTERPRET (kernels must be real ``triton.jit`` functions).
+Run in a subprocess without TRITON_INTERPRET (the ``run_uninterpreted`` fixture).
 """
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -29,11 +26,8 @@ _BODY = textwrap.dedent("""
 """)
 
 
-def test_k256_recompute_scan_fits_two_programs_an_sm(tmp_path):
-    f = tmp_path / "scan_compile.py"
-    f.write_text(_BODY)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, str(f)], env=env, capture_output=True, text=True, timeout=900)
+def test_k256_recompute_scan_fits_two_programs_an_sm(run_uninterpreted):
+    r = run_uninterpreted(_BODY, "scan_compile.py")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     if "SKIP" in r.stdout:
         pytest.skip(r.stdout.split("SKIP", 1)[1].strip())

@@ -5,9 +5,7 @@ widths under their register caps (a spill would cost the bandwidth the caps are 
 
 Run in a subprocess without TRITON_INTERPRET (kernels must be real ``triton.jit`` functions).
 """
-import os
 import subprocess
-import sys
 import textwrap
 
 _SPECS = textwrap.dedent("""
@@ -40,14 +38,12 @@ _SPECS = textwrap.dedent("""
 """)
 
 
-def _run(body: str, tmp_path) -> subprocess.CompletedProcess:
-    f = tmp_path / "gnorm_compile.py"
-    f.write_text(_SPECS + textwrap.dedent(body))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, str(f)], env=env, capture_output=True, text=True, timeout=900)
+def _run(body: str, run) -> subprocess.CompletedProcess:
+    """``body`` after the spec helpers, through the ``run_uninterpreted`` fixture."""
+    return run(_SPECS + textwrap.dedent(body), "gnorm_compile.py")
 
 
-def test_every_config_and_flag_combination_lowers(tmp_path):
+def test_every_config_and_flag_combination_lowers(run_uninterpreted):
     r = _run("""
         # every flag combination at one config, every config at the layers' flags (the code
         # paths are the flags'; a config changes only the tile's shape), at a masked width
@@ -68,12 +64,12 @@ def test_every_config_and_flag_combination_lowers(tmp_path):
             lowering.lower(dw_reduce.dw_reduce_kernel, dict(n_part="i32", V="i32"),
                              dict(HAS_W=hw, HAS_B=hb, BP=32, BM=128), 4)
         print(n, "lowered", bad, "failed")
-    """, tmp_path)
+    """, run_uninterpreted)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert " 0 failed" in r.stdout, r.stdout[-3000:]
 
 
-def test_backward_configs_do_not_spill_at_the_layer_widths(tmp_path):
+def test_backward_configs_do_not_spill_at_the_layer_widths(run_uninterpreted):
     # the layers' calls: weight, no bias, no prenorm gradient (V = 128, 256, 512); both gates at the
     # widest, where a spill would come first, one at each of the others (as `check --lower`)
     r = _run("""
@@ -85,7 +81,7 @@ def test_backward_configs_do_not_spill_at_the_layer_widths(tmp_path):
             # (ptxas spills to it), read without disassembling
             s = lowering.stats(fn, ptr, c, cfg.num_warps, cfg.num_stages, cfg.maxnreg, sass=False)
             print(label, s["regs"], s["stack_bytes"], s["shared_bytes"])
-    """, tmp_path)
+    """, run_uninterpreted)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = [line.rsplit(" ", 3) for line in r.stdout.strip().splitlines()]
     assert rows, r.stdout
@@ -93,7 +89,7 @@ def test_backward_configs_do_not_spill_at_the_layer_widths(tmp_path):
     assert not spills, "\n".join(spills)
 
 
-def test_row_loads_and_stores_are_16_byte_vectors(tmp_path):
+def test_row_loads_and_stores_are_16_byte_vectors(run_uninterpreted):
     # bf16 rows at the layers' widths: every element access a 128-bit ld/st.global.v4 (the 32-bit
     # ones left are rstd and the weight); 2048-element tiles on 4 warps give each thread 16
     # elements per tensor = 2 vectors
@@ -108,7 +104,7 @@ def test_row_loads_and_stores_are_16_byte_vectors(tmp_path):
             ptx = k.asm["ptx"]
             print(label.split()[0], len(re.findall(r"ld\\.global(?:\\.[a-z]+)*\\.v4\\.b32", ptx)),
                   len(re.findall(r"st\\.global(?:\\.[a-z]+)*\\.v4\\.b32", ptx)), len(re.findall(r"st\\.global(?:\\.[a-z]+)*\\.b16", ptx)))
-    """, tmp_path)
+    """, run_uninterpreted)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = [line.split() for line in r.stdout.strip().splitlines()]
     assert [x[0] for x in rows].count("fwd") == 2 and [x[0] for x in rows].count("bwd") == 4, rows
