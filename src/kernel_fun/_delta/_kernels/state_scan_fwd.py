@@ -231,6 +231,15 @@ def state_scan_fwd_kernel(
     # every [BT, K] operand is then handled 64 columns at a time, which halves the transient
     # registers of the query gating.
     TWO_K: tl.constexpr = K > BK
+    # K_ONCE (the key-major layout in GDN's recompute form above K = 128: from A, no output): k is loaded
+    # once a chunk and the state update takes the loaded tile's transpose (of a loaded tile, never of a
+    # dot result), where k and k^T were both loaded: at K = 256 the shared memory of BV32-w4-s2 falls
+    # from 172 to 107 KB (two programs an SM where one fitted) and the scan went 1.794 -> 1.293 ms at
+    # B=8 T=8192 H=6 V=512 (H100, 2026-12-05; docs/gdn.md). At K = 128 the recompute's pick (BV64-w4-s2)
+    # was level with it and BV32-w4-s2 9% slower, so K <= 128 keeps the two loads. With the output (k^T
+    # also against q) it is not taken: there, on the H100 with Triton 3.6, four-warp one-stage
+    # configurations (BV16/BV32-w4-s1, BV32-w4-s1-r168, BV64-w4-s1-r128) made illegal memory accesses.
+    K_ONCE: tl.constexpr = WY_FROM_A and not STORE_O and K > 128
     i_v, i_nh, i_n, i_hv, i_hq, i_hk, bos, eos, T, boh = scan_program(
         cu_seqlens, chunk_offsets, seq_order, T, V, HQ, HK, HV, BT, BV, IS_VARLEN, SAVE_H)
     NT = tl.cdiv(T, BT)
@@ -463,16 +472,7 @@ def state_scan_fwd_kernel(
             # only need the state before the chunk (already in b_s*c). k^T comes as [BK, BT]
             # loaded transposed from memory, never as a transposed product (the Triton 3.4-3.7.0
             # Hopper miscompile, fla issue #640).
-            # K_ONCE (GDN's recompute form above K = 128: from A, no output): k^T is the transpose of the
-            # tile loaded above (of a loaded tile, never of a dot result), k read once a chunk: at K = 256
-            # the shared memory of BV32-w4-s2 falls from 172 to 107 KB (two programs an SM where one
-            # fitted) and the scan went 1.794 -> 1.293 ms at B=8 T=8192 H=6 V=512 (H100, 2026-12-05;
-            # docs/gdn.md). At K = 128 the recompute's pick (BV64-w4-s2) was level with it and BV32-w4-s2
-            # 9% slower, so K <= 128 keeps the two loads. With the output (k^T also against q) it is not
-            # taken: there, on the H100 with Triton 3.6, four-warp one-stage configurations
-            # (BV16/BV32-w4-s1, BV32-w4-s1-r168, BV64-w4-s1-r128) made illegal memory accesses.
-            K_ONCE: tl.constexpr = WY_FROM_A and not STORE_O and K > 128
-            if K_ONCE:
+            if K_ONCE:  # k^T the transpose of the tile loaded for k S
                 b_k1t = tl.trans(b_kn1)
             else:
                 b_k1t = tl.load(k + o_i[None, :] * (HK * K) + o_k1[:, None], mask=m_k1[:, None] & m_t[None, :],
