@@ -28,6 +28,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 import layer_checks as L  # noqa: E402
 
 HIDDEN, T = 64, 70  # T crosses the conv's and the norm's 64-row tiles
+# Ours against the fp64 references, per gradient: within FLOOR_FACTOR of the plain fp32 torch layer's
+# distance from them, or 1e-5. A few gradients (PrecondGatedDeltaNet's A_log_atk: 2.8e-6 of norm, summed
+# with cancellation) sit far from fp64 in any fp32 arithmetic: measured 1.7e-4 ours, 4.8e-5 fp32 torch,
+# each of our two ops alone level with its fp32 torch form (conv 3.5e-5 / 3.5e-5, norm 1.1e-4 / 1.0e-4).
+FLOOR_FACTOR = 8.0
 # The layers' own tests (their recurrences are ours as well)
 OWN_TESTS = {"KimiDeltaAttention", "GatedDeltaNet", "MomAttention"}
 # Constructor arguments (every one also takes layer_idx): small heads; the short conv turned on where
@@ -148,6 +153,28 @@ def _norm_ref(x, g, weight=None, bias=None, activation="swish", residual=None, p
     return rms_norm_gated_ref(x, g, weight, bias, activation, None, False, eps).to(x.dtype)
 
 
+def _segments(x, cu_seqlens):
+    if cu_seqlens is None:
+        return [(0, x.shape[1])]
+    return [(int(a), int(b)) for a, b in zip(cu_seqlens[:-1], cu_seqlens[1:]) if b > a]
+
+
+def _conv_fp32(x, weight=None, bias=None, activation=None, cu_seqlens=None, **kw):
+    """The conv in plain torch at x's precision (the floor arm)."""
+    W = weight.shape[1]
+    y = torch.cat([F.conv1d(F.pad(x[:, a:b].transpose(1, 2), (W - 1, 0)), weight[:, None, :], bias,
+                            groups=x.shape[-1]).transpose(1, 2) for a, b in _segments(x, cu_seqlens)], 1)
+    return (F.silu(y) if activation in ("silu", "swish") else y), None
+
+
+def _norm_fp32(x, g, weight=None, bias=None, activation="swish", eps=1e-6, **kw):
+    """The gated norm in plain torch at x's precision (the floor arm)."""
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    y = y if weight is None else y * weight
+    y = y if bias is None else y + bias
+    return y * (g * torch.sigmoid(g) if activation in ("swish", "silu") else torch.sigmoid(g))
+
+
 def _build(name, seed=0):
     import fla.layers
 
@@ -168,21 +195,33 @@ def _calls(layer):
     return counts, handles
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["dense", "padded"])
 @pytest.mark.parametrize("name", sorted(BUILD))
-def test_layer_runs_our_conv_and_norm(monkeypatch, name):
+def test_layer_runs_our_conv_and_norm(monkeypatch, name, padded):
+    """``padded``: a batch of two, the second left-padded by 23 tokens (``attention_mask``): the layers
+    unpack it into documents, and the conv runs over ``cu_seqlens``."""
     import fla.layers
 
     layer = _build(name)
     _standins(monkeypatch, sys.modules[type(layer).__module__])
-    x = torch.randn(1, T, HIDDEN, requires_grad=True)
+    x = torch.randn(2 if padded else 1, T, HIDDEN, requires_grad=True)
+    mask = None
+    if padded:
+        mask = torch.ones(2, T, dtype=torch.long)
+        mask[1, :23] = 0
 
     def run(h):
-        return layer(h)[0]
+        out = layer(h, attention_mask=mask)[0]
+        return out if mask is None else out * mask[..., None]  # padding rows are not compared
 
     kernel_fun.patch_fla()
     counts, handles = _calls(layer)
     before = launch_counts()
-    out, ours = L.grads(layer, run, x)
+    try:
+        out, ours = L.grads(layer, run, x)
+    except (NotImplementedError, AssertionError) as e:  # a layer that refuses attention_mask in training
+        assert padded and "mask" in str(e), e  # (MomentumDeltaNet, PaTHAttention)
+        pytest.skip(f"{name}: {e}")
     ran = L.launched_since(before)
     for h in handles:
         h.remove()
@@ -198,12 +237,15 @@ def test_layer_runs_our_conv_and_norm(monkeypatch, name):
 
     with L.swapped(conv_ops, "causal_conv1d", _conv_ref), L.swapped(norm_ops, "rms_norm_gated", _norm_ref):
         ref_out, ref = L.grads(layer, run, x)
+    # the floor: the same layer with its conv and norm written in plain fp32 torch, against the fp64 one
+    with L.swapped(conv_ops, "causal_conv1d", _conv_fp32), L.swapped(norm_ops, "rms_norm_gated", _norm_fp32):
+        _, fp32 = L.grads(layer, run, x)
     assert rel_rms(out, ref_out) < 1e-5
     names = ["x"] + [n for n, _ in layer.named_parameters()]
-    errs = {n: rel_rms(a, b) for n, a, b in zip(names, ours, ref) if b is not None}
     assert all((a is None) == (b is None) for a, b in zip(ours, ref))
-    print(name, counts, {n: f"{e:.1e}" for n, e in errs.items()})
-    bad = {n: e for n, e in errs.items() if not e < 1e-4}
+    rows = {n: (rel_rms(a, b), rel_rms(f, b)) for n, a, b, f in zip(names, ours, ref, fp32) if b is not None}
+    print(name, counts, {n: f"{e:.1e} ({f:.1e})" for n, (e, f) in rows.items()})
+    bad = {n: r for n, r in rows.items() if not r[0] <= max(FLOOR_FACTOR * r[1], 1e-5)}
     assert not bad, bad
     assert isinstance(layer, getattr(fla.layers, name))
 
