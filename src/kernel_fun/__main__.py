@@ -58,7 +58,7 @@ def doctor() -> int:
             print(f"  {fam:6s} would fall back: fla unusable (see above)")
             continue
         try:
-            ok, reason = gate.decide(fam, hardware.machine_gate)
+            ok, reason = gate.decide(fam, lambda f=fam: hardware.machine_gate(f))
         except Exception as exc:  # doctor reports, it does not crash
             ok, reason = False, f"{type(exc).__name__}: {exc}"
         verdict = "would engage" if ok else f"would fall back to fla: {reason}"

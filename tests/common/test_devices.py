@@ -138,7 +138,7 @@ def test_gdn_hopper_note_reads_the_tensors_device(fake_cuda, monkeypatch):
     from kernel_fun.gdn import ops
 
     monkeypatch.setattr(hardware, "_read_capability", lambda i: {0: (10, 0), 1: (9, 0)}[i])
-    monkeypatch.setattr(ops, "_triton_version", lambda: (3, 6, 0))
+    monkeypatch.setattr(hardware, "triton_version", lambda: (3, 6, 0))
     q = torch.randn(1, 4, 1, 64)
     where = [CUDA0]
     # a CPU tensor that reports a CUDA device (the note reads only .device and the probe)
@@ -150,6 +150,29 @@ def test_gdn_hopper_note_reads_the_tensors_device(fake_cuda, monkeypatch):
     assert ops.fla_refuses_backward(q) is None
     fake_cuda.current = 1
     assert "fla #640" in ops.fla_refuses_backward(q)
+
+
+@pytest.mark.parametrize("ver", [(3, 6, 0), (3, 8, 0)])
+def test_dot_families_wait_for_triton_3_8_on_blackwell(fake_cuda, monkeypatch, clean_state, ver):
+    """The ops pass their family to the tensor gate: on Blackwell below Triton 3.8 kda's and gdn's calls
+    route to fla with the Triton issues in the reason (cconv's and gnorm's do not); from 3.8 they do not."""
+    from kernel_fun import cconv, gdn, gnorm, kda
+
+    monkeypatch.setattr(hardware, "_read_capability", lambda i: (10, 0))
+    monkeypatch.setattr(hardware, "triton_version", lambda: ver)
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: CUDA0), raising=False)
+    t = family_modules.load("gdn", "chain_cases").make_inputs(B=1, T=20, H=1, HV=1, K=64, V=64, device="cpu",
+                                                             dtype=torch.float16)
+    x = torch.randn(1, 12, 16).to(torch.float16)
+    reasons = {
+        "kda": kda.is_supported(t["q"], t["k"], t["v"], t["q"], t["beta"])[1],
+        "gdn": gdn.is_supported(t["q"], t["k"], t["v"], t["g"], t["beta"])[1],
+        "cconv": cconv.is_supported(x, torch.randn(16, 4).to(torch.float16), activation="silu")[1],
+        "gnorm": gnorm.is_supported(x, x, torch.ones(16).to(torch.float16), None)[1],
+    }
+    for fam, reason in reasons.items():
+        held = fam in hardware.DOT_FAMILIES and ver < (3, 8, 0)
+        assert ("tl.dot recurrences race" in reason) is held, (fam, reason)
 
 
 # ----------------------------------------------------------------------------- capture warm set

@@ -92,6 +92,34 @@ def test_device_gate_by_capability(monkeypatch, cap, ok):
         assert f"sm{cap[0]}{cap[1]}" in reason
 
 
+@pytest.mark.parametrize("cap", [(9, 0), (10, 0), (10, 3)])
+@pytest.mark.parametrize("ver", [(3, 6, 0), (3, 7, 1), (3, 8, 0), (3, 9, 0)])
+def test_blackwell_needs_triton_3_8_for_the_dot_families(monkeypatch, cap, ver):
+    """kda and gdn (tl.dot recurrences) route to fla on Blackwell below Triton 3.8, with the Triton issues
+    in the reason; cconv and gnorm, and every family on Hopper, are not held back."""
+    monkeypatch.setattr(hardware, "_read_capability", lambda index: cap)
+    monkeypatch.setattr(hardware, "triton_version", lambda: ver)
+    hardware.reset_probes()
+    held = cap[0] == 10 and ver < (3, 8, 0)
+    for family in ("kda", "gdn", "cconv", "gnorm", None):
+        ok, reason = hardware.dot_gate(0) if family in hardware.DOT_FAMILIES else hardware.device_gate(0)
+        assert ok is not (held and family in hardware.DOT_FAMILIES), (family, reason)
+        if not ok:
+            assert f"sm{cap[0]}{cap[1]}" in reason and "3.8" in reason and "#10590" in reason
+    hardware.reset_probes()
+
+
+def test_triton_version_drops_local_and_prerelease_tags(monkeypatch):
+    import triton
+
+    for text, want in (("3.6.0", (3, 6, 0)), ("3.8.0+git1a2b3c", (3, 8, 0)), ("3.9.0rc1", (3, 9, 0)),
+                       ("3.10", (3, 10, 0)), ("3.8.0.post1", (3, 8, 0))):
+        monkeypatch.setattr(triton, "__version__", text)
+        hardware.triton_version.cache_clear()
+        assert hardware.triton_version() == want, text
+    hardware.triton_version.cache_clear()
+
+
 def test_probe_is_cached_and_resettable(monkeypatch):
     calls = []
     monkeypatch.setattr(hardware, "_read_capability", lambda index: calls.append(index) or (9, 0))

@@ -163,14 +163,14 @@ def test_note_fla_refuses_backward_on_hopper_with_triton_below_3_7_1(monkeypatch
         q = torch.randn(1, 4, 1, 64)
         for ver, refused in (((3, 6, 0), True), ((3, 4, 0), True), ((3, 7, 0), True), ((3, 7, 1), False),
                              ((3, 3, 1), False), ((3, 9, 0), False)):
-            monkeypatch.setattr(ops, "_triton_version", lambda v=ver: v)
+            monkeypatch.setattr(hardware, "triton_version", lambda v=ver: v)
             note = ops.fla_refuses_backward(q)
             assert (note is not None) == refused, ver
             if refused:
                 assert "refuses this call's backward" in note and "fla #640" in note
         monkeypatch.setattr(hardware, "_read_capability", lambda index: (10, 0))
         hardware.reset_probes()
-        monkeypatch.setattr(ops, "_triton_version", lambda: (3, 6, 0))
+        monkeypatch.setattr(hardware, "triton_version", lambda: (3, 6, 0))
         assert ops.fla_refuses_backward(q) is None  # Blackwell: fla trains
     finally:
         hardware.reset_probes()

@@ -1,17 +1,30 @@
 """Hardware probes and the tensor gate: which devices our kernels are built and tested for.
 
-Triton families are built and tested for Hopper (sm90) and datacenter Blackwell (sm100,
-sm103); anything else routes to fla with its capability in the reason. Probes run once per
-device and are cached by the device's index (two GPUs of different kinds in one host gate
+Triton families are built for Hopper (sm90) and datacenter Blackwell (sm100, sm103); anything
+else routes to fla with its capability in the reason. On Blackwell the families whose kernels
+are ``tl.dot`` recurrences (``DOT_FAMILIES``) also need Triton 3.8 (``dot_gate``). Probes run once
+per device and are cached by the device's index (two GPUs of different kinds in one host gate
 apart; tests monkeypatch ``_read_capability`` and call ``reset_probes``). A device ``cuda``
 without an index is the current device's (``device.index``), never device 0's.
 """
 from __future__ import annotations
 
+import functools
+import re
+
 from . import device as _device
 from .tuning import interpreting
 
 ADMITTED_CAPABILITIES = ((9, 0), (10, 0), (10, 3))
+# The families whose kernels are tl.dot recurrences along the chunks (the state scans and the stages
+# beside them). Triton before 3.8 races in such kernels on Blackwell: bitwise-different outputs for
+# identical inputs at 8 warps (triton-lang/triton #10590; fla 0.6.0 keeps its fwd_h on 2 warps and
+# drops 8-warp configs of its chunk_o kernels there, fla #953, #1229, "until Triton 3.8"), and at 4
+# warps with a 32-wide value block in a varlen loop, garbage on 3.6.0 (#9871, fixed by #9615). kda's
+# and gdn's kernels run 4, 8 and 16 warps and have not run on a Blackwell GPU: there they engage from
+# Triton 3.8, and below it route to fla (which gates its own configs). cconv and gnorm have no tl.dot.
+DOT_FAMILIES = ("kda", "gdn")
+BLACKWELL_DOT_TRITON = (3, 8, 0)
 _capability_cache: dict = {}
 _gate_cache: dict = {}
 
@@ -67,8 +80,29 @@ def device_gate(index: int) -> tuple[bool, str]:
     return verdict
 
 
-def tensor_gate(*tensors) -> tuple[bool, str]:
-    """Where the tensors live: one admitted CUDA device, or CPU under the interpreter."""
+@functools.lru_cache(maxsize=None)
+def triton_version() -> tuple:
+    """The installed Triton's (major, minor, patch), local and pre-release tags dropped."""
+    import triton
+
+    parts = [re.match(r"\d*", p).group() for p in triton.__version__.split("+")[0].split(".")[:3]]
+    return tuple(int(p or 0) for p in parts + ["0"] * (3 - len(parts)))
+
+
+def dot_gate(index: int) -> tuple[bool, str]:
+    """(ok, reason) for a ``DOT_FAMILIES`` family on CUDA device ``index``: on Blackwell, Triton 3.8."""
+    cap = tuple(device_capability(index))
+    ver = triton_version()
+    if cap[0] == 10 and ver < BLACKWELL_DOT_TRITON:
+        return False, (f"Triton {'.'.join(map(str, ver))} on Blackwell (sm{cap[0]}{cap[1]}): tl.dot recurrences race "
+                       f"there before Triton 3.8 (triton-lang/triton #10590, #9871); this family engages on "
+                       f"Blackwell from Triton 3.8")
+    return True, ""
+
+
+def tensor_gate(*tensors, family: str | None = None) -> tuple[bool, str]:
+    """Where the tensors live: one admitted CUDA device (and for ``family`` in ``DOT_FAMILIES``, a
+    Triton that ``dot_gate`` admits there), or CPU under the interpreter."""
     dev = None
     for t in tensors:
         if t is None:
@@ -80,18 +114,25 @@ def tensor_gate(*tensors) -> tuple[bool, str]:
             devices = {t.device for t in tensors if t is not None}
             return False, "tensors on different devices: " + ", ".join(sorted(map(str, devices)))
     if dev.type == "cuda":
-        return device_gate(_device.index(dev))
+        return _cuda_gate(_device.index(dev), family)
     if dev.type == "cpu" and interpreting():
         return True, ""
     return False, "not a CUDA tensor"
 
 
-def machine_gate() -> tuple[bool, str]:
-    """Would a call on this machine's default device be admitted (doctor's question)?"""
+def _cuda_gate(index: int, family: str | None) -> tuple[bool, str]:
+    ok, reason = device_gate(index)
+    if ok and family in DOT_FAMILIES:
+        return dot_gate(index)
+    return ok, reason
+
+
+def machine_gate(family: str | None = None) -> tuple[bool, str]:
+    """Would ``family``'s call on this machine's default device be admitted (doctor's question)?"""
     import torch
 
     if torch.cuda.is_available():
-        return device_gate(_device.current_index())
+        return _cuda_gate(_device.current_index(), family)
     if interpreting():
         return True, "TRITON_INTERPRET=1: CPU tensors run through Triton's interpreter"
     return False, "no CUDA device"

@@ -96,16 +96,6 @@ def _needs_grad(call: dict, extra: dict) -> bool:
         isinstance(t, torch.Tensor) and t.requires_grad for t in _tensors(call, extra))
 
 
-def _triton_version() -> tuple:
-    import triton
-
-    parts = []
-    for p in triton.__version__.split("+")[0].split(".")[:3]:
-        digits = "".join(ch for ch in p if ch.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
-
-
 def fla_refuses_backward(q) -> str | None:
     """Why fla 0.6.0's own GDN backward raises on this device, or None: its ``chunk_bwd_dqkwg``
     refuses Hopper with Triton >= 3.4 and < 3.7.1 (a miscompile, fla #640) unless tilelang or
@@ -114,7 +104,7 @@ def fla_refuses_backward(q) -> str | None:
         return None
     if tuple(hardware.device_capability(D.index(q.device))) != (9, 0):
         return None
-    ver = _triton_version()
+    ver = hardware.triton_version()
     if (3, 4, 0) <= ver < (3, 7, 1):
         return (f"fla 0.6.0 itself refuses this call's backward here (Hopper, Triton "
                 f"{'.'.join(map(str, ver))} < 3.7.1, fla #640) unless tilelang or flash-qla is installed")
@@ -130,7 +120,7 @@ def _decide(call: dict, extra: dict):
         return _signature(call, extra, fused), _needs_grad(call, extra)
 
     def tensors():
-        return hardware.tensor_gate(*_tensors(call, extra), call["cu_seqlens"])
+        return hardware.tensor_gate(*_tensors(call, extra), call["cu_seqlens"], family=FAMILY)
 
     ok, reason = gate.decide_keyed(
         FAMILY, _VERDICTS, frontend.static_key(call, extra),

@@ -61,7 +61,7 @@ def _decide(call: dict, extra: dict):
     def tensors():
         return hardware.tensor_gate(call["q"], call["k"], call["v"], call["g"], call["beta"],
                                    call["initial_state"], call["cu_seqlens"],
-                                   extra.get("A_log"), extra.get("dt_bias"))
+                                   extra.get("A_log"), extra.get("dt_bias"), family=FAMILY)
 
     return gate.decide_keyed(
         FAMILY, _VERDICTS, frontend.static_key(call, extra),
