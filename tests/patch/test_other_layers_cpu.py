@@ -12,6 +12,7 @@ linear fusions, the KDA gate). What is compared is the conv and the norm, in the
 layer makes. KimiDeltaAttention, GatedDeltaNet and MomAttention, whose recurrences are ours too, have
 their own tests (test_layers_cpu.py, test_gdn_layer_cpu.py, test_mom_layer_cpu.py).
 """
+import functools
 import re
 import sys
 from pathlib import Path
@@ -137,44 +138,24 @@ def _standins(monkeypatch, layer_module):
 
 
 def _conv_ref(x, weight=None, bias=None, residual=None, initial_state=None, output_final_state=False,
-              activation=None, backend=None, cu_seqlens=None, chunk_indices=None, **kw):
-    """fla's ``causal_conv1d`` on the fp64 reference, for the calls these layers make in training."""
+              activation=None, backend=None, cu_seqlens=None, chunk_indices=None, dtype=torch.float64, **kw):
+    """fla's ``causal_conv1d`` on the reference (fp64; ``dtype`` float32 for the floor arm), for the calls
+    these layers make in training."""
     from kernel_fun.cconv.reference import conv_ref
 
     assert residual is None and initial_state is None and not output_final_state and not kw
-    y = conv_ref(x, weight, bias, silu=activation in ("silu", "swish"), cu_seqlens=cu_seqlens)
+    y = conv_ref(x, weight, bias, silu=activation in ("silu", "swish"), cu_seqlens=cu_seqlens, dtype=dtype)
     return y.to(x.dtype), None
 
 
 def _norm_ref(x, g, weight=None, bias=None, activation="swish", residual=None, prenorm=False,
-              residual_in_fp32=False, eps=1e-6):
-    """fla's ``rms_norm_gated`` on the fp64 reference (no residual in these layers' calls)."""
+              residual_in_fp32=False, eps=1e-6, dtype=torch.float64):
+    """fla's ``rms_norm_gated`` on the reference (fp64; ``dtype`` float32 for the floor arm; no residual
+    in these layers' calls)."""
     from kernel_fun.gnorm.reference import rms_norm_gated_ref
 
     assert residual is None and not prenorm
-    return rms_norm_gated_ref(x, g, weight, bias, activation, None, False, eps).to(x.dtype)
-
-
-def _segments(x, cu_seqlens):
-    if cu_seqlens is None:
-        return [(0, x.shape[1])]
-    return [(int(a), int(b)) for a, b in zip(cu_seqlens[:-1], cu_seqlens[1:]) if b > a]
-
-
-def _conv_fp32(x, weight=None, bias=None, activation=None, cu_seqlens=None, **kw):
-    """The conv in plain torch at x's precision (the floor arm)."""
-    W = weight.shape[1]
-    y = torch.cat([F.conv1d(F.pad(x[:, a:b].transpose(1, 2), (W - 1, 0)), weight[:, None, :], bias,
-                            groups=x.shape[-1]).transpose(1, 2) for a, b in _segments(x, cu_seqlens)], 1)
-    return (F.silu(y) if activation in ("silu", "swish") else y), None
-
-
-def _norm_fp32(x, g, weight=None, bias=None, activation="swish", eps=1e-6, **kw):
-    """The gated norm in plain torch at x's precision (the floor arm)."""
-    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    y = y if weight is None else y * weight
-    y = y if bias is None else y + bias
-    return y * (g * torch.sigmoid(g) if activation in ("swish", "silu") else torch.sigmoid(g))
+    return rms_norm_gated_ref(x, g, weight, bias, activation, None, False, eps, dtype=dtype).to(x.dtype)
 
 
 def _build(name, seed=0):
@@ -240,7 +221,8 @@ def test_layer_runs_our_conv_and_norm(monkeypatch, name, padded):
     with L.swapped(conv_ops, "causal_conv1d", _conv_ref), L.swapped(norm_ops, "rms_norm_gated", _norm_ref):
         ref_out, ref = L.grads(layer, run, x)
     # the floor: the same layer with its conv and norm written in plain fp32 torch, against the fp64 one
-    with L.swapped(conv_ops, "causal_conv1d", _conv_fp32), L.swapped(norm_ops, "rms_norm_gated", _norm_fp32):
+    with L.swapped(conv_ops, "causal_conv1d", functools.partial(_conv_ref, dtype=torch.float32)), \
+            L.swapped(norm_ops, "rms_norm_gated", functools.partial(_norm_ref, dtype=torch.float32)):
         _, fp32 = L.grads(layer, run, x)
     assert rel_rms(out, ref_out) < 1e-5
     names = ["x"] + [n for n, _ in layer.named_parameters()]

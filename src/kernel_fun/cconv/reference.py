@@ -28,15 +28,18 @@ def conv_ref(
     bias: torch.Tensor | None = None,
     silu: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    *,
+    dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
-    """y `[B, T, D]` in fp64 (differentiable) from x `[B, T, D]`, weight `[D, W]`, bias `[D]`."""
+    """y `[B, T, D]` in fp64 (differentiable) from x `[B, T, D]`, weight `[D, W]`, bias `[D]`;
+    ``dtype`` computes it at another precision (a test's fp32 floor)."""
     B, T, D = x.shape
     W = weight.shape[1]
     if cu_seqlens is not None:
         assert B == 1, "cu_seqlens packs documents along T of a single batch row"
-    x64 = x.double()
-    w64 = weight.double()
-    b64 = bias.double() if bias is not None else None
+    x64 = x.to(dtype)
+    w64 = weight.to(dtype)
+    b64 = bias.to(dtype) if bias is not None else None
     ys = []
     for bos, eos in _segments(T, cu_seqlens):
         if eos == bos:

@@ -16,15 +16,16 @@ import torch
 
 
 def rms_norm_gated_ref(x, g, weight=None, bias=None, activation="swish", residual=None,
-                       prenorm=False, eps=1e-6):
-    """out `[..., V]` (and h with prenorm) in fp64, differentiable."""
-    h = x.double() if residual is None else x.double() + residual.double()
+                       prenorm=False, eps=1e-6, *, dtype=torch.float64):
+    """out `[..., V]` (and h with prenorm) in fp64, differentiable; ``dtype`` computes it at another
+    precision (a test's fp32 floor)."""
+    h = x.to(dtype) if residual is None else x.to(dtype) + residual.to(dtype)
     y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     if weight is not None:
-        y = y * weight.double()
+        y = y * weight.to(dtype)
     if bias is not None:
-        y = y + bias.double()
-    g64 = g.double()
+        y = y + bias.to(dtype)
+    g64 = g.to(dtype)
     if activation in ("swish", "silu"):
         out = y * g64 * torch.sigmoid(g64)
     elif activation == "sigmoid":
