@@ -188,7 +188,7 @@ def lower(target: str, jobs: int) -> int:
         if why:
             print(f"kernel-fun check --lower: {why}", file=sys.stderr)
             return 1
-    print(f"kernel-fun check --lower {target}: every shipped kernel and config, compiled for "
+    print(f"kernel-fun check --lower {target}: every shipped kernel and config that runs there, compiled for "
           f"{', '.join(targets)} (no GPU needed)", flush=True)
     failed = lowering.run(None, "compile", targets, jobs, out=lambda line: print(line, flush=True))
     return 1 if failed else 0

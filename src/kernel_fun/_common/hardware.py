@@ -89,15 +89,22 @@ def triton_version() -> tuple:
     return tuple(int(p or 0) for p in parts + ["0"] * (3 - len(parts)))
 
 
+def dot_reason(capability: tuple, version: tuple | None = None) -> str:
+    """Why a ``DOT_FAMILIES`` family does not run on a GPU of ``capability`` under Triton ``version``
+    (default: the installed one); "" where it does. Also what ``kernel-fun check --lower`` leaves out
+    of a target's compile (a kernel no call launches there)."""
+    ver = triton_version() if version is None else tuple(version)
+    if capability[0] == 10 and ver < BLACKWELL_DOT_TRITON:
+        return (f"Triton {'.'.join(map(str, ver))} on Blackwell (sm{capability[0]}{capability[1]}): tl.dot recurrences "
+                f"race there before Triton 3.8 (triton-lang/triton #10590, #9871); this family engages on "
+                f"Blackwell from Triton 3.8")
+    return ""
+
+
 def dot_gate(index: int) -> tuple[bool, str]:
     """(ok, reason) for a ``DOT_FAMILIES`` family on CUDA device ``index``: on Blackwell, Triton 3.8."""
-    cap = tuple(device_capability(index))
-    ver = triton_version()
-    if cap[0] == 10 and ver < BLACKWELL_DOT_TRITON:
-        return False, (f"Triton {'.'.join(map(str, ver))} on Blackwell (sm{cap[0]}{cap[1]}): tl.dot recurrences race "
-                       f"there before Triton 3.8 (triton-lang/triton #10590, #9871); this family engages on "
-                       f"Blackwell from Triton 3.8")
-    return True, ""
+    reason = dot_reason(tuple(device_capability(index)))
+    return not reason, reason
 
 
 def tensor_gate(*tensors, family: str | None = None) -> tuple[bool, str]:

@@ -9,7 +9,9 @@ both), so no GPU is needed. Two depths:
 
 - ``compile``: every shipped configuration (what each autotuner sees, or a launcher's fixed one)
   all the way to a cubin: Triton's GPU passes for the target, LLVM, ptxas. What
-  ``kernel-fun check --lower`` runs.
+  ``kernel-fun check --lower`` runs. Kernels no call launches on the target are left out, with
+  a ``skip`` line saying why (kda's, gdn's and ``_delta``'s on sm_100a below Triton 3.8, where
+  those families route to fla: ``held_back``).
 - ``frontend``: every configuration any launcher, bench or test can force (``CONFIGS`` and
   ``CANDIDATES``), at every flag combination, lowered to Triton IR only: the step where Triton
   type-checks a kernel (an if/else whose branches give one name two shapes, a constexpr
@@ -37,6 +39,10 @@ from triton.compiler import ASTSource
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 TARGETS = {"sm_90a": GPUTarget("cuda", 90, 32), "sm_100a": GPUTarget("cuda", 100, 32)}
 TARGET = TARGETS["sm_90a"]
+# The packages whose kernels only the ``hardware.DOT_FAMILIES`` launch: those families and the engine
+# they share. On a target where those families route to fla (Blackwell below Triton 3.8:
+# ``hardware.dot_reason``) no call launches these kernels, and the compile leaves them out, saying so.
+DOT_PACKAGES = ("kda", "gdn", "_delta")
 
 
 def source(fn, pointer_types: dict, constexprs: dict) -> ASTSource:
@@ -606,6 +612,20 @@ def _check(i: int) -> str:
         return f"FAILED {tname} {label}: {type(e).__name__}: {msg[-1] if msg else ''}"
 
 
+def held_back(tname: str, version: tuple | None = None) -> str:
+    """Why no call launches the kernels of ``DOT_PACKAGES`` on target ``tname`` under Triton
+    ``version`` (default: the installed one); "" where they run."""
+    from kernel_fun._common.hardware import dot_reason
+
+    arch = TARGETS[tname].arch
+    return dot_reason((arch // 10, arch % 10), version)
+
+
+def package(fn) -> str:
+    """The ``kernel_fun`` package that defines a kernel (``"kda"``, ``"_delta"``, ...)."""
+    return _jit_fn(fn).fn.__module__.split(".")[1]
+
+
 def _ir_key(fn, ptr, const) -> tuple:
     """What a spec's Triton IR depends on: the kernel, its pointer types and its constexprs
     (warps, stages and a register cap enter only at the GPU passes after it)."""
@@ -634,8 +654,19 @@ def run(names=None, mode: str = "compile", targets=("sm_90a",), jobs: int = 1, o
             if key not in seen:
                 seen.add(key)
                 work.append(s)
-    _WORK[:] = [(label, tname, (fn, ptr, const, cfg.num_warps, cfg.num_stages, getattr(cfg, "maxnreg", None)), mode)
-                for label, fn, ptr, const, cfg in work for tname in targets]
+    # a cubin for a target where no call launches the kernel checks nothing a user runs
+    why = {t: held_back(t) if mode == "compile" else "" for t in targets}
+    held: dict = {}
+    _WORK[:] = []
+    for label, fn, ptr, const, cfg in work:
+        for tname in targets:
+            if why[tname] and package(fn) in DOT_PACKAGES:
+                held[tname, package(fn)] = held.get((tname, package(fn)), 0) + 1
+                continue
+            _WORK.append((label, tname, (fn, ptr, const, cfg.num_warps, cfg.num_stages, getattr(cfg, "maxnreg", None)),
+                          mode))
+    for (tname, pkg), n in held.items():
+        out(f"skip   {tname} {pkg}: {n} configs not compiled: {why[tname]}")
     if jobs > 1:
         import multiprocessing
 
