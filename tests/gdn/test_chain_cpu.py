@@ -63,9 +63,9 @@ INPUT_STAGES = {("fla.modules.norm.l2norm", "l2norm_fwd"), ("fla.modules.norm.l2
 # Both input paths for every case but the packed default heads (23 s a path in the interpreter), where
 # the layer's path alone runs: the other path differs only in the input stages, which the K = 64
 # packed case runs both ways.
-@pytest.mark.parametrize("name, l2norm", [(n, l2) for n in CASES for l2 in (True, False)
-                                          if l2 or n != "fla_default_heads_packed"],
-                         ids=lambda x: {True: "l2norm_in_op", False: "no_l2norm"}.get(x, x) if isinstance(x, bool) else x)
+@pytest.mark.parametrize("name, l2norm", [pytest.param(n, l2, id=f"{n}-{'l2norm_in_op' if l2 else 'no_l2norm'}")
+                                          for n in CASES for l2 in (True, False)
+                                          if l2 or n != "fla_default_heads_packed"])
 def test_chain_against_fp64_recurrence(name, l2norm, _standins):
     """Both input paths: with the l2norm in the op (the layer's call), the inputs' stages are ours in
     one launch each way; without it, fla's beta sigmoid and gate stages (q, k given unit rows)."""

@@ -36,13 +36,15 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from kernel_fun._common.hardware import DOT_FAMILIES, dot_reason
+
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 TARGETS = {"sm_90a": GPUTarget("cuda", 90, 32), "sm_100a": GPUTarget("cuda", 100, 32)}
 TARGET = TARGETS["sm_90a"]
 # The packages whose kernels only the ``hardware.DOT_FAMILIES`` launch: those families and the engine
 # they share. On a target where those families route to fla (Blackwell below Triton 3.8:
 # ``hardware.dot_reason``) no call launches these kernels, and the compile leaves them out, saying so.
-DOT_PACKAGES = ("kda", "gdn", "_delta")
+DOT_PACKAGES = (*DOT_FAMILIES, "_delta")
 
 
 def source(fn, pointer_types: dict, constexprs: dict) -> ASTSource:
@@ -615,8 +617,6 @@ def _check(i: int) -> str:
 def held_back(tname: str, version: tuple | None = None) -> str:
     """Why no call launches the kernels of ``DOT_PACKAGES`` on target ``tname`` under Triton
     ``version`` (default: the installed one); "" where they run."""
-    from kernel_fun._common.hardware import dot_reason
-
     arch = TARGETS[tname].arch
     return dot_reason((arch // 10, arch % 10), version)
 
@@ -659,9 +659,10 @@ def run(names=None, mode: str = "compile", targets=("sm_90a",), jobs: int = 1, o
     held: dict = {}
     _WORK[:] = []
     for label, fn, ptr, const, cfg in work:
+        pkg = package(fn)
         for tname in targets:
-            if why[tname] and package(fn) in DOT_PACKAGES:
-                held[tname, package(fn)] = held.get((tname, package(fn)), 0) + 1
+            if why[tname] and pkg in DOT_PACKAGES:
+                held[tname, pkg] = held.get((tname, pkg), 0) + 1
                 continue
             _WORK.append((label, tname, (fn, ptr, const, cfg.num_warps, cfg.num_stages, getattr(cfg, "maxnreg", None)),
                           mode))
