@@ -11,7 +11,9 @@ sys.path.insert(0, "tests"); sys.path.insert(0, "tests/gdn")
 import torch
 from chain_cases import make_inputs, run
 from kernel_fun import gdn
-import conftest as C
+import importlib.util
+_spec = importlib.util.spec_from_file_location("tests_conftest", "tests/conftest.py")  # not tests/gdn's
+C = importlib.util.module_from_spec(_spec); _spec.loader.exec_module(C)
 
 c = dict(B=2, T=1000, H=2, HV=4, K=128, V=128, h0=True)
 t = make_inputs(**c, device="cuda", dtype=torch.bfloat16)
