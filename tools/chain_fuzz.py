@@ -9,7 +9,9 @@ line a call and exits 0.
     TRITON_INTERPRET=1 PYTHONPATH=src python tools/chain_fuzz.py gdn --seed 1000 --n 40
     PYTHONPATH=/tmp/site:src python tools/chain_fuzz.py gdn --device cuda --n 60 --K 0   # a GPU, bf16
 
-On a GPU (``--device cuda``) the calls are bf16 (``--dtype``), the shapes wider (T up to 1,500, up
+With ``--layer`` every call is the layer's (the flags fla's layers pass) at one head shape, so that a GPU
+run compiles few specializations (each new one costs 30-40 s there; 2026-12-06). On a GPU
+(``--device cuda``) the calls are bf16 (``--dtype``), the shapes wider (T up to 1,500, up
 to 4 qk heads, K at random from the family's box with ``--K 0``, V up to 512 at K = 256), fla's
 stages are fla's own, and the autotuner picks the configuration per call, as a user's run does.
 There an output over its ceiling is held to two more measures before it counts as bad, as the GPU
@@ -45,7 +47,7 @@ ZERO_ABS = 1e-4
 SUMS = ("dg", "dbeta", "dA_log", "ddt_bias")
 
 
-def _call(rnd: random.Random, family: str, gpu: bool = False, K: int = 64) -> dict:
+def _call(rnd: random.Random, family: str, gpu: bool = False, K: int = 64, layer: bool = False) -> dict:
     H = rnd.choice([1, 2, 4] if gpu else [1, 2])
     HV = H * rnd.choice([1, 2, 4] if family == "gdn" else [1, 2])
     longest = 1500 if gpu else 130
@@ -62,10 +64,14 @@ def _call(rnd: random.Random, family: str, gpu: bool = False, K: int = 64) -> di
     if not K:
         K = rnd.choice([64, 128, 128, 256] if family == "gdn" else [64, 128, 128])
     V = rnd.choice(([64, 128, 256, 512] if K == 256 else [64, 128, 128, 256]) if gpu else [64, 64, 128])
-    return dict(B=B, T=T, H=H, HV=HV, K=K, V=V, cu=cu, gate_in=rnd.random() < 0.6, sig=sig,
-                neg=sig and rnd.random() < 0.4, l2=rnd.random() < 0.7, vfirst=rnd.random() < 0.5, h0=rnd.random() < 0.5,
-                ofs=rnd.random() < 0.6, strong=rnd.random() < 0.3,
-                scale=rnd.choice([None, 0.1]) if family == "gdn" else None)
+    c = dict(B=B, T=T, H=H, HV=HV, K=K, V=V, cu=cu, gate_in=rnd.random() < 0.6, sig=sig,
+             neg=sig and rnd.random() < 0.4, l2=rnd.random() < 0.7, vfirst=rnd.random() < 0.5, h0=rnd.random() < 0.5,
+             ofs=rnd.random() < 0.6, strong=rnd.random() < 0.3,
+             scale=rnd.choice([None, 0.1]) if family == "gdn" else None)
+    if layer:  # the layer's call at one head shape: only the shapes and the state flags vary
+        c.update(H=2, HV=4 if family == "gdn" else 2, K=128, V=128, gate_in=True, sig=True, l2=True, vfirst=True,
+                 scale=None)
+    return c
 
 
 def _judge(ours: dict, ref: dict, ceil: dict) -> dict:
@@ -127,6 +133,9 @@ def main(argv) -> int:
     p.add_argument("--K", type=int, default=64, choices=[0, 64, 128, 256],
                    help="head dim of q, k (128: the layers'; slower on the CPU; 0: at random a call)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--layer", action="store_true",
+                   help="the layer's call (gate, beta sigmoid and l2norm in the op, [V, K] states) at H=2, HV=4 (kda 2), "
+                        "K=V=128: the shapes, documents, states, negative eigenvalues and decay vary, few specializations")
     p.add_argument("--dtype", default=None, choices=["float16", "bfloat16"], help="cpu: float16; cuda: bfloat16")
     a = p.parse_args(argv)
     gpu = a.device == "cuda"
@@ -150,7 +159,7 @@ def main(argv) -> int:
     bad_calls = 0
     for i in range(a.n):
         seed = a.seed + i
-        c = _call(random.Random(seed), a.family, gpu, a.K)
+        c = _call(random.Random(seed), a.family, gpu, a.K, a.layer)
         N = len(c["cu"]) - 1 if c["cu"] else c["B"]
         K, V, HV = c["K"], c["V"], c["HV"]
         kw = dict(B=c["B"], T=c["T"], H=c["H"], HV=HV, K=K, V=V, h0=c["h0"], N=N, gate_in_kernel=c["gate_in"],

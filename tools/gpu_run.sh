@@ -5,6 +5,7 @@
 #        passes e.g. "--shape steps=8"), model_gdn, model_gdn_default (fla's own GatedDeltaNet heads: 6 x K=256, V=512), gdn_tests, gdn_bench, cconv_tests, cconv_bench,
 #        delta_tests, kda_stage_tests, kda_tests, kda_bench, candidates,
 #        gpu_tests (every GPU test, SHARDS processes at once; TEST_PATHS narrows),
+#        fuzz (random calls of gdn and kda against the fp64 recurrence, tools/chain_fuzz.py; FUZZ_ARGS),
 #        stages_cconv, stages_kda, stages_gdn, stages_gnorm (kernel-fun bench --stages FAMILY:
 #        every config of every shipped kernel forced, checked against its stage reference, timed;
 #        the delta scans are kda's and gdn's),
@@ -207,6 +208,12 @@ for step in "$@"; do
       timeout "$T" python3 tools/gdn_forms.py "$OUT/gdn_forms.json" ${FORMS_SHAPES:-} 2>&1 | tee "$OUT/gdn_forms.log" | grep -v Warning ;;
     gdn_tests) timeout "$T" python3 -m pytest -m gpu tests/gdn -q -rs -s --durations=5 2>&1 | tee "$OUT/gdn_tests.log" | tail -30 ;;
     gpu_tests) run_sharded_tests ;;
+    fuzz) # tools/chain_fuzz.py on the GPU (bf16, fla's own stages): FUZZ_FAMILIES (gdn kda), FUZZ_ARGS
+      # (--layer --n 40: the layer's call at one head shape, few specializations); STEP_TIMEOUT each
+      for f in ${FUZZ_FAMILIES:-gdn kda}; do
+        timeout "$T" python3 tools/chain_fuzz.py "$f" --device cuda ${FUZZ_ARGS:---layer --n 40} 2>&1 | grep -v Warn \
+          | tee "$OUT/fuzz_$f.log" | grep -v "^ok"
+      done ;;
     gdn_bench) timeout "$T" python3 -m kernel_fun bench --family gdn ${GDN_CASES:-} --json "$OUT/gdn_bench.json" 2>&1 | tee "$OUT/gdn_bench.log" ;;
     bench_cases) # BENCH_FAMILY's cases named in BENCH_CASES ("prod_b16 varlen_16docs"), a process each,
       # each tuned at its own shape (the autotune entries deleted before it); the compiled kernels stay,
