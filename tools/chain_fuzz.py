@@ -134,18 +134,16 @@ def _fla_run(family: str, cases, t: dict, do, dht, flags: dict) -> dict:
         return {}
 
 
-def _one_ulp(t: dict, seed: int, salt: int) -> dict:
-    """The inputs with every bf16/fp16 element moved one ulp up or down (random sign); fp32 ones kept."""
-    gen = torch.Generator(device="cpu").manual_seed(seed * 100003 + salt)
+def _one_ulp(t: dict, seed: int) -> dict:
+    """The inputs with every bf16/fp16 element moved one ulp of its dtype up or down (random sign, a
+    draw of its own per tensor); fp32 ones kept."""
+    from kernel_fun.bench.model import perturb_one_ulp
+
     out = {}
-    for n, x in t.items():
+    for i, (n, x) in enumerate(t.items()):
         y = x.detach().clone()
         if y.dtype in (torch.bfloat16, torch.float16):
-            f = y.float()
-            bits = 7 if y.dtype == torch.bfloat16 else 10
-            ulp = torch.where(f == 0, torch.zeros_like(f), torch.exp2(torch.floor(torch.log2(f.abs())) - bits))
-            sign = (torch.randint(0, 2, y.shape, generator=gen).float() * 2 - 1).to(y.device)
-            y = (f + sign * ulp).to(x.dtype)
+            perturb_one_ulp(y, seed * 101 + i, fmt=y.dtype)
         out[n] = y.requires_grad_(True)
     return out
 
@@ -250,7 +248,7 @@ def main(argv) -> int:
                 if fla.get(n) is not None and ref[n].abs().max() > 0:
                     ceil[n] = max(ceil[n], 1.5 * rel_rms(fla[n].double(), ref[n]) + 1e-3)
             for d in range(2) if any(n in SUMS for n in bad) else ():
-                moved = reference(_one_ulp(t, 7 + d, seed))
+                moved = reference(_one_ulp(t, seed * 2 + d))
                 for n in (n for n in bad if n in SUMS and ref[n].abs().max() > 0):
                     ceil[n] = max(ceil[n], rel_rms(moved[n], ref[n]))
             print("  over the ceiling:", bad, "fla's own error:",

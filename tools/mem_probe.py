@@ -7,13 +7,12 @@ side stream, after the fixture's capture and after the old test's form of it, an
 ``PYTHONPATH=/tmp/site:src python3 tools/mem_probe.py`` from the repository root."""
 import gc, sys, os, time
 from collections import Counter
-sys.path.insert(0, "tests"); sys.path.insert(0, "tests/gdn")
+sys.path.insert(0, "tests")
 import torch
-from chain_cases import make_inputs, run
+import conftest as C  # tests/conftest.py (tests/gdn stays off the path: its conftest would shadow this one)
+import family_modules
 from kernel_fun import gdn
-import importlib.util
-_spec = importlib.util.spec_from_file_location("tests_conftest", "tests/conftest.py")  # not tests/gdn's
-C = importlib.util.module_from_spec(_spec); _spec.loader.exec_module(C)
+make_inputs, run = (getattr(family_modules.load("gdn", "chain_cases"), n) for n in ("make_inputs", "run"))
 
 c = dict(B=2, T=1000, H=2, HV=4, K=128, V=128, h0=True)
 t = make_inputs(**c, device="cuda", dtype=torch.bfloat16)

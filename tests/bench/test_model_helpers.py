@@ -55,6 +55,10 @@ def test_one_ulp_perturbation_is_one_bf16_ulp():
     _, e = torch.frexp(w)
     assert torch.equal((p - w).abs(), torch.ldexp(torch.ones_like(w), e - 8))
     assert (p > w).any() and (p < w).any()
+    h = w.half()  # fp16 values, fp16 storage: fp16's ulp (10 mantissa bits)
+    q = h.clone()
+    model.perturb_one_ulp(q, seed=1, fmt=torch.float16)
+    assert torch.equal((q.float() - h.float()).abs(), torch.ldexp(torch.ones_like(w), e - 11))
 
 
 GDN_FLA_AT_5E4 = [9.24, 6.66, 10.6, 5.46, 4.56, 3.82, 3.07, 2.33, 1.63, 1.06, 0.63, 0.41]  # every GDN record

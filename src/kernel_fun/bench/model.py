@@ -131,14 +131,15 @@ def group_of(name: str) -> str:
     return parts[0]
 
 
-def perturb_one_ulp(w, seed: int):
-    """``w`` moved by one bf16 ulp per element, random sign (in place, no grad)."""
+def perturb_one_ulp(w, seed: int, fmt=None):
+    """``w`` moved by one ulp of ``fmt`` (default bf16; the values of ``w`` are ``fmt`` values, in any
+    storage dtype) per element, random sign (in place, no grad)."""
     import torch
 
     gen = torch.Generator(device=w.device).manual_seed(seed)
     with torch.no_grad():
-        _, e = torch.frexp(w)  # |w| in [2^(e-1), 2^e): bf16's 7 mantissa bits give ulp 2^(e-8)
-        ulp = torch.ldexp(torch.ones_like(w), e - 8)
+        _, e = torch.frexp(w)  # |w| in [2^(e-1), 2^e): ulp 2^(e-1) eps, 2^(e-8) for bf16's 7 mantissa bits
+        ulp = torch.ldexp(torch.full_like(w, torch.finfo(fmt or torch.bfloat16).eps), e - 1)
         sign = torch.randint(0, 2, w.shape, generator=gen, device=w.device) * 2 - 1
         w.add_(ulp * sign)
 
