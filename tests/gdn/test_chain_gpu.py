@@ -342,7 +342,7 @@ def test_against_fla_forward_at_production_heads():
 def test_without_l2norm_against_fp64_naive_recurrence(name):
     from kernel_fun._common.witness import launch_counts
 
-    before = {n: launch_counts().get(n, 0) for n in ("gdn.inputs_fwd", "gdn.inputs_bwd")}
+    before = {n: launch_counts().get(n, 0) for n in ("gdn.inputs_wy_fwd", "gdn.inputs_bwd")}
     _against_fp64(name, l2norm=False)
     assert {n: launch_counts().get(n, 0) for n in before} == before
 
