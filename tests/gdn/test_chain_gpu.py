@@ -18,7 +18,6 @@ from kernel_fun.gdn._kernels import scores as scores_mod
 from kernel_fun.gdn._kernels import wy_dqk_bwd as dqk_mod
 from kernel_fun.gdn._kernels import wy_dqkwg_bwd as bwd_mod
 from kernel_fun.gdn._kernels import wy_dv_bwd as dv_mod
-from kernel_fun.gdn._kernels import inputs_wy_fwd as inwy_mod
 from kernel_fun.gdn._kernels import wy_inverse as inv_mod
 from kernel_fun.gdn.reference import chunk_gated_delta_rule_ref
 
@@ -222,47 +221,6 @@ def test_every_wy_inverse_config_against_its_reference_and_fla(config, keys):
     assert ours < 1e-2 and ours <= fla + 4e-3
 
 
-@pytest.mark.parametrize("layout", ["layer_slices", "packed"])
-@pytest.mark.parametrize("config", inwy_mod.CONFIGS + inwy_mod.CANDIDATES, ids=config_name)
-def test_every_inputs_wy_fwd_config_against_the_two_launches_and_fp64(config, layout):
-    """The fused inputs + WY inverse launch in every configuration, bf16, at the layer's call (q, k,
-    v column slices of one buffer, grouped values, a partial chunk) and with packed documents (a
-    1-token one): q, k, their rstd, gc, beta and v as ``inputs_fwd`` makes them (v bit for bit), A
-    from its own k, gc and beta against the fp64 solve no further than ``wy_inverse``'s from
-    ``inputs_fwd``'s, zeros above the diagonal, and deterministic."""
-    from kernel_fun._delta import chunking
-    from kernel_fun.gdn import chain
-    from kernel_fun.gdn._kernels.inputs_fwd import inputs_fwd
-
-    B, T, H, HV, K, V = (2, 1000, 2, 4, 128, 128) if layout == "layer_slices" else (1, 700, 2, 4, 128, 64)
-    cu = None if layout == "layer_slices" else torch.tensor([0, 300, 301, 700], device="cuda")
-    idx = None if cu is None else chunking.chunk_meta(cu, 64, None)[0]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    r = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
-    buf = r(B, T, 2 * H * K + HV * V).bfloat16()
-    q, k = (buf[..., i * H * K:(i + 1) * H * K].view(B, T, H, K) for i in (0, 1))
-    v = buf[..., 2 * H * K:].view(B, T, HV, V)
-    g, beta = r(B, T, HV).bfloat16(), r(B, T, HV).bfloat16()
-    A_log, dt = torch.rand(HV, device="cuda", generator=gen), r(HV)
-    args = (q, k, v, g, beta, A_log, dt, True, True, 2.0, chain.RCP_LN2, cu, idx)
-    got = inwy_mod.inputs_wy_fwd(*args, config=config)
-    two = inputs_fwd(*args)
-    # the row norms and the gate's cumulative sum are summed in another order: q, k may differ by an ulp
-    for n, a, b in zip(("q", "q_rstd", "k", "k_rstd", "v", "gc", "beta"), got, two):
-        assert _rel(a.float(), b.float()) < (1e-3 if n in ("q", "k") else 1e-5), (n, _rel(a.float(), b.float()))
-    assert torch.equal(got[4], v)
-    A = got[7]
-    A_two = inv_mod.wy_inverse(two[2], two[5], two[6], cu_seqlens=cu, chunk_indices=idx)
-    cu_cpu = None if cu is None else cu.cpu()
-    ref = R.wy_inverse_ref(got[2].cpu(), got[5].cpu(), got[6].cpu(), cu_cpu).float()
-    ours, base = _rel(A.float().cpu(), ref), _rel(A_two.float().cpu(), ref)
-    print(config_name(config), layout, f"fused {ours:.2e} two launches {base:.2e}")
-    assert ours < 1e-2 and ours <= base + 1e-3
-    assert torch.equal(A, R.lower_blocks(A, B, T, cu_cpu))  # the blocks above the diagonal written as zeros
-    again = inwy_mod.inputs_wy_fwd(*args, config=config)
-    assert all(torch.equal(a, b) for a, b in zip(got, again))
-
-
 @pytest.mark.parametrize("config", scores_mod.CONFIGS, ids=config_name)
 def test_every_scores_config_against_its_reference(config):
     t, _, _ = _stage_inputs()
@@ -297,8 +255,8 @@ def test_launch_witness_replaced_fla_kernels_did_not_run():
         _run(gdn.chunk_gated_delta_rule, t, do, dht, **flags)
         torch.cuda.synchronize()
     names = {e.key for e in prof.key_averages()}
-    for ours in ("inputs_wy_fwd_kernel", "state_scan_fwd_kernel", "state_scan_bwd_kernel", "gated_scores_kernel",
-                 "wy_dv_bwd_kernel", "wy_dqk_bwd_kernel", "inputs_bwd_kernel"):
+    for ours in ("wy_inverse_kernel", "state_scan_fwd_kernel", "state_scan_bwd_kernel", "gated_scores_kernel", "wy_dv_bwd_kernel",
+                 "wy_dqk_bwd_kernel", "inputs_fwd_kernel", "inputs_bwd_kernel"):
         assert any(ours in n for n in names), (ours, sorted(names))
     for fla_kernel in ("chunk_bwd_kernel_dqkwg", "prepare_wy_repr_bwd_kernel", "chunk_bwd_kernel_dv_local",
                        "chunk_gated_delta_rule_bwd_kernel_dhu", "chunk_gated_delta_rule_fwd_kernel_h",
@@ -342,7 +300,7 @@ def test_against_fla_forward_at_production_heads():
 def test_without_l2norm_against_fp64_naive_recurrence(name):
     from kernel_fun._common.witness import launch_counts
 
-    before = {n: launch_counts().get(n, 0) for n in ("gdn.inputs_wy_fwd", "gdn.inputs_bwd")}
+    before = {n: launch_counts().get(n, 0) for n in ("gdn.inputs_fwd", "gdn.inputs_bwd")}
     _against_fp64(name, l2norm=False)
     assert {n: launch_counts().get(n, 0) for n in before} == before
 

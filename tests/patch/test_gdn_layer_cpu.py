@@ -80,7 +80,7 @@ def test_gdn_layer_under_activation_checkpointing(reentrant):
     bit, and the forward's kernels ran twice, the backward's once."""
     kernel_fun.patch_fla()
     ran = L.checkpointed_equals_plain(_layer(), _input(), reentrant)
-    assert ran.get("gdn.inputs_wy_fwd", 0) == 2 and ran.get("gdn.inputs_bwd", 0) == 1, ran
+    assert ran.get("gdn.inputs_fwd", 0) == 2 and ran.get("gdn.inputs_bwd", 0) == 1, ran
 
 
 def test_gdn_layer_prefill_with_a_cache():
@@ -93,7 +93,7 @@ def test_gdn_layer_prefill_with_a_cache():
     layer = _layer()
     x = _input(seed=2, tokens=80).detach()
     out, state, conv, ran = L.prefill(layer, x)
-    assert ran.get("gdn.inputs_wy_fwd", 0) == 1 and ran.get("cconv.fwd", 0) + ran.get("cconv.fwd_tma", 0) == 3, ran
+    assert ran.get("gdn.inputs_fwd", 0) == 1 and ran.get("cconv.fwd", 0) + ran.get("cconv.fwd_tma", 0) == 3, ran
     with _swap():
         ref_out, ref_state, ref_conv, _ = L.prefill(layer, x)
     assert state.shape == ref_state.shape == (1, CFG["num_v_heads"], CFG["head_dim"], CFG["head_dim"])
@@ -131,5 +131,5 @@ def test_gdn_layer_at_fla_default_heads_engages():
     before = L.launch_counts()
     out, ours = L.grads(layer, run, x)
     ran = L.launched_since(before)
-    assert ran.get("gdn.inputs_wy_fwd", 0) == 1 and ran.get("delta.state_scan_bwd", 0) == 1, ran
+    assert ran.get("gdn.inputs_fwd", 0) == 1 and ran.get("delta.state_scan_bwd", 0) == 1, ran
     L.within_noise_floor(layer, run, x, out, ours, _swap(), {"x", "A_log", "dt_bias", "q_proj.weight"})

@@ -53,7 +53,7 @@ def test_mom_layer_is_patched_engages_every_family_and_matches_the_reference():
     out, ours = L.grads(layer, run, x)
     ran = L.launched_since(before)
     assert {"cconv", "gdn", "delta", "gnorm"} <= {k.split(".")[0] for k in ran}, ran
-    assert ran.get("gdn.inputs_wy_fwd", 0) == 1 and ran.get("gdn.inputs_bwd", 0) == 1, ran
+    assert ran.get("gdn.inputs_fwd", 0) == 1 and ran.get("gdn.inputs_bwd", 0) == 1, ran
     L.within_noise_floor(layer, run, x, out, ours, L.swapped(mom, "chunk_gated_delta_rule", L.gdn_reference_op),
                          {"x", "A_log", "dt_bias", "q_proj.weight", "o_norm.weight"})
     kernel_fun.unpatch_fla()
@@ -76,7 +76,7 @@ def test_mom_layer_prefill_with_a_cache():
     torch.manual_seed(2)
     x = (torch.randn(1, 80, CFG["hidden_size"]) * 0.5).to(torch.float16)
     out, states, _, ran = L.prefill(layer, x)
-    assert ran.get("gdn.inputs_wy_fwd", 0) == 1 and ran.get("delta.state_scan_fwd", 0) == 1, ran
+    assert ran.get("gdn.inputs_fwd", 0) == 1 and ran.get("delta.state_scan_fwd", 0) == 1, ran
     with L.swapped(mom, "chunk_gated_delta_rule", L.gdn_reference_op):
         ref_out, ref_states, _, _ = L.prefill(layer, x)
     assert states[0].shape == ref_states[0].shape == (CFG["num_memories"], CFG["num_heads"], 64, 64)

@@ -74,7 +74,7 @@ def test_qwen3_next_layer_built_before_the_patch():
         before = launch_counts()
         out, ours = _grads(layer, x)
         ran = {k for k, n in launch_counts().items() if n != before.get(k, 0)}
-        assert {"gdn.inputs_wy_fwd", "gdn.wy_dqk_bwd", "gdn.inputs_bwd"} <= ran, ran
+        assert {"gdn.inputs_fwd", "gdn.wy_inverse", "gdn.wy_dqk_bwd", "gdn.inputs_bwd"} <= ran, ran
         if type(layer.norm).__module__.startswith("fla."):  # transformers 4: fla's FusedRMSNormGated
             assert {"gnorm.fwd", "gnorm.bwd"} <= ran, ran
         # the oracle where each transformers calls the op from: the module (5), the layer (4)

@@ -41,7 +41,6 @@ KERNELS = {
     "gdn.wy_dv_bwd": "the WY backward's dv/dbeta/dA half",
     "gdn.wy_dqk_bwd": "the dq/dk/dg half, group sum in fp32",
     "gdn.inputs_fwd": "l2norm of q, k, beta's sigmoid, the gate and its chunk cumsum, v copied (the layer's slices)",
-    "gdn.inputs_wy_fwd": "inputs_fwd and wy_inverse in one launch (a program per chunk and qk head)",
     "gdn.inputs_bwd": "their backward, dq and dk written into the fused q/k/v gradient's slices",
 }
 
@@ -62,7 +61,7 @@ def _inputs(B, T, H, HV, K, V, seed=0):
 def chain_setup() -> dict:
     from ..gdn import chain
 
-    return {"module": chain.__name__, "ours": ["gdn.inputs_wy_fwd", "delta.state_scan_fwd", "delta.state_scan_bwd", "gdn.gated_scores",
+    return {"module": chain.__name__, "ours": ["gdn.wy_inverse", "delta.state_scan_fwd", "delta.state_scan_bwd", "gdn.gated_scores",
                                                  "gdn.chunk_output", "gdn.wy_dv_bwd", "gdn.wy_dqk_bwd"]}
 
 
@@ -249,7 +248,7 @@ def probes(device: str, shape: dict | None = None) -> list:
     from .._delta._kernels.state_scan_fwd import state_scan_fwd
     from .._delta.reference import chunk_local_cumsum_ref, intra_ref, state_scan_bwd_ref, state_scan_fwd_ref
     from ..gdn import reference_stages as R
-    from ..gdn._kernels import inputs_bwd, inputs_fwd, inputs_wy_fwd, output, scores, wy_dqk_bwd, wy_dv_bwd, wy_inverse
+    from ..gdn._kernels import inputs_bwd, inputs_fwd, output, scores, wy_dqk_bwd, wy_dv_bwd, wy_inverse
     from ..kda.reference_stages import dAv_reference
     from .harness import Probe, UsageError
 
@@ -335,11 +334,6 @@ def probes(device: str, shape: dict | None = None) -> list:
                                        if i in (0, 2, 4, 5, 6)],
           lambda: [*in_ref_fwd()[:2], vr.cpu().double(), in_ref_fwd()[3], in_ref_fwd()[2]], ("q", "k", "v", "gc", "beta"),
           module=inputs_fwd, label="gdn inputs_fwd"),
-        P("gdn.inputs_wy_fwd", lambda c: [x for i, x in enumerate(inputs_wy_fwd.inputs_wy_fwd(*in_fwd, **var, config=c))
-                                          if i in (0, 2, 4, 5, 6, 7)],
-          lambda: [*in_ref_fwd()[:2], vr.cpu().double(), in_ref_fwd()[3], in_ref_fwd()[2],
-                   R.wy_inverse_ref(in_ref_fwd()[1], in_ref_fwd()[3], in_ref_fwd()[2], cu_seqlens=cu_cpu)],
-          ("q", "k", "v", "gc", "beta", "A"), module=inputs_wy_fwd, label="gdn inputs_wy_fwd"),
         P("gdn.inputs_bwd", lambda c: inputs_bwd.inputs_bwd(
             yq, rq, d_up["dq"], yk, rk, d_up["dk"], raw["beta"], d_up["dbeta"], True, 2.0, raw["g"], raw["A_log"],
             raw["dt_bias"], d_up["dg"], True, **var, dq_out=dq_out, dk_out=dk_out, config=c),

@@ -434,15 +434,13 @@ def gdn_inputs(full):
     precomputed gate without the sigmoid."""
     from kernel_fun.gdn._kernels import inputs_bwd as b
     from kernel_fun.gdn._kernels import inputs_fwd as f
-    from kernel_fun.gdn._kernels import inputs_wy_fwd as fw
 
     fp32 = ("A_log", "dt_bias", "q_rstd", "k_rstd", "gc", "beta_out", "dbeta", "dg", "part")
     flags = [dict(GATE_IN_KERNEL=True, HAS_DT_BIAS=True, BETA_SIGMOID=True, IS_VARLEN=False)]
     if full:
         flags += [dict(GATE_IN_KERNEL=True, HAS_DT_BIAS=True, BETA_SIGMOID=True, IS_VARLEN=True),
                   dict(GATE_IN_KERNEL=False, HAS_DT_BIAS=False, BETA_SIGMOID=False, IS_VARLEN=False)]
-    for name, m, kernel in (("fwd", f, f.inputs_fwd_kernel), ("fwd_wy", fw, fw.inputs_wy_fwd_kernel),
-                            ("bwd", b, b.inputs_bwd_kernel)):
+    for name, m, kernel in (("fwd", f, f.inputs_fwd_kernel), ("bwd", b, b.inputs_bwd_kernel)):
         fn = _jit_fn(kernel)
         ptr = {n: ("*fp32" if n in fp32 else "*bf16") for n in fn.arg_names}
         # the strides: multiples of 16 at the layer's call (the fused q/k/v row, H * K, K), which Triton
@@ -451,13 +449,9 @@ def gdn_inputs(full):
                    **{n: "fp32" for n in ("gate_scale", "beta_scale", "eps") if n in ptr},
                    cu_seqlens="*i64", chunk_indices="*i64")
         for cfg, fl in itertools.product(m.CONFIGS + (m.CANDIDATES if full else []), flags):
-            c = dict(H=16, HV=32, K=128, BT=64, **fl, **cfg.kwargs)
-            if name != "fwd_wy":
-                c.update(KP=128, RB=f.rows_per_head(64, 2))
+            c = dict(H=16, HV=32, K=128, KP=128, BT=64, RB=f.rows_per_head(64, 2), **fl, **cfg.kwargs)
             if name == "fwd":  # the layer's v: a column slice of the fused q/k/v buffer, copied
                 c.update(COPY_V=True, V=128, VP=128)
-            if name == "fwd_wy":  # the same, and A (tf32 products of the inverse)
-                c.update(COPY_V=True, V=128, BVC=32, STORE_BETA=True, DOT_PRECISION="tf32")
             yield f"gdn_inputs {name} {fl} {cfg_label(cfg)}", fn, ptr, c, cfg
 
 

@@ -28,7 +28,6 @@ from .._delta._kernels.state_scan_bwd import state_scan_bwd
 from .._delta._kernels.state_scan_fwd import state_scan_fwd
 from ._kernels.inputs_bwd import inputs_bwd
 from ._kernels.inputs_fwd import inputs_fwd
-from ._kernels.inputs_wy_fwd import inputs_wy_fwd
 from ._kernels.output import chunk_output
 from ._kernels.scores import gated_scores
 from ._kernels.wy_dqkwg_bwd import wy_dqkwg_bwd
@@ -42,9 +41,6 @@ BT = 64  # chunk size
 # GatedDeltaNet heads) the fused scan spills in every configuration (sm_90a, docs/gdn.md), the scan
 # without o in none. tools/gdn_forms.py times the two forms against each other.
 SPLIT_ABOVE_K = 128
-# With the l2norm in the op: the inputs and the WY inverse in one launch (``inputs_wy_fwd``), or
-# ``inputs_fwd`` then ``wy_inverse`` (under A/B on the GPU: tools/gdn_inputs_ab.py).
-FUSED_INVERSE = True
 
 
 def _fla(module: str, symbol: str):
@@ -80,20 +76,16 @@ def gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices
 def inputs_forward(q, k, v, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid, allow_neg_eigval,
                    cu_seqlens, cu_seqlens_cpu, chunk_indices):
     """``inputs.prepare``'s returns with the l2norm of q and k (always: the fused path is taken
-    only with ``use_qk_l2norm``), plus the cumulative gate ``gc``, the WY inverse ``A`` and the
-    chunk metadata for ``forward``: ``(q, q_rstd, k, k_rstd, v, g, beta_raw, beta, beta_scale, gc, A,
-    chunk_indices, chunk_offsets)``."""
+    only with ``use_qk_l2norm``), plus the cumulative gate ``gc`` and the chunk metadata for
+    ``forward``: ``(q, q_rstd, k, k_rstd, v, g, beta_raw, beta, beta_scale, gc, chunk_indices,
+    chunk_offsets)``."""
     chunk_indices, chunk_offsets = chunk_meta(cu_seqlens, cu_seqlens_cpu, chunk_indices)
     beta_scale = 2.0 if allow_neg_eigval else 1.0
     g, beta = g.contiguous(), beta.contiguous()  # saved raw for the backward (the kernel reads them so)
-    args = (q, k, v, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid, beta_scale, RCP_LN2)
-    var = dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
-    if FUSED_INVERSE:
-        q, q_rstd, k, k_rstd, v, gc, beta_act, A = inputs_wy_fwd(*args, **var)
-    else:
-        q, q_rstd, k, k_rstd, v, gc, beta_act = inputs_fwd(*args, **var)
-        A = wy_inverse(k, gc, beta_act, **var)
-    return q, q_rstd, k, k_rstd, v, g, beta, beta_act, beta_scale, gc, A, chunk_indices, chunk_offsets
+    q, q_rstd, k, k_rstd, v, gc, beta_act = inputs_fwd(
+        q, k, v, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid, beta_scale, RCP_LN2,
+        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
+    return q, q_rstd, k, k_rstd, v, g, beta, beta_act, beta_scale, gc, chunk_indices, chunk_offsets
 
 
 def inputs_backward(q, q_rstd, dq, k, k_rstd, dk, beta_raw, dbeta, use_beta_sigmoid, beta_scale, g, A_log, dt_bias,
@@ -108,15 +100,15 @@ def inputs_backward(q, q_rstd, dq, k, k_rstd, dk, beta_raw, dbeta, use_beta_sigm
 def forward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_gate_in_kernel,
             cu_seqlens, cu_seqlens_cpu, chunk_indices=None, prepared=None):
     """q, k already l2-normalized and beta already activated where the call asks.
-    ``prepared``: ``(gc, A, chunk_indices, chunk_offsets)`` as ``inputs_forward`` made them.
+    ``prepared``: ``(gc, chunk_indices, chunk_offsets)`` as ``inputs_forward`` made them.
     Returns (o, final_state, gc, A, chunk_indices, chunk_offsets): gc the cumulative gate and A
     the WY inverse, both kept for the backward."""
     if prepared is not None:
-        gc, A, chunk_indices, chunk_offsets = prepared
+        gc, chunk_indices, chunk_offsets = prepared
     else:
         chunk_indices, chunk_offsets = chunk_meta(cu_seqlens, cu_seqlens_cpu, chunk_indices)
         gc = gate_cumsum(g, A_log, dt_bias, use_gate_in_kernel, cu_seqlens, chunk_indices)
-        A = wy_inverse(k, gc, beta, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
+    A = wy_inverse(k, gc, beta, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT)
     scan = dict(g=gc, wy=(A, v, beta), scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                 cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=BT)
     if k.shape[-1] <= SPLIT_ABOVE_K:

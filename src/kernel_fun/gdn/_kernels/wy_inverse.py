@@ -87,86 +87,6 @@ def _store(A, b_x, row, col, n_valid, HV: tl.constexpr, BT: tl.constexpr):
              mask=((row * 16 + o) < n_valid)[:, None])
 
 
-@triton.jit
-def kk_step(kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32, b_k0, b_k1, b_k2, b_k3,
-            DOT_PRECISION: tl.constexpr):
-    """One K slice of the chunk's ten [16, 16] blocks of K K^T on and below the diagonal (fp32
-    accumulators; b_k<r>: block row r's [16, BK] slice of k)."""
-    b_t0 = tl.trans(b_k0)
-    b_t1 = tl.trans(b_k1)
-    b_t2 = tl.trans(b_k2)
-    kk00 = tl.dot(b_k0, b_t0, kk00, input_precision=DOT_PRECISION)
-    kk11 = tl.dot(b_k1, b_t1, kk11, input_precision=DOT_PRECISION)
-    kk22 = tl.dot(b_k2, b_t2, kk22, input_precision=DOT_PRECISION)
-    kk33 = tl.dot(b_k3, tl.trans(b_k3), kk33, input_precision=DOT_PRECISION)
-    kk10 = tl.dot(b_k1, b_t0, kk10, input_precision=DOT_PRECISION)
-    kk20 = tl.dot(b_k2, b_t0, kk20, input_precision=DOT_PRECISION)
-    kk21 = tl.dot(b_k2, b_t1, kk21, input_precision=DOT_PRECISION)
-    kk30 = tl.dot(b_k3, b_t0, kk30, input_precision=DOT_PRECISION)
-    kk31 = tl.dot(b_k3, b_t1, kk31, input_precision=DOT_PRECISION)
-    kk32 = tl.dot(b_k3, b_t2, kk32, input_precision=DOT_PRECISION)
-    return kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32
-
-
-@triton.jit
-def invert_store(kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32, g0, g1, g2, g3, b0, b1, b2, b3,
-                 m0, m1, m2, m3, p_a, n_valid, HV: tl.constexpr, BT: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One value head's A from the chunk's K K^T blocks, its gate g<r> (fp32, chunk-local
-    cumulative, log2) and activated beta b<r> of block row r (rows valid where m<r>): the
-    diagonal blocks by substitution, the rest by the block recurrence, all 16 blocks stored at
-    ``p_a`` (the chunk's first row of this head), zeros above the diagonal."""
-    o = tl.arange(0, 16)
-    eye = (o[:, None] == o[None, :]).to(tl.float32)
-    # the diagonal blocks: X starts as -L, and L^T for the substitution's rows
-    x0 = -_gated(kk00, g0, g0, b0, m0, m0, True, True)
-    x1 = -_gated(kk11, g1, g1, b1, m1, m1, True, True)
-    x2 = -_gated(kk22, g2, g2, b2, m2, m2, True, True)
-    x3 = -_gated(kk33, g3, g3, b3, m3, m3, True, True)
-    t0 = _gated(kk00, g0, g0, b0, m0, m0, True, False)
-    t1 = _gated(kk11, g1, g1, b1, m1, m1, True, False)
-    t2 = _gated(kk22, g2, g2, b2, m2, m2, True, False)
-    t3 = _gated(kk33, g3, g3, b3, m3, m3, True, False)
-    for i in range(2, 16):  # rows 0 and 1 of -L are final already
-        x0 = _substitution_step(x0, t0, i)
-        x1 = _substitution_step(x1, t1, i)
-        x2 = _substitution_step(x2, t2, i)
-        x3 = _substitution_step(x3, t3, i)
-    x0 += eye
-    x1 += eye
-    x2 += eye
-    x3 += eye
-    l10 = _gated(kk10, g1, g0, b1, m1, m0, False, True)
-    l20 = _gated(kk20, g2, g0, b2, m2, m0, False, True)
-    l21 = _gated(kk21, g2, g1, b2, m2, m1, False, True)
-    l30 = _gated(kk30, g3, g0, b3, m3, m0, False, True)
-    l31 = _gated(kk31, g3, g1, b3, m3, m1, False, True)
-    l32 = _gated(kk32, g3, g2, b3, m3, m2, False, True)
-    # block rows of the inverse, first off-diagonal, then further out (each needs the ones nearer)
-    x10 = -tl.dot(x1, tl.dot(l10, x0, input_precision=DOT_PRECISION), input_precision=DOT_PRECISION)
-    x21 = -tl.dot(x2, tl.dot(l21, x1, input_precision=DOT_PRECISION), input_precision=DOT_PRECISION)
-    x32 = -tl.dot(x3, tl.dot(l32, x2, input_precision=DOT_PRECISION), input_precision=DOT_PRECISION)
-    x20 = -tl.dot(x2, tl.dot(l20, x0, input_precision=DOT_PRECISION)
-                  + tl.dot(l21, x10, input_precision=DOT_PRECISION), input_precision=DOT_PRECISION)
-    x31 = -tl.dot(x3, tl.dot(l31, x1, input_precision=DOT_PRECISION)
-                  + tl.dot(l32, x21, input_precision=DOT_PRECISION), input_precision=DOT_PRECISION)
-    x30 = -tl.dot(x3, tl.dot(l30, x0, input_precision=DOT_PRECISION)
-                  + tl.dot(l31, x10, input_precision=DOT_PRECISION)
-                  + tl.dot(l32, x20, input_precision=DOT_PRECISION), input_precision=DOT_PRECISION)
-    _store(p_a, x0, 0, 0, n_valid, HV, BT)
-    _store(p_a, x10, 1, 0, n_valid, HV, BT)
-    _store(p_a, x1, 1, 1, n_valid, HV, BT)
-    _store(p_a, x20, 2, 0, n_valid, HV, BT)
-    _store(p_a, x21, 2, 1, n_valid, HV, BT)
-    _store(p_a, x2, 2, 2, n_valid, HV, BT)
-    _store(p_a, x30, 3, 0, n_valid, HV, BT)
-    _store(p_a, x31, 3, 1, n_valid, HV, BT)
-    _store(p_a, x32, 3, 2, n_valid, HV, BT)
-    _store(p_a, x3, 3, 3, n_valid, HV, BT)
-    for r in tl.static_range(3):  # the zeros above the diagonal (the scans read A unmasked)
-        for c in tl.static_range(r + 1, 4):
-            _store(p_a, tl.zeros([16, 16], dtype=tl.float32), r, c, n_valid, HV, BT)
-
-
 @triton.jit(do_not_specialize=["T"])
 def wy_inverse_kernel(
     k,  # [B, T, H, K]
@@ -207,8 +127,20 @@ def wy_inverse_kernel(
         b_k1 = tl.load(p_k + 16 * H * K + o_k[None, :], mask=m1[:, None] & m_k, other=0.0)
         b_k2 = tl.load(p_k + 32 * H * K + o_k[None, :], mask=m2[:, None] & m_k, other=0.0)
         b_k3 = tl.load(p_k + 48 * H * K + o_k[None, :], mask=m3[:, None] & m_k, other=0.0)
-        kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32 = kk_step(
-            kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32, b_k0, b_k1, b_k2, b_k3, DOT_PRECISION)
+        b_t0 = tl.trans(b_k0)
+        b_t1 = tl.trans(b_k1)
+        b_t2 = tl.trans(b_k2)
+        kk00 = tl.dot(b_k0, b_t0, kk00, input_precision=DOT_PRECISION)
+        kk11 = tl.dot(b_k1, b_t1, kk11, input_precision=DOT_PRECISION)
+        kk22 = tl.dot(b_k2, b_t2, kk22, input_precision=DOT_PRECISION)
+        kk33 = tl.dot(b_k3, tl.trans(b_k3), kk33, input_precision=DOT_PRECISION)
+        kk10 = tl.dot(b_k1, b_t0, kk10, input_precision=DOT_PRECISION)
+        kk20 = tl.dot(b_k2, b_t0, kk20, input_precision=DOT_PRECISION)
+        kk21 = tl.dot(b_k2, b_t1, kk21, input_precision=DOT_PRECISION)
+        kk30 = tl.dot(b_k3, b_t0, kk30, input_precision=DOT_PRECISION)
+        kk31 = tl.dot(b_k3, b_t1, kk31, input_precision=DOT_PRECISION)
+        kk32 = tl.dot(b_k3, b_t2, kk32, input_precision=DOT_PRECISION)
+    eye = (o[:, None] == o[None, :]).to(tl.float32)
     for j in range(G):  # the group's value heads: gate, beta, inverse, store
         i_v = i_h * G + j
         p_gb = (row0 + o) * HV + i_v
@@ -220,8 +152,55 @@ def wy_inverse_kernel(
         b1 = tl.load(beta + p_gb + 16 * HV, mask=m1, other=0.0).to(tl.float32)
         b2 = tl.load(beta + p_gb + 32 * HV, mask=m2, other=0.0).to(tl.float32)
         b3 = tl.load(beta + p_gb + 48 * HV, mask=m3, other=0.0).to(tl.float32)
-        invert_store(kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32, g0, g1, g2, g3, b0, b1, b2, b3,
-                     m0, m1, m2, m3, A + (row0 * HV + i_v) * BT, n_valid, HV, BT, DOT_PRECISION)
+        # the diagonal blocks: X starts as -L, and L^T for the substitution's rows
+        x0 = -_gated(kk00, g0, g0, b0, m0, m0, True, True)
+        x1 = -_gated(kk11, g1, g1, b1, m1, m1, True, True)
+        x2 = -_gated(kk22, g2, g2, b2, m2, m2, True, True)
+        x3 = -_gated(kk33, g3, g3, b3, m3, m3, True, True)
+        t0 = _gated(kk00, g0, g0, b0, m0, m0, True, False)
+        t1 = _gated(kk11, g1, g1, b1, m1, m1, True, False)
+        t2 = _gated(kk22, g2, g2, b2, m2, m2, True, False)
+        t3 = _gated(kk33, g3, g3, b3, m3, m3, True, False)
+        for i in range(2, 16):  # rows 0 and 1 of -L are final already
+            x0 = _substitution_step(x0, t0, i)
+            x1 = _substitution_step(x1, t1, i)
+            x2 = _substitution_step(x2, t2, i)
+            x3 = _substitution_step(x3, t3, i)
+        x0 += eye
+        x1 += eye
+        x2 += eye
+        x3 += eye
+        l10 = _gated(kk10, g1, g0, b1, m1, m0, False, True)
+        l20 = _gated(kk20, g2, g0, b2, m2, m0, False, True)
+        l21 = _gated(kk21, g2, g1, b2, m2, m1, False, True)
+        l30 = _gated(kk30, g3, g0, b3, m3, m0, False, True)
+        l31 = _gated(kk31, g3, g1, b3, m3, m1, False, True)
+        l32 = _gated(kk32, g3, g2, b3, m3, m2, False, True)
+        # block rows of the inverse, first off-diagonal, then further out (each needs the ones nearer)
+        x10 = -tl.dot(x1, tl.dot(l10, x0, input_precision=DOT_PRECISION), input_precision=DOT_PRECISION)
+        x21 = -tl.dot(x2, tl.dot(l21, x1, input_precision=DOT_PRECISION), input_precision=DOT_PRECISION)
+        x32 = -tl.dot(x3, tl.dot(l32, x2, input_precision=DOT_PRECISION), input_precision=DOT_PRECISION)
+        x20 = -tl.dot(x2, tl.dot(l20, x0, input_precision=DOT_PRECISION)
+                      + tl.dot(l21, x10, input_precision=DOT_PRECISION), input_precision=DOT_PRECISION)
+        x31 = -tl.dot(x3, tl.dot(l31, x1, input_precision=DOT_PRECISION)
+                      + tl.dot(l32, x21, input_precision=DOT_PRECISION), input_precision=DOT_PRECISION)
+        x30 = -tl.dot(x3, tl.dot(l30, x0, input_precision=DOT_PRECISION)
+                      + tl.dot(l31, x10, input_precision=DOT_PRECISION)
+                      + tl.dot(l32, x20, input_precision=DOT_PRECISION), input_precision=DOT_PRECISION)
+        p_a = A + (row0 * HV + i_v) * BT
+        _store(p_a, x0, 0, 0, n_valid, HV, BT)
+        _store(p_a, x10, 1, 0, n_valid, HV, BT)
+        _store(p_a, x1, 1, 1, n_valid, HV, BT)
+        _store(p_a, x20, 2, 0, n_valid, HV, BT)
+        _store(p_a, x21, 2, 1, n_valid, HV, BT)
+        _store(p_a, x2, 2, 2, n_valid, HV, BT)
+        _store(p_a, x30, 3, 0, n_valid, HV, BT)
+        _store(p_a, x31, 3, 1, n_valid, HV, BT)
+        _store(p_a, x32, 3, 2, n_valid, HV, BT)
+        _store(p_a, x3, 3, 3, n_valid, HV, BT)
+        for r in tl.static_range(3):  # the zeros above the diagonal (the scans read A unmasked)
+            for c in tl.static_range(r + 1, 4):
+                _store(p_a, tl.zeros([16, 16], dtype=tl.float32), r, c, n_valid, HV, BT)
 
 
 wy_inverse_kernel_tuned = triton.autotune(
