@@ -16,7 +16,8 @@ landed at 93.5-94.5%. Rows (do_bench medians, one process; TB/s counts the bytes
                 reduction (plain grid; `_tpp` a plain grid of 2-8 adjacent blocks a program;
                 `_pers` a persistent grid of 4 or 8 programs an SM; `_ticket` the same taking its
                 blocks in order from an atomic counter; `_hint` with evict-first loads and
-                streaming stores)
+                streaming stores; `_pf` the loop with the next block's loads issued before
+                this block's stores)
 * bwd           the shipped backward, autotuned (dx, dg, the dw partials and their reduce)
 
 If r3w2 tops out where bwd is, the bar is a property of the card's read/write mix, not of the
@@ -92,6 +93,38 @@ def r3w2_kernel(h, g, dy, dx, dg, n, n_blk, BLOCK: tl.constexpr, PERSIST: tl.con
             tl.store(dg + offs, (b * d).to(dg.dtype.element_ty), mask=m)
 
 
+@triton.jit
+def r3w2_pf_kernel(h, g, dy, dx, dg, n, n_blk, BLOCK: tl.constexpr, PERSIST: tl.constexpr, TPP: tl.constexpr = 1):
+    """r3w2_kernel's loop with the next block's loads issued before this block's stores (a
+    register double buffer): is the loop's loss the gap between one block's stores and the
+    next block's loads?"""
+    if PERSIST:
+        b0 = tl.program_id(0)
+        step = tl.num_programs(0)
+        stop = n_blk
+    else:
+        b0 = tl.program_id(0) * TPP
+        step = 1
+        stop = tl.minimum(b0 + TPP, n_blk)
+    ar = tl.arange(0, BLOCK)
+    offs = b0 * BLOCK + ar
+    m = offs < n
+    a = tl.load(h + offs, mask=m)
+    b = tl.load(g + offs, mask=m)
+    d = tl.load(dy + offs, mask=m)
+    for blk in tl.range(b0, stop, step):
+        offs_n = (blk + step) * BLOCK + ar
+        m_n = (offs_n < n) & (blk + step < stop)
+        a_n = tl.load(h + offs_n, mask=m_n)
+        b_n = tl.load(g + offs_n, mask=m_n)
+        d_n = tl.load(dy + offs_n, mask=m_n)
+        af = a.to(tl.float32)
+        df = d.to(tl.float32)
+        tl.store(dx + offs, (af + df).to(dx.dtype.element_ty), mask=m)
+        tl.store(dg + offs, (b.to(tl.float32) * df).to(dg.dtype.element_ty), mask=m)
+        a, b, d, offs, m = a_n, b_n, d_n, offs_n, m_n
+
+
 def main(path: str) -> None:
     from kernel_fun.bench.harness import median_ms
     from kernel_fun.gnorm._kernels import bwd, fwd
@@ -133,6 +166,13 @@ def main(path: str) -> None:
                 num_warps=4)), 10 * n)
         for pps in (4, 8):
             row(f"r3w2_2048_pers{pps}", V, median_ms(lambda: r3w2_kernel[(n_sm * pps,)](
+                t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), BLOCK=2048, PERSIST=True, num_warps=4)), 10 * n)
+        for tpp in (4, 8, 16):  # the loop with a register double buffer (r3w2_pf_kernel)
+            row(f"r3w2_2048_tpp{tpp}_pf", V, median_ms(lambda: r3w2_pf_kernel[(triton.cdiv(triton.cdiv(n, 2048), tpp),)](
+                t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), BLOCK=2048, PERSIST=False, TPP=tpp,
+                num_warps=4)), 10 * n)
+        for pps in (4, 8):
+            row(f"r3w2_2048_pers{pps}_pf", V, median_ms(lambda: r3w2_pf_kernel[(n_sm * pps,)](
                 t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), BLOCK=2048, PERSIST=True, num_warps=4)), 10 * n)
         ticket = torch.zeros(1, dtype=torch.int32, device="cuda")
         for pps in (4, 8):  # the counter's reset (a 4-byte memset) is inside the timed call
