@@ -113,29 +113,6 @@ def test_forced_backward_with_more_programs_than_the_autotuner_has(config):
         assert rel_rms(got, ref[name]) < 1e-5, name
 
 
-@pytest.mark.parametrize("config", bwd_mod.CANDIDATES, ids=bwd_mod.config_name)
-@pytest.mark.parametrize("activation", ["swish", "sigmoid"])
-def test_forced_candidate_backward(config, activation):
-    """Every config `bench --stages gnorm` may force (the prefetching ones carry the next tile's
-    loads across the loop) gives the reference's dx, dg, dw, db and the residual's gradient with
-    several tiles a program, a partial last tile and programs whose next tile is past the end."""
-    from kernel_fun._common.numerics import rel_rms
-    from kernel_fun.gnorm.reference import rms_norm_gated_ref_grads
-
-    V = 48  # BV 64: masked columns
-    br = config.kwargs["TILE"] // 64
-    rows = 4 * config.kwargs["PPS"] * br * 2 + br // 2 + 1
-    inp = make_inputs((rows, V), torch.float32, bias=True)
-    x, g, w, b = (inp[k].detach() for k in ("x", "g", "weight", "bias"))
-    y, rstd, h = fwd_mod.gnorm_fwd(x, g, w, b, None, None, 1e-6, activation)
-    dy, dres = torch.randn_like(y), torch.randn_like(y)
-    dx, dg, dw, db, _ = bwd_mod.gnorm_bwd(x if h is None else h, g, w, b, rstd, dy, dres, activation, x.dtype,
-                                          None, True, True, config=config)
-    ref = rms_norm_gated_ref_grads(x, g, w, b, dy, activation, dres=dres, eps=1e-6)
-    for name, got in (("x", dx), ("g", dg), ("weight", dw), ("bias", db)):
-        assert rel_rms(got, ref[name]) < 1e-5, name
-
-
 def test_mixed_dtypes():
     inp = make_inputs((4, 48), torch.float16, bias=True, wdtype=torch.float16)
     inp["g"] = inp["g"].detach().float().requires_grad_()  # g fp32, x fp16

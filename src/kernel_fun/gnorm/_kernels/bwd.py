@@ -65,28 +65,8 @@ CONFIGS = [
 # grid of 8-32 tiles a program, register caps of 72-96 for 5-7 programs an SM) and none beat the
 # autotuner's pick (1.332-1.342 ms at V = 256, 0.668-0.677 at V = 128; the candidates 1.343-1.575
 # and 0.686-0.794): docs/gnorm.md.
-CANDIDATES = [  # PF: the next tile's loads issued before this tile's stores (a register double buffer)
-    triton.Config({"TILE": 2048, "PPS": 4, "NS": 1, "PF": True}, num_warps=4, maxnreg=128),
-    triton.Config({"TILE": 1024, "PPS": 8, "NS": 1, "PF": True}, num_warps=2, maxnreg=128),
-    triton.Config({"TILE": 1024, "PPS": 4, "NS": 1, "PF": True}, num_warps=4, maxnreg=128),
-    triton.Config({"TILE": 2048, "PPS": 3, "NS": 1, "PF": True}, num_warps=4, maxnreg=168),
-]
+CANDIDATES: list = []
 MAX_PPS = max(c.kwargs["PPS"] for c in CONFIGS)  # of the autotuner's configs (the partials' size)
-
-
-@triton.jit
-def _load_tile(h, g, dy, rstd, t, N, s_h, s_g, s_dy, cols, cmask, BR: tl.constexpr):
-    """Row tile t's h, g, dy (their own dtypes) and rstd; rows past N (a tile past the last
-    too) load as 0."""
-    rows = t * BR + tl.arange(0, BR)
-    rmask = rows < N
-    m = rmask[:, None] & cmask[None, :]
-    r64 = rows.to(tl.int64)[:, None]
-    hv = tl.load(h + r64 * s_h + cols[None, :], mask=m, other=0.0)
-    gv = tl.load(g + r64 * s_g + cols[None, :], mask=m, other=0.0)
-    dyv = tl.load(dy + r64 * s_dy + cols[None, :], mask=m, other=0.0)
-    r = tl.load(rstd + rows, mask=rmask, other=0.0)
-    return hv, gv, dyv, r
 
 
 @triton.autotune(
@@ -103,7 +83,7 @@ def gnorm_bwd_kernel(
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DRES: tl.constexpr, STORE_DRES: tl.constexpr,
     N_BUCKET: tl.constexpr,  # autotune key only (common.n_bucket)
     TILE: tl.constexpr, PPS: tl.constexpr, NS: tl.constexpr, BR: tl.constexpr,
-    FAST: tl.constexpr = False, PF: tl.constexpr = False,
+    FAST: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
@@ -116,23 +96,16 @@ def gnorm_bwd_kernel(
     acc_w = tl.zeros((BR, BV), dtype=tl.float32)
     acc_b = tl.zeros((BR, BV), dtype=tl.float32)
 
-    if PF:  # this program's first tile, loaded before the loop (its loads carried in registers)
-        hn, gn, dyn, rn = _load_tile(h, g, dy, rstd, pid, N, s_h, s_g, s_dy, cols, cmask, BR)
     for t in tl.range(pid, tl.cdiv(N, BR), n_prog, num_stages=NS):
         rows = t * BR + tl.arange(0, BR)
         rmask = rows < N
         m = rmask[:, None] & cmask[None, :]
         r64 = rows.to(tl.int64)[:, None]
         # rows past N load as 0 (dy = 0): they add nothing to dw/db
-        if PF:  # the next tile's loads go out before this tile's math and stores
-            hv, gv, dyv, r = hn, gn, dyn, rn
-            hn, gn, dyn, rn = _load_tile(h, g, dy, rstd, t + n_prog, N, s_h, s_g, s_dy, cols, cmask, BR)
-        else:
-            hv, gv, dyv, r = _load_tile(h, g, dy, rstd, t, N, s_h, s_g, s_dy, cols, cmask, BR)
-        hv = hv.to(tl.float32)
-        gv = gv.to(tl.float32)
-        dyv = dyv.to(tl.float32)
-        r = r[:, None]
+        hv = tl.load(h + r64 * s_h + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        gv = tl.load(g + r64 * s_g + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        dyv = tl.load(dy + r64 * s_dy + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        r = tl.load(rstd + rows, mask=rmask, other=0.0)[:, None]
 
         xh = hv * r
         p = xh
