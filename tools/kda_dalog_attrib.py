@@ -4,6 +4,7 @@ gradient) on a call: our chain, fla's own op, and our chain with one stage at a 
 (or run in another numerical mode), each against the fp64 recurrence. A diagnostic, not a test.
 
     PYTHONPATH=/tmp/site:src python tools/kda_dalog_attrib.py --device cuda 16 26 22 9
+    PYTHONPATH=/tmp/site:src python tools/kda_dalog_attrib.py --device cuda --time   # intra_bwd, tf32 vs tf32_rn
 
 The calls are `tools/chain_fuzz.py --layer`'s GPU draws for the given seeds (the layer's flags, bf16).
 On 2026-12-06 that fuzz (H100) had four of twenty such calls with our dA_log at 2.1e-2 to 9.2e-2 from
@@ -73,6 +74,12 @@ def _variants():
     def intra_ieee(*a, **kw):
         return ours_intra(*a, **kw, dot_precision="ieee")
 
+    def intra_tf32x3(*a, **kw):  # three tf32 products a dot (Triton's split): about fp32's precision
+        return ours_intra(*a, **dict(kw, dot_precision="tf32x3"))
+
+    def intra_plain_tf32(*a, **kw):  # the operands truncated by the tensor cores (before 2026-12-06)
+        return ours_intra(*a, **dict(kw, dot_precision="tf32"))
+
     def intra_bit_levels(*a, **kw):
         return ours_intra(*a, **dict(kw, fast_range=None, gate_monotone=False))
 
@@ -93,14 +100,40 @@ def _variants():
         "ours, fla cumsum+gate": {"dg_cumsum_gate_bwd": fla_gate},
         "ours, intra ieee dots": {"intra_bwd": intra_ieee},
         "ours, intra bit levels": {"intra_bwd": intra_bit_levels},
+        "ours, intra plain tf32": {"intra_bwd": intra_plain_tf32},
+        "ours, intra tf32x3": {"intra_bwd": intra_tf32x3},
     }
+
+
+def time_intra(device: str) -> None:
+    """The shipped intra_bwd call (l2norm fused, one anchor) at the stage bench's shape in each dot
+    precision, alternated twice (ms, do_bench medians)."""
+    from kernel_fun.bench.harness import median_ms
+    from kernel_fun.bench.kda import STAGE_SHAPES, _check_inputs
+    from kernel_fun.kda import chain
+
+    shape = STAGE_SHAPES["cuda" if device == "cuda" else "cpu"]
+    t = _check_inputs(device, **shape)
+    B, T, H = t["q"].shape[:3]
+    rstd = torch.rand(B * T * H, device=device) + 0.5
+    intra = dict(q=t["q"], k=t["k"], g=t["g"], beta=t["beta"], dAqk=t["A"], dAkk=t["Aqk"], dq=t["dq"], dk=t["dk"],
+                 db=t["db"], dg=t["dg"], chunk_size=64, fast_range=chain.INTRA_BWD_FAST_RANGE)
+    if H == t["g"].shape[2]:  # the layer's call fuses the l2norm backward (HV == H)
+        intra.update(l2norm_rstd=(rstd, rstd), out_dtype=t["q"].dtype)
+    for dp in ("tf32", "tf32_rn", "tf32x3", "ieee") * 2:
+        print(f"intra_bwd {shape} dot_precision={dp}: {median_ms(lambda: chain.intra_bwd(**intra, dot_precision=dp)):.4f} ms",
+              flush=True)
 
 
 def main(argv) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("seeds", type=int, nargs="+")
+    p.add_argument("seeds", type=int, nargs="*")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--time", action="store_true", help="time intra_bwd's two modes (time_intra)")
+    p.add_argument("--variants", default="", help="';'-separated names (as printed) to run; default all")
     a = p.parse_args(argv)
+    if a.time:
+        time_intra(a.device)
     gpu = a.device == "cuda"
     dtype = torch.bfloat16 if gpu else torch.float16
     import chain_fuzz
@@ -117,6 +150,9 @@ def main(argv) -> int:
         family_modules.load("kda", "fla_standins").install(mp)
     cases = family_modules.load("kda", "chain_cases")
     variants = _variants()
+    if a.variants:
+        keep = [v.strip() for v in a.variants.split(";")]
+        variants = {n: v for n, v in variants.items() if n in keep}
     for seed in a.seeds:
         c = chain_fuzz._call(random.Random(seed), "kda", True, 128, True)  # the GPU draw, as the fuzz's
         N = len(c["cu"]) - 1 if c["cu"] else c["B"]

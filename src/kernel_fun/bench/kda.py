@@ -189,7 +189,8 @@ def probes(device: str, shape: dict | None = None) -> list:
     wy = dict(q=t["q"], k=t["k"], v=t["v"], v_new=t["v_new"], g=t["g"], beta=t["beta"], A=t["A_lo"], h=t["h"],
               do=t["do"], dh=t["dh"], dv=t["dv"], scale=0.3, chunk_size=64)
     out = [
-        P("kda.intra_bwd", lambda c: chain.intra_bwd(**intra, fast_range=chain.INTRA_BWD_FAST_RANGE, config=c),
+        P("kda.intra_bwd", lambda c: chain.intra_bwd(**intra, fast_range=chain.INTRA_BWD_FAST_RANGE,
+                                                      dot_precision="tf32_rn", config=c),
           lambda: R.intra_bwd_reference(**intra), ("dq", "dk", "db", "dg"), module=intra_bwd, label="kda intra_bwd"),
         P("kda.wy_bwd", lambda c: chain.wy_dqkg_bwd(**wy, config=c), lambda: R.wy_dqkg_bwd_reference(**wy),
           ("dq", "dk", "dv", "db", "dg", "dA"), module=wy_bwd, label="kda wy_bwd"),

@@ -188,7 +188,8 @@ def intra_bwd(full):
     ptr.update(cu_seqlens="*i64", chunk_indices="*i64")
     fusions = [("plain", ()), ("+l2norm", ("L2NORM_BWD",)),
                ("+l2norm+anchor", ("L2NORM_BWD", "ANCHOR")),
-               ("+l2norm+anchor+monotone", ("L2NORM_BWD", "ANCHOR", "GATE_MONOTONE"))]
+               ("+l2norm+anchor+monotone", ("L2NORM_BWD", "ANCHOR", "GATE_MONOTONE")),
+               ("+l2norm+anchor+monotone+rn", ("L2NORM_BWD", "ANCHOR", "GATE_MONOTONE", "RN"))]  # as shipped
     if not full:  # the measured best at K=128: BK=128 on 4 warps, one stage
         base = dict(H=16, HV=16, K=128, BT=64, BK=128, HOIST_S=False, IS_VARLEN=False, DOT_PRECISION="tf32")
         for name, flags in fusions:

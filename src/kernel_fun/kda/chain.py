@@ -97,10 +97,11 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
     # head (grouped heads are summed after the stage) and a K block covering K.
     fused_l2 = q_rstd is not None and can_fuse_l2norm(H, HV, K)
     l2 = dict(l2norm_rstd=(q_rstd, k_rstd), out_dtype=q.dtype) if fused_l2 else {}
-    # The gate function's log decays are <= 0, so their chunk cumsum is non-increasing.
+    # The gate function's log decays are <= 0, so their chunk cumsum is non-increasing. The dots'
+    # operands rounded to nearest tf32 (the tensor cores truncate: a bias that dA_log's sum kept).
     dq, dk, db, dg = intra_bwd(
         q=q, k=k, g=gc, beta=beta, dAqk=dAqk, dAkk=dAkk, dq=dq, dk=dk, db=db, dg=dg,
-        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT,
+        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT, dot_precision="tf32_rn",
         fast_range=INTRA_BWD_FAST_RANGE, gate_monotone=use_gate_in_kernel, **l2)
     if HV > H:  # grouped values: dq, dk come out per value head
         dq = dq.view(*dq.shape[:2], H, HV // H, dq.shape[-1]).sum(dim=3)
