@@ -4,7 +4,7 @@ gradient) on a call: our chain, fla's own op, and our chain with one stage at a 
 (or run in another numerical mode), each against the fp64 recurrence. A diagnostic, not a test.
 
     PYTHONPATH=/tmp/site:src python tools/kda_dalog_attrib.py --device cuda 16 26 22 9
-    PYTHONPATH=/tmp/site:src python tools/kda_dalog_attrib.py --device cuda --time   # intra_bwd, tf32 vs tf32_rn
+    PYTHONPATH=/tmp/site:src python tools/kda_dalog_attrib.py --device cuda --time   # intra_bwd in each dot precision
 
 The calls are `tools/chain_fuzz.py --layer`'s GPU draws for the given seeds (the layer's flags, bf16).
 On 2026-12-06 that fuzz (H100) had four of twenty such calls with our dA_log at 2.1e-2 to 9.2e-2 from
@@ -72,12 +72,12 @@ def _variants():
     ours_intra = chain.intra_bwd
 
     def intra_ieee(*a, **kw):
-        return ours_intra(*a, **kw, dot_precision="ieee")
+        return ours_intra(*a, **dict(kw, dot_precision="ieee"))
 
     def intra_tf32x3(*a, **kw):  # three tf32 products a dot (Triton's split): about fp32's precision
         return ours_intra(*a, **dict(kw, dot_precision="tf32x3"))
 
-    def intra_plain_tf32(*a, **kw):  # the operands truncated by the tensor cores (before 2026-12-06)
+    def intra_plain_tf32(*a, **kw):  # the chain's dots before 2026-12-06 (the tensor cores truncate the operands)
         return ours_intra(*a, **dict(kw, dot_precision="tf32"))
 
     def intra_bit_levels(*a, **kw):
@@ -120,7 +120,7 @@ def time_intra(device: str) -> None:
                  db=t["db"], dg=t["dg"], chunk_size=64, fast_range=chain.INTRA_BWD_FAST_RANGE)
     if H == t["g"].shape[2]:  # the layer's call fuses the l2norm backward (HV == H)
         intra.update(l2norm_rstd=(rstd, rstd), out_dtype=t["q"].dtype)
-    for dp in ("tf32", "tf32_rn", "tf32x3", "ieee") * 2:
+    for dp in ("tf32", "tf32x3", "ieee") * 2:
         print(f"intra_bwd {shape} dot_precision={dp}: {median_ms(lambda: chain.intra_bwd(**intra, dot_precision=dp)):.4f} ms",
               flush=True)
 

@@ -233,31 +233,6 @@ def test_intra_bwd_matches_reference(case, io_dtype):
 
 
 @pytest.mark.parametrize("case", CASES, ids=["fixed", "grouped-strong", "varlen-strong"])
-@pytest.mark.parametrize("fast_range", [None, "shipped"])
-def test_intra_bwd_tf32_rn_rounds_its_operands_at_tf32_error(case, fast_range):
-    """The chain's "tf32_rn" (the dot operands rounded to nearest tf32 first; Hopper's tensor
-    cores truncate plain "tf32" operands, a bias dA_log kept): the interpreter's dots are exact, so
-    here the output differs from the plain run by the operands' rounding alone, at tf32's level,
-    on the bit levels and on the one-anchor blocks."""
-    from kernel_fun.kda._kernels.intra_bwd import FAST_RANGE, intra_bwd
-
-    B, T, H, HV, K, V, cu, decay = case
-    cu_t = torch.tensor(cu) if cu is not None else None
-    ch = build_chain(B, T, H, HV, K, V, cu=cu_t, decay=decay, seed=1, beta_max=1.5)
-    _, inp = stage_inputs(ch, torch.float32, cu_t)
-    fr = dict(fast_range=FAST_RANGE, gate_monotone=True) if fast_range else {}
-    ref = refs.intra_bwd_reference(**inp)
-    plain = intra_bwd(**inp, **fr)
-    rn = intra_bwd(**inp, **fr, dot_precision="tf32_rn")
-    for name, p, o, r, x in zip(("dq", "dk", "db", "dg"), plain, rn, ref,
-                                (inp["dq"], inp["dk"], inp["db"], inp["dg"])):
-        assert torch.isfinite(o).all(), name
-        assert rel_err(p, r) < 1e-5, name
-        err_part = rel_err(o.double() - x.double(), r - x.double())  # the intra part: tf32's rounding
-        assert 1e-6 < err_part < 2e-3, (name, err_part)
-
-
-@pytest.mark.parametrize("case", CASES, ids=["fixed", "grouped-strong", "varlen-strong"])
 def test_intra_bwd_one_anchor_and_bit_levels_agree(case):
     """The diagonal blocks by one anchor (fast_range=FAST_RANGE: where the gate's spread over
     a 16-row block allows) and by the bit levels for every block (the default): both match

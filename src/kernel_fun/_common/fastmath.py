@@ -12,8 +12,6 @@ inf and the result 0, as before.
 
 FAST must be False under Triton's interpreter (it cannot run PTX): launchers pass
 `FAST_MATH`, which is False exactly there.
-
-`round_tf32`: an fp32 dot operand rounded to nearest tf32 (the tensor cores truncate).
 """
 from __future__ import annotations
 
@@ -36,17 +34,3 @@ def sigmoid(x, FAST: tl.constexpr):
     else:
         y = tl.sigmoid(x)
     return y
-
-
-@triton.jit
-def round_tf32(x):
-    """fp32 x rounded to the nearest tf32 value (10 stored mantissa bits; ties away from zero),
-    in integer ops, so it runs the same under the interpreter. Before a ``tl.dot`` with
-    ``input_precision="tf32"``: Hopper's tensor cores drop an fp32 operand's low 13 mantissa
-    bits (truncation toward zero), so every product of such a dot is biased toward zero by about
-    2^-11 of its size, and a sum of many (a gate gradient summed over tokens and channels, where
-    terms cancel) keeps the bias. Rounded operands reach the tensor cores unchanged; their
-    errors have no sign."""
-    b = x.to(tl.int32, bitcast=True)
-    b = (b + 0x1000) & -8192  # -8192 = 0xFFFFE000: keep sign, exponent and the top 10 mantissa bits
-    return b.to(tl.float32, bitcast=True)

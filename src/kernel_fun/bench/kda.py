@@ -190,7 +190,7 @@ def probes(device: str, shape: dict | None = None) -> list:
               do=t["do"], dh=t["dh"], dv=t["dv"], scale=0.3, chunk_size=64)
     out = [
         P("kda.intra_bwd", lambda c: chain.intra_bwd(**intra, fast_range=chain.INTRA_BWD_FAST_RANGE,
-                                                      dot_precision="tf32_rn", config=c),
+                                                      dot_precision=chain.INTRA_BWD_DOTS, config=c),
           lambda: R.intra_bwd_reference(**intra), ("dq", "dk", "db", "dg"), module=intra_bwd, label="kda intra_bwd"),
         P("kda.wy_bwd", lambda c: chain.wy_dqkg_bwd(**wy, config=c), lambda: R.wy_dqkg_bwd_reference(**wy),
           ("dq", "dk", "dv", "db", "dg", "dA"), module=wy_bwd, label="kda wy_bwd"),

@@ -25,6 +25,7 @@ from ._kernels.intra_bwd import FAST_RANGE as INTRA_BWD_FAST_RANGE
 from ._kernels.intra_bwd import can_fuse_l2norm, intra_bwd
 from ._kernels.wy_bwd import wy_dqkg_bwd
 
+INTRA_BWD_DOTS = "ieee"  # the intra backward's dot precision (see backward)
 RCP_LN2 = 1.4426950408889634  # log2(e): fla's gates are cumsummed in log2 space
 BT = 64  # chunk size
 
@@ -97,11 +98,13 @@ def backward(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, Aqk, Akk, d
     # head (grouped heads are summed after the stage) and a K block covering K.
     fused_l2 = q_rstd is not None and can_fuse_l2norm(H, HV, K)
     l2 = dict(l2norm_rstd=(q_rstd, k_rstd), out_dtype=q.dtype) if fused_l2 else {}
-    # The gate function's log decays are <= 0, so their chunk cumsum is non-increasing. The dots'
-    # operands rounded to nearest tf32 (the tensor cores truncate: a bias that dA_log's sum kept).
+    # The gate function's log decays are <= 0, so their chunk cumsum is non-increasing. fp32 dots:
+    # dg's terms cancel (the gate's gradient is invariant to a shift of every g), and dA_log and
+    # ddt_bias sum dg over every token and channel; with tf32 dots they had 2-16x fla's error on
+    # some calls (docs/kda.md, "Errors"). 1% of this stage's time on an H100.
     dq, dk, db, dg = intra_bwd(
         q=q, k=k, g=gc, beta=beta, dAqk=dAqk, dAkk=dAkk, dq=dq, dk=dk, db=db, dg=dg,
-        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT, dot_precision="tf32_rn",
+        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=BT, dot_precision=INTRA_BWD_DOTS,
         fast_range=INTRA_BWD_FAST_RANGE, gate_monotone=use_gate_in_kernel, **l2)
     if HV > H:  # grouped values: dq, dk come out per value head
         dq = dq.view(*dq.shape[:2], H, HV // H, dq.shape[-1]).sum(dim=3)

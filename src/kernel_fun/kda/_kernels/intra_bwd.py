@@ -40,8 +40,7 @@ tile live at once. (A whole-chunk alternative, one masked M=64 product per bit l
 5.9-9.7 ms against this kernel's 4.25 at B=8 on the H200, 2026-11-30, and was deleted.)
 
 Precision: gated operands are fp32; dots use ``DOT_PRECISION`` (tf32 by default, like fla's
-own off-diagonal blocks; "ieee"/"tf32x3"/"bf16x3" selectable), and with RN (the chain's
-"tf32_rn") every operand is rounded to nearest tf32 first: the tensor cores truncate.
+own off-diagonal blocks; "ieee"/"tf32x3"/"bf16x3" selectable).
 """
 from __future__ import annotations
 
@@ -49,7 +48,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun._common.fastmath import round_tf32
 from kernel_fun._common.tuning import (alloc, autotune_cache, autotune_configs, chunk_work, config_name,  # noqa: F401
                                        install_interpreter_shims, launch)
 from kernel_fun._common.witness import record_launch
@@ -105,27 +103,19 @@ def bit_level(o_r):
 
 
 @triton.jit
-def _op(x, RN: tl.constexpr):
-    """A dot operand: rounded to nearest tf32 with RN (``round_tf32``), else as is."""
-    if RN:
-        x = round_tf32(x)
-    return x
-
-
-@triton.jit
-def _sym_block(pA, I, o_r, n_valid, HVBT: tl.constexpr, BC: tl.constexpr, RN: tl.constexpr):
+def _sym_block(pA, I, o_r, n_valid, HVBT: tl.constexpr, BC: tl.constexpr):
     """[BC, BC] S_rc = dA[I*BC + max(r, c), I*BC + min(r, c)]: the diagonal block of
-    sub-chunk I, its lower triangle mirrored onto the upper one (a dot operand)."""
+    sub-chunk I, its lower triangle mirrored onto the upper one."""
     row = I * BC + tl.maximum(o_r[:, None], o_r[None, :])
     col = I * BC + tl.minimum(o_r[:, None], o_r[None, :])
-    return _op(tl.load(pA + row * HVBT + col, mask=row < n_valid, other=0.).to(tl.float32), RN)
+    return tl.load(pA + row * HVBT + col, mask=row < n_valid, other=0.).to(tl.float32)
 
 
 @triton.jit
 def _diag_levels(g, I, n_valid, b_q, b_k, b_bk, b_g, s_qk, s_kk, lvl, m_i, m_k, o_r, o_k, acc_q, acc_r, acc_t,
-                 HVK: tl.constexpr, BC: tl.constexpr, DOT_PRECISION: tl.constexpr, RN: tl.constexpr):
+                 HVK: tl.constexpr, BC: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Sub-chunk I's diagonal block, one K block: one masked dot per bit level, rows and
-    columns together (any gate). s_qk, s_kk come rounded (``_sym_block``)."""
+    columns together (any gate)."""
     NEG_INF: tl.constexpr = float("-inf")
     for lv in range(0, 4):
         r_a = I * BC + (((o_r >> lv) << lv) | (1 << lv))  # the row's anchor at this level
@@ -136,8 +126,8 @@ def _diag_levels(g, I, n_valid, b_q, b_k, b_bk, b_g, s_qk, s_kk, lvl, m_i, m_k, 
         f = tl.exp2(tl.where((m_i & m_a)[:, None], (b_g - g_a) * sgn, NEG_INF))
         f_row = tl.where(is_row, f, 0.)
         f_col = f - f_row
-        rhs1 = _op(b_q * f_row + b_k * f_col, RN)
-        rhs2 = _op(b_bk * f_row + b_k * f_col, RN)
+        rhs1 = b_q * f_row + b_k * f_col
+        rhs2 = b_bk * f_row + b_k * f_col
         r1 = tl.dot(tl.where(lvl == lv, s_qk, 0.), rhs1, input_precision=DOT_PRECISION)
         r2 = tl.dot(tl.where(lvl == lv, s_kk, 0.), rhs2, input_precision=DOT_PRECISION)
         acc_q += r1 * f_row
@@ -148,7 +138,7 @@ def _diag_levels(g, I, n_valid, b_q, b_k, b_bk, b_g, s_qk, s_kk, lvl, m_i, m_k, 
 
 @triton.jit
 def _diag_one_anchor(b_q, b_k, b_bk, b_g, g_b, s_qk, s_kk, m_i, o_r, acc_q, acc_r, acc_t,
-                     DOT_PRECISION: tl.constexpr, RN: tl.constexpr):
+                     DOT_PRECISION: tl.constexpr):
     """Sub-chunk I's diagonal block, one K block, anchored at g_b (per channel): row side
     exp2(g_i - g_b) (dA_lower (k exp2(g_b - g))), column side exp2(g_b - g_j) (dA_lower^T
     (q exp2(g - g_b)) and the same with beta k). Four dots; the caller checked the spread."""
@@ -157,11 +147,11 @@ def _diag_one_anchor(b_q, b_k, b_bk, b_g, g_b, s_qk, s_kk, m_i, o_r, acc_q, acc_
     e_col = tl.exp2(tl.where(m_i[:, None], g_b - b_g, NEG_INF))
     lo = o_r[:, None] > o_r[None, :]
     up = o_r[:, None] < o_r[None, :]
-    b_kc = _op(b_k * e_col, RN)
+    b_kc = b_k * e_col
     acc_q += tl.dot(tl.where(lo, s_qk, 0.), b_kc, input_precision=DOT_PRECISION) * e_row  # dA[i, j], j < i
     acc_r += tl.dot(tl.where(lo, s_kk, 0.), b_kc, input_precision=DOT_PRECISION) * e_row
-    t = tl.dot(tl.where(up, s_qk, 0.), _op(b_q * e_row, RN), input_precision=DOT_PRECISION)  # dA[i, j] at [j, i]
-    t = tl.dot(tl.where(up, s_kk, 0.), _op(b_bk * e_row, RN), t, input_precision=DOT_PRECISION)
+    t = tl.dot(tl.where(up, s_qk, 0.), b_q * e_row, input_precision=DOT_PRECISION)  # dA[i, j] at [j, i]
+    t = tl.dot(tl.where(up, s_kk, 0.), b_bk * e_row, t, input_precision=DOT_PRECISION)
     acc_t += t * e_col
     return acc_q, acc_r, acc_t
 
@@ -176,7 +166,7 @@ def _whole_k_prune(configs, named_args, **kwargs):
 
 
 @triton.autotune(configs=autotune_configs(CONFIGS), **autotune_cache(),
-                 key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION", "RN", "L2NORM_BWD", "FAST_RANGE", "GATE_MONOTONE",
+                 key=["H", "HV", "K", "BT", "IS_VARLEN", "DOT_PRECISION", "L2NORM_BWD", "FAST_RANGE", "GATE_MONOTONE",
                       "WORK"],
                  prune_configs_by={"early_config_prune": _whole_k_prune})
 @triton.jit(do_not_specialize=["T"])
@@ -190,7 +180,6 @@ def _intra_bwd_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, HOIST_S: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
     L2NORM_BWD: tl.constexpr = False, FAST_RANGE: tl.constexpr = -1.0, GATE_MONOTONE: tl.constexpr = False,
-    RN: tl.constexpr = False,
 ):
     """One program: one chunk x one value head (``chunk_program``)."""
     _, i_hv, i_h, _, t0, n_valid = chunk_program(cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
@@ -231,8 +220,8 @@ def _intra_bwd_kernel(
             dqk_d = tl.load(dAqk + r_i * HVBT + r_i, mask=m_i, other=0.).to(tl.float32)[:, None]
             dkk_d = tl.load(dAkk + r_i * HVBT + r_i, mask=m_i, other=0.).to(tl.float32)[:, None]
             if HOIST_S:
-                s_qk = _sym_block(dAqk, I, o_r, n_valid, HVBT, BC, RN)
-                s_kk = _sym_block(dAkk, I, o_r, n_valid, HVBT, BC, RN)
+                s_qk = _sym_block(dAqk, I, o_r, n_valid, HVBT, BC)
+                s_kk = _sym_block(dAkk, I, o_r, n_valid, HVBT, BC)
             b_db = tl.zeros([BC], dtype=tl.float32)
             for i_k in range(0, tl.cdiv(K, BK)):
                 o_k = i_k * BK + tl.arange(0, BK)
@@ -249,8 +238,8 @@ def _intra_bwd_kernel(
 
                 # -- the diagonal block: one masked dot per bit level, rows and columns together
                 if not HOIST_S:
-                    s_qk = _sym_block(dAqk, I, o_r, n_valid, HVBT, BC, RN)
-                    s_kk = _sym_block(dAkk, I, o_r, n_valid, HVBT, BC, RN)
+                    s_qk = _sym_block(dAqk, I, o_r, n_valid, HVBT, BC)
+                    s_kk = _sym_block(dAkk, I, o_r, n_valid, HVBT, BC)
                 # one anchor, per channel the middle of the gate's range over the block's valid
                 # rows, where that range is within FAST_RANGE (log2) on every channel of this
                 # tile; else (and with FAST_RANGE < 0, compiled alone) bit levels
@@ -265,14 +254,14 @@ def _intra_bwd_kernel(
                     if tl.max(g_hi - g_lo, axis=0) <= FAST_RANGE:
                         g_b = ((g_hi + g_lo) * 0.5)[None, :]
                         acc_q, acc_r, acc_t = _diag_one_anchor(b_q, b_k, b_bk, b_g, g_b, s_qk, s_kk, m_i, o_r,
-                                                               acc_q, acc_r, acc_t, DOT_PRECISION, RN)
+                                                               acc_q, acc_r, acc_t, DOT_PRECISION)
                     else:
                         acc_q, acc_r, acc_t = _diag_levels(g, I, n_valid, b_q, b_k, b_bk, b_g, s_qk, s_kk, lvl, m_i,
                                                            m_k, o_r, o_k, acc_q, acc_r, acc_t, HVK, BC,
-                                                           DOT_PRECISION, RN)
+                                                           DOT_PRECISION)
                 else:
                     acc_q, acc_r, acc_t = _diag_levels(g, I, n_valid, b_q, b_k, b_bk, b_g, s_qk, s_kk, lvl, m_i, m_k,
-                                                       o_r, o_k, acc_q, acc_r, acc_t, HVK, BC, DOT_PRECISION, RN)
+                                                       o_r, o_k, acc_q, acc_r, acc_t, HVK, BC, DOT_PRECISION)
 
                 # -- row side, earlier sub-chunks J < I, anchored at row I*BC
                 if I > 0:  # runtime
@@ -283,10 +272,10 @@ def _intra_bwd_kernel(
                         r_j = J * BC + o_r  # all valid: they precede a valid row
                         k_j = tl.load(k + r_j[:, None] * HK + o_k[None, :], mask=m_k, other=0.).to(tl.float32)
                         g_j = tl.load(g + r_j[:, None] * HVK + o_k[None, :], mask=m_k, other=0.).to(tl.float32)
-                        rhs = _op(k_j * tl.exp2(g_0 - g_j), RN)
+                        rhs = k_j * tl.exp2(g_0 - g_j)
                         off = r_i[:, None] * HVBT + r_j[None, :]
-                        x_qk = _op(tl.load(dAqk + off, mask=m_i[:, None], other=0.).to(tl.float32), RN)
-                        x_kk = _op(tl.load(dAkk + off, mask=m_i[:, None], other=0.).to(tl.float32), RN)
+                        x_qk = tl.load(dAqk + off, mask=m_i[:, None], other=0.).to(tl.float32)
+                        x_kk = tl.load(dAkk + off, mask=m_i[:, None], other=0.).to(tl.float32)
                         rq = tl.dot(x_qk, rhs, rq, input_precision=DOT_PRECISION)
                         rr = tl.dot(x_kk, rhs, rr, input_precision=DOT_PRECISION)
                     f_i = tl.exp2(tl.where(m_i[:, None], b_g - g_0, NEG_INF))
@@ -307,10 +296,10 @@ def _intra_bwd_kernel(
                         f_p = tl.exp2(tl.where(m_p[:, None], g_p - g_0, NEG_INF))
                         # [r, c] = dA[P*BC + c, I*BC + r]: the block below, transposed by the load
                         off = r_p[None, :] * HVBT + r_i[:, None]
-                        xt_qk = _op(tl.load(dAqk + off, mask=m_p[None, :], other=0.).to(tl.float32), RN)
-                        xt_kk = _op(tl.load(dAkk + off, mask=m_p[None, :], other=0.).to(tl.float32), RN)
-                        t = tl.dot(xt_qk, _op(q_p * f_p, RN), input_precision=DOT_PRECISION)
-                        t = tl.dot(xt_kk, _op(k_p * b_p[:, None] * f_p, RN), t, input_precision=DOT_PRECISION)
+                        xt_qk = tl.load(dAqk + off, mask=m_p[None, :], other=0.).to(tl.float32)
+                        xt_kk = tl.load(dAkk + off, mask=m_p[None, :], other=0.).to(tl.float32)
+                        t = tl.dot(xt_qk, q_p * f_p, input_precision=DOT_PRECISION)
+                        t = tl.dot(xt_kk, k_p * b_p[:, None] * f_p, t, input_precision=DOT_PRECISION)
                         acc_t += t * tl.exp2(tl.where(m_i[:, None], g_0 - b_g, NEG_INF))
 
                 # -- epilogue for these rows and this K block
@@ -391,11 +380,9 @@ def intra_bwd(
         safe_gate, lower_bound: accepted for signature parity; they select a numerical scheme
             in fla, not different math, and this kernel needs no bound on the gate.
         use_graph: fla's static-buffer capture mode; not supported (raises).
-        dot_precision: ``tl.dot`` input precision for the fp32 gated products, or "tf32_rn"
-            (as the chain calls it): tf32 with every operand rounded to nearest first
-            (``round_tf32``). Plain "tf32" is truncated by Hopper's tensor cores, which biases
-            every product toward zero by ~2^-11; dg carries that bias into dA_log and ddt_bias,
-            its sums over tokens and channels, where the terms cancel (docs/kda.md, "Errors").
+        dot_precision: ``tl.dot`` input precision for the fp32 gated products ("tf32" as fla's;
+            the chain passes "ieee", ``chain.INTRA_BWD_DOTS``: dg's terms cancel and its sums
+            dA_log, ddt_bias kept tf32's error, docs/kda.md "Errors").
         config: a ``triton.Config`` from ``CONFIGS`` or ``CANDIDATES`` to run instead of
             autotuning (tests, bench).
         l2norm_rstd: ``(q_rstd, k_rstd)``, each ``[B, T, H]`` fp32 (``l2norm_fwd``'s rstd, any
@@ -418,8 +405,6 @@ def intra_bwd(
     """
     if use_graph:
         raise NotImplementedError("kernel_fun intra_bwd: use_graph (static buffers) is not supported")
-    rn = dot_precision == "tf32_rn"
-    precision = "tf32" if rn else dot_precision
     B, T, H, K = k.shape
     HV = g.shape[2]
     BT = chunk_size
@@ -448,7 +433,7 @@ def intra_bwd(
         launch(_intra_bwd_kernel, (NT, B * HV), config,
                q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, dq_out, dk_out, db_out, dg_out, q_rstd, k_rstd,
                cu_seqlens, chunk_indices, T, WORK=chunk_work(B, T, BT, HV), H=H, HV=HV, K=K, BT=BT,
-               IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=precision, RN=rn, L2NORM_BWD=fuse,
+               IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision, L2NORM_BWD=fuse,
                FAST_RANGE=-1.0 if fast_range is None else float(fast_range),
                GATE_MONOTONE=bool(gate_monotone) and fast_range is not None)
         record_launch("kda.intra_bwd")
