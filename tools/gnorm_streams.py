@@ -160,20 +160,17 @@ def main(path: str) -> None:
         row("r3w2_2048_w4_hint", V, median_ms(lambda: r3w2_kernel[(triton.cdiv(n, 2048),)](
             t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), BLOCK=2048, PERSIST=False, HINT=True,
             num_warps=4)), 10 * n)
-        for tpp in (2, 4, 8):  # does a loop's loss grow with its trip count, or is any loop 5%?
-            row(f"r3w2_2048_tpp{tpp}", V, median_ms(lambda: r3w2_kernel[(triton.cdiv(triton.cdiv(n, 2048), tpp),)](
-                t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), BLOCK=2048, PERSIST=False, TPP=tpp,
-                num_warps=4)), 10 * n)
-        for pps in (4, 8):
-            row(f"r3w2_2048_pers{pps}", V, median_ms(lambda: r3w2_kernel[(n_sm * pps,)](
-                t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), BLOCK=2048, PERSIST=True, num_warps=4)), 10 * n)
-        for tpp in (4, 8, 16):  # the loop with a register double buffer (r3w2_pf_kernel)
-            row(f"r3w2_2048_tpp{tpp}_pf", V, median_ms(lambda: r3w2_pf_kernel[(triton.cdiv(triton.cdiv(n, 2048), tpp),)](
-                t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), BLOCK=2048, PERSIST=False, TPP=tpp,
-                num_warps=4)), 10 * n)
-        for pps in (4, 8):
-            row(f"r3w2_2048_pers{pps}_pf", V, median_ms(lambda: r3w2_pf_kernel[(n_sm * pps,)](
-                t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), BLOCK=2048, PERSIST=True, num_warps=4)), 10 * n)
+        # does a loop's loss grow with its trip count, or is any loop 5%? and with the next block's loads
+        # issued before this block's stores (r3w2_pf_kernel)?
+        for kern, sfx, tpps in ((r3w2_kernel, "", (2, 4, 8)), (r3w2_pf_kernel, "_pf", (4, 8, 16))):
+            for tpp in tpps:
+                row(f"r3w2_2048_tpp{tpp}{sfx}", V, median_ms(lambda: kern[(triton.cdiv(triton.cdiv(n, 2048), tpp),)](
+                    t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), BLOCK=2048, PERSIST=False, TPP=tpp,
+                    num_warps=4)), 10 * n)
+            for pps in (4, 8):
+                row(f"r3w2_2048_pers{pps}{sfx}", V, median_ms(lambda: kern[(n_sm * pps,)](
+                    t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), BLOCK=2048, PERSIST=True, num_warps=4)),
+                    10 * n)
         ticket = torch.zeros(1, dtype=torch.int32, device="cuda")
         for pps in (4, 8):  # the counter's reset (a 4-byte memset) is inside the timed call
 
