@@ -18,6 +18,8 @@ There an output over its ceiling is held to two more measures before it counts a
 tier does: fla's own op on the same inputs (gdn's backward with fla's Hopper refusal bypassed), whose
 error against the same reference, 1.5x + 1e-3, raises the ceiling; and for the per-head sums (dA_log,
 ddt_bias, dbeta, dg) the move of the fp64 reference when every bf16 input moves one ulp (two draws).
+And on every GPU call the sums are held to fla's own error (1.5x + 1e-3, past the one-ulp move), under
+the ceiling too (``--no-vs-fla`` skips it): kda's tf32 intra dots (2026-12-06) were 2-16x fla's there.
 
 A gradient whose exact value is zero (a one-token sequence with no initial state has dg, dA_log,
 ddt_bias exactly 0: the state its gate decays is zero) is judged by its largest magnitude, not
@@ -134,6 +136,32 @@ def _fla_run(family: str, cases, t: dict, do, dht, flags: dict) -> dict:
         return {}
 
 
+def _worse_than_fla(family, cases, t, do, dht, flags, ours, ref, reference, seed) -> dict:
+    """The per-head sums (SUMS) whose error from fp64 passes 1.5x fla's own on the same call + 1e-3 and the
+    move of the reference under a one-ulp change of the inputs (two draws), as the GPU tier's
+    `test_gate_sums_at_fla_own_error` holds them (kda's tf32 intra dots were 2-16x fla's there and under
+    issue 17's 2e-2 on most calls, 2026-12-06)."""
+    from kernel_fun._common.numerics import rel_rms
+
+    err = {n: rel_rms(ours[n].double(), ref[n]) for n in SUMS
+           if ref.get(n) is not None and ours.get(n) is not None and ref[n].abs().max() > 0}
+    if not err:
+        return {}
+    fla = _fla_run(family, cases, t, do, dht, flags)
+    over = {n: e for n, e in err.items() if fla.get(n) is not None and e > 1.5 * rel_rms(fla[n].double(), ref[n]) + 1e-3}
+    if over:
+        floor = dict.fromkeys(over, 0.0)
+        for d in range(2):
+            moved = reference(_one_ulp(t, seed * 2 + d))
+            for n in over:
+                floor[n] = max(floor[n], rel_rms(moved[n], ref[n]))
+        over = {n: e for n, e in over.items() if e > floor[n]}
+        if over:
+            print("  worse than fla's own error:", {n: f"ours {e:.1e} fla {rel_rms(fla[n].double(), ref[n]):.1e}"
+                                                   for n, e in over.items()}, flush=True)
+    return {n: f"{e:.1e} (fla's {rel_rms(fla[n].double(), ref[n]):.1e})" for n, e in over.items()}
+
+
 def _one_ulp(t: dict, seed: int) -> dict:
     """The inputs with every bf16/fp16 element moved one ulp of its dtype up or down (random sign, a
     draw of its own per tensor); fp32 ones kept."""
@@ -160,6 +188,8 @@ def main(argv) -> int:
                    help="the layer's call (gate, beta sigmoid and l2norm in the op, [V, K] states) at H=2, HV=4 (kda 2), "
                         "K=V=128: the shapes, documents, states, negative eigenvalues and decay vary, few specializations")
     p.add_argument("--dtype", default=None, choices=["float16", "bfloat16"], help="cpu: float16; cuda: bfloat16")
+    p.add_argument("--no-vs-fla", dest="vs_fla", action="store_false",
+                   help="cuda: skip holding dg, dbeta, dA_log, ddt_bias to 1.5x fla's own error + 1e-3 on every call")
     a = p.parse_args(argv)
     gpu = a.device == "cuda"
     dtype = getattr(torch, a.dtype or ("bfloat16" if gpu else "float16"))
@@ -255,6 +285,8 @@ def main(argv) -> int:
                   {n: f"{rel_rms(fla[n].double(), ref[n]):.1e}" for n in bad if fla.get(n) is not None},
                   "ceilings now:", {n: f"{ceil[n]:.1e}" for n in bad}, flush=True)
             bad = _judge(ours, ref, ceil, zero)
+        if gpu and not bad and a.vs_fla:  # the sums held to fla's own error on every call (the GPU tier's rule)
+            bad = _worse_than_fla(a.family, cases, t, do, dht, flags, ours, ref, reference, seed)
         bad_calls += bool(bad)
         # the worst share of the ceiling the call was judged by (raised above issue 17's where fla's own error is)
         worst = max((rel_rms(ours[n].double(), r) / ceil[n], n) for n, r in ref.items()
