@@ -139,10 +139,15 @@ def test_intra_bwd_against_fla_and_reference(name):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_intra_bwd_one_anchor_against_fla_and_reference(name):
-    """The diagonal blocks by one anchor where the gate allows (as the chain calls it),
+    """The diagonal blocks by one anchor where the gate allows (as the chain calls it: fp32 dots),
     autotuned and at every configuration's block size, against fla and the fp64 reference;
     with gate_monotone the same bits."""
-    from kernel_fun.kda._kernels.intra_bwd import CANDIDATES, CONFIGS, FAST_RANGE, intra_bwd
+    from kernel_fun.kda._kernels.intra_bwd import CANDIDATES, CONFIGS, FAST_RANGE
+    from kernel_fun.kda._kernels.intra_bwd import intra_bwd as _intra
+    from kernel_fun.kda.chain import INTRA_BWD_DOTS
+
+    def intra_bwd(**kw):
+        return _intra(**kw, dot_precision=INTRA_BWD_DOTS)
 
     _, _, intra_in = _inputs(name)
     _, ref, fla_out = _refs(name)
@@ -183,10 +188,12 @@ def _ids(cfgs):
 @pytest.mark.parametrize("config", _intra_configs(), ids=_ids(_intra_configs()))
 @pytest.mark.parametrize("name", ["tail", "varlen"])
 def test_intra_bwd_every_config(name, config):
+    """Every configuration in the chain's dot precision (fp32; the default tf32 is autotuned above)."""
     from kernel_fun.kda._kernels.intra_bwd import intra_bwd
+    from kernel_fun.kda.chain import INTRA_BWD_DOTS
 
     _, _, intra_in = _inputs(name)
-    ours = intra_bwd(**intra_in, config=config)
+    ours = intra_bwd(**intra_in, config=config, dot_precision=INTRA_BWD_DOTS)
     _, ref, fla_out = _refs(name)
     _check(f"{name}/{config}", ours, fla_out, ref, ("dq", "dk", "db", "dg"))
 
