@@ -17,7 +17,8 @@ landed at 93.5-94.5%. Rows (do_bench medians, one process; TB/s counts the bytes
                 `_pers` a persistent grid of 4 or 8 programs an SM; `_ticket` the same taking its
                 blocks in order from an atomic counter; `_hint` with evict-first loads and
                 streaming stores; `_pf` the loop with the next block's loads issued before
-                this block's stores)
+                this block's stores; `_slots` one block a program with a deterministic dw's tail,
+                r3w2_slot_kernel)
 * bwd           the shipped backward, autotuned (dx, dg, the dw partials and their reduce)
 
 If r3w2 tops out where bwd is, the bar is a property of the card's read/write mix, not of the
@@ -46,6 +47,40 @@ def r2w1_kernel(x, g, y, n, BLOCK: tl.constexpr):
     a = tl.load(x + offs, mask=m).to(tl.float32)
     b = tl.load(g + offs, mask=m).to(tl.float32)
     tl.store(y + offs, (a + b).to(y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def r3w2_slot_kernel(h, g, dy, dx, dg, part, flag, n, V: tl.constexpr, BLOCK: tl.constexpr, S: tl.constexpr,
+                     TICKET: tl.constexpr = False):
+    """The plain grid's one block a program (the fast stream) plus what a deterministic dw would add:
+    the block's [V] fp32 row sum of dy * g, added into slot t % S in the order t, t + S, t + 2S, ...
+    (the program of block t waits until block t - S has added its own and released the slot's flag),
+    so the S slots, summed in a fixed order after, give the same bits every run. Blocks are whole rows
+    (V divides BLOCK). With TICKET the block index is taken from an atomic counter (flag[S]): block t - S
+    is then owned by a program already running, which a wait on program ids does not guarantee. Is the
+    tail (an acquire, a 1 KB read-modify-write in L2, a release) cheaper than the persistent loop's 5%?"""
+    if TICKET:
+        t = tl.atomic_add(flag + S, 1)
+    else:
+        t = tl.program_id(0)
+    offs = t.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    a = tl.load(h + offs, mask=m).to(tl.float32)
+    b = tl.load(g + offs, mask=m).to(tl.float32)
+    d = tl.load(dy + offs, mask=m).to(tl.float32)
+    tl.store(dx + offs, (a + d).to(dx.dtype.element_ty), mask=m)
+    tl.store(dg + offs, (b * d).to(dg.dtype.element_ty), mask=m)
+    p = tl.sum(tl.reshape(d * b, (BLOCK // V, V)), axis=0)  # masked elements are 0
+    slot = t % S
+    k = t // S
+    while tl.atomic_add(flag + slot, 0, sem="acquire") < k:  # block t - S has not added yet
+        pass
+    cols = tl.arange(0, V)
+    ptr = part + slot * V + cols
+    cur = tl.load(ptr, mask=(cols < V) & (k > 0), other=0.0, cache_modifier=".cg")  # L2: another SM wrote it
+    tl.store(ptr, cur + p, cache_modifier=".cg")
+    tl.debug_barrier()  # every thread's store before the release
+    tl.atomic_xchg(flag + slot, k + 1, sem="release")
 
 
 @triton.jit
@@ -179,6 +214,25 @@ def main(path: str) -> None:
                 r3w2_ticket_kernel[(n_sm * pps,)](t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), ticket,
                                                   BLOCK=2048, num_warps=4)
             row(f"r3w2_2048_ticket{pps}", V, median_ms(run_ticket), 10 * n)
+        # the plain grid with a deterministic dw's tail (r3w2_slot_kernel): S slots of V fp32, S + 1 flags,
+        # reset inside the timed call (a memset of a few KB)
+        n_blk = triton.cdiv(n, 2048)
+        # the ticket first: its blocks never wait on a block no program has started
+        for S, ticket_ in ((2048, True), (2048, False), (512, False)):
+            part = torch.empty(S, V, dtype=torch.float32, device="cuda")
+            flag = torch.zeros(S + 1, dtype=torch.int32, device="cuda")
+
+            def run_slots(S=S, ticket_=ticket_, part=part, flag=flag):
+                flag.zero_()
+                r3w2_slot_kernel[(n_blk,)](t[0], t[1], t[2], t[3], t[4], part, flag, n, V=V, BLOCK=2048, S=S,
+                                           TICKET=ticket_, num_warps=4)
+            run_slots()
+            want = (t[2].float() * t[1].float()).view(-1, 2048 // V, V).sum(1).view(-1, S, V).sum(0) \
+                if n_blk % S == 0 else None
+            ok = "" if want is None else f" dw-check {float((part - want).abs().max() / want.abs().max()):.1e}"
+            row(f"r3w2_2048_slots{S}{'_ticket' if ticket_ else ''}", V, median_ms(run_slots), 10 * n)
+            print(f"  slots{S}{' ticket' if ticket_ else ''}:{ok}", flush=True)
+            del part, flag
         w = torch.randn(V, device="cuda")
         _, rstd, _ = fwd.gnorm_fwd(t[0], t[1], w, None, None, None, 1e-5, act)
         row("bwd", V, median_ms(lambda: bwd.gnorm_bwd(t[0], t[1], w, None, rstd, t[2], None, act, t[0].dtype,
