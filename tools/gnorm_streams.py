@@ -50,6 +50,20 @@ def r2w1_kernel(x, g, y, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _r3w2_block(h, g, dy, dx, dg, blk, n, BLOCK: tl.constexpr):
+    """Block blk of the backward's pattern: h, g, dy in, dx = h + dy, dg = g * dy out; returns g * dy
+    in fp32 (0 past n)."""
+    offs = blk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    a = tl.load(h + offs, mask=m).to(tl.float32)
+    b = tl.load(g + offs, mask=m).to(tl.float32)
+    d = tl.load(dy + offs, mask=m).to(tl.float32)
+    tl.store(dx + offs, (a + d).to(dx.dtype.element_ty), mask=m)
+    tl.store(dg + offs, (b * d).to(dg.dtype.element_ty), mask=m)
+    return b * d
+
+
+@triton.jit
 def r3w2_slot_kernel(h, g, dy, dx, dg, part, flag, n, V: tl.constexpr, BLOCK: tl.constexpr, S: tl.constexpr,
                      TICKET: tl.constexpr = False):
     """The plain grid's one block a program (the fast stream) plus what a deterministic dw would add:
@@ -63,14 +77,7 @@ def r3w2_slot_kernel(h, g, dy, dx, dg, part, flag, n, V: tl.constexpr, BLOCK: tl
         t = tl.atomic_add(flag + S, 1)
     else:
         t = tl.program_id(0)
-    offs = t.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    a = tl.load(h + offs, mask=m).to(tl.float32)
-    b = tl.load(g + offs, mask=m).to(tl.float32)
-    d = tl.load(dy + offs, mask=m).to(tl.float32)
-    tl.store(dx + offs, (a + d).to(dx.dtype.element_ty), mask=m)
-    tl.store(dg + offs, (b * d).to(dg.dtype.element_ty), mask=m)
-    p = tl.sum(tl.reshape(d * b, (BLOCK // V, V)), axis=0)  # masked elements are 0
+    p = tl.sum(tl.reshape(_r3w2_block(h, g, dy, dx, dg, t, n, BLOCK), (BLOCK // V, V)), axis=0)
     slot = t % S
     k = t // S
     while tl.atomic_add(flag + slot, 0, sem="acquire") < k:  # block t - S has not added yet
@@ -90,13 +97,7 @@ def r3w2_ticket_kernel(h, g, dy, dx, dg, n, n_blk, ticket, BLOCK: tl.constexpr):
     programs drift. Is the persistent grid's 5% drift (the programs spreading over memory)?"""
     blk = tl.atomic_add(ticket, 1)
     while blk < n_blk:
-        offs = blk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        m = offs < n
-        a = tl.load(h + offs, mask=m).to(tl.float32)
-        b = tl.load(g + offs, mask=m).to(tl.float32)
-        d = tl.load(dy + offs, mask=m).to(tl.float32)
-        tl.store(dx + offs, (a + d).to(dx.dtype.element_ty), mask=m)
-        tl.store(dg + offs, (b * d).to(dg.dtype.element_ty), mask=m)
+        _r3w2_block(h, g, dy, dx, dg, blk, n, BLOCK)
         blk = tl.atomic_add(ticket, 1)
 
 
