@@ -141,7 +141,6 @@ def main(argv) -> int:
     import pytest
 
     from kernel_fun._common import compat
-    from kernel_fun._common.numerics import rel_rms
     from kernel_fun.kda import chain, chunk_kda
     from kernel_fun.kda.reference import chunk_kda_ref
 
@@ -155,26 +154,8 @@ def main(argv) -> int:
         variants = {n: v for n, v in variants.items() if n in keep}
     for seed in a.seeds:
         c = chain_fuzz._call(random.Random(seed), "kda", True, 128, True)  # the GPU draw, as the fuzz's
-        N = len(c["cu"]) - 1 if c["cu"] else c["B"]
-        t = cases.make_inputs(B=c["B"], T=c["T"], H=c["H"], HV=c["HV"], K=c["K"], V=c["V"], h0=c["h0"], N=N,
-                              gate_in_kernel=True, beta_logits=True, strong_decay=c["strong"], seed=seed,
-                              device=a.device, dtype=dtype)
-        if c["h0"]:
-            t["initial_state"] = t["initial_state"].detach().transpose(-1, -2).contiguous().requires_grad_()
-        gen = torch.Generator(device=a.device).manual_seed(seed)
-        do = torch.randn(c["B"], c["T"], c["HV"], c["V"], generator=gen, device=a.device).to(dtype)
-        dht = torch.randn(N, c["HV"], c["V"], c["K"], generator=gen, device=a.device) if c["ofs"] else None
-        cu = None if c["cu"] is None else torch.tensor(c["cu"], dtype=torch.long, device=a.device)
-        flags = dict(use_qk_l2norm_in_kernel=True, output_final_state=c["ofs"], state_v_first=True, cu_seqlens=cu,
-                     use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=c["neg"])
-        tr = {n: x.detach().double() for n, x in t.items()}
-        if c["h0"]:
-            tr["initial_state"] = tr["initial_state"].transpose(-1, -2).contiguous()
-        for x in tr.values():
-            x.requires_grad_()
-        rflags = {k: v for k, v in flags.items() if k != "state_v_first"}
-        ref = cases.run(chunk_kda_ref, tr, do.double(), None if dht is None else dht.transpose(-1, -2).double(),
-                        **rflags)
+        t, do, dht, flags = chain_fuzz.build_call("kda", c, seed, cases, a.device, dtype)
+        ref = chain_fuzz.reference_of("kda", c, cases, chunk_kda_ref, do, dht, flags)(t)
         g = ref["dA_log"].detach()
         print(f"seed={seed} " + " ".join(f"{k}={v}" for k, v in c.items()), f"ref dA_log {g.tolist()}", flush=True)
         for name, patch in variants.items():
@@ -187,7 +168,7 @@ def main(argv) -> int:
             except Exception as e:  # noqa: BLE001  (a diagnostic: report and go on)
                 print(f"  {name:26s} unavailable: {repr(e)[:160]}", flush=True)
                 continue
-            errs = {n: rel_rms(got[n].double(), ref[n]) for n in ("o", "dq", "dk", "dv", "dg", "dbeta", "dA_log",
+            errs = {n: chain_fuzz.rel_rms(got[n].double(), ref[n]) for n in ("o", "dq", "dk", "dv", "dg", "dbeta", "dA_log",
                                                                  "ddt_bias") if got.get(n) is not None}
             print(f"  {name:26s} " + " ".join(f"{n} {e:.2e}" for n, e in errs.items()),
                   f"dA_log {[round(x, 6) for x in got['dA_log'].double().tolist()]}", flush=True)

@@ -183,6 +183,7 @@ def cfg_label(c) -> str:
 
 def intra_bwd(full):
     from kernel_fun.kda._kernels import intra_bwd as m
+    from kernel_fun.kda.chain import INTRA_BWD_DOTS  # the chain's dots (fp32)
 
     ptr = {n: "*bf16" for n in ("q", "k", "beta", "dq_out", "dk_out")}
     ptr.update(cu_seqlens="*i64", chunk_indices="*i64")
@@ -190,7 +191,6 @@ def intra_bwd(full):
                ("+l2norm+anchor", ("L2NORM_BWD", "ANCHOR")),
                ("+l2norm+anchor+monotone", ("L2NORM_BWD", "ANCHOR", "GATE_MONOTONE"))]
     if not full:  # the measured best at K=128: BK=128 on 4 warps, one stage
-        from kernel_fun.kda.chain import INTRA_BWD_DOTS  # the chain's dots (fp32)
         base = dict(H=16, HV=16, K=128, BT=64, BK=128, HOIST_S=False, IS_VARLEN=False, DOT_PRECISION=INTRA_BWD_DOTS)
         for name, flags in fusions:
             c = dict(base, L2NORM_BWD=False, FAST_RANGE=-1.0, GATE_MONOTONE=False)
@@ -205,7 +205,7 @@ def intra_bwd(full):
     for cfg, varlen, (name, flags) in itertools.product(m.CONFIGS + m.CANDIDATES, (False, True), fusions):
         if "L2NORM_BWD" in flags and cfg.kwargs["BK"] < 128:
             continue  # the fused epilogues take only whole-K blocks (the launcher prunes the rest)
-        c = dict(H=16, HV=16, K=128, BT=64, IS_VARLEN=varlen, DOT_PRECISION="ieee", L2NORM_BWD=False,
+        c = dict(H=16, HV=16, K=128, BT=64, IS_VARLEN=varlen, DOT_PRECISION=INTRA_BWD_DOTS, L2NORM_BWD=False,
                  FAST_RANGE=-1.0, GATE_MONOTONE=False, **cfg.kwargs)
         c.update({f: True for f in flags if f != "ANCHOR"})
         if "ANCHOR" in flags:
