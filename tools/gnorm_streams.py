@@ -65,29 +65,37 @@ def _r3w2_block(h, g, dy, dx, dg, blk, n, BLOCK: tl.constexpr):
 
 @triton.jit
 def r3w2_slot_kernel(h, g, dy, dx, dg, part, flag, n, V: tl.constexpr, BLOCK: tl.constexpr, S: tl.constexpr,
-                     TICKET: tl.constexpr = False):
+                     TICKET: tl.constexpr = False, MODE: tl.constexpr = 0, FSTRIDE: tl.constexpr = 1):
     """The plain grid's one block a program (the fast stream) plus what a deterministic dw would add:
     the block's [V] fp32 row sum of dy * g, added into slot t % S in the order t, t + S, t + 2S, ...
     (the program of block t waits until block t - S has added its own and released the slot's flag),
     so the S slots, summed in a fixed order after, give the same bits every run. Blocks are whole rows
     (V divides BLOCK). With TICKET the block index is taken from an atomic counter (flag[S]): block t - S
     is then owned by a program already running, which a wait on program ids does not guarantee. Is the
-    tail (an acquire, a 1 KB read-modify-write in L2, a release) cheaper than the persistent loop's 5%?"""
+    tail (an acquire, a 1 KB read-modify-write in L2, a release) cheaper than the persistent loop's 5%?
+    Diagnostic modes (their sums are not deterministic, or not kept): MODE 1 no wait (racy add), 2 the wait
+    and release without the add, 3 the row sum stored into its slot (no flags); FSTRIDE spaces the flags
+    (32: one 128-byte line a slot)."""
     if TICKET:
-        t = tl.atomic_add(flag + S, 1)
+        t = tl.atomic_add(flag + S * FSTRIDE, 1)
     else:
         t = tl.program_id(0)
     p = tl.sum(tl.reshape(_r3w2_block(h, g, dy, dx, dg, t, n, BLOCK), (BLOCK // V, V)), axis=0)
     slot = t % S
     k = t // S
-    while tl.atomic_add(flag + slot, 0, sem="acquire") < k:  # block t - S has not added yet
-        pass
     cols = tl.arange(0, V)
     ptr = part + slot * V + cols
-    cur = tl.load(ptr, mask=(cols < V) & (k > 0), other=0.0, cache_modifier=".cg")  # L2: another SM wrote it
-    tl.store(ptr, cur + p, cache_modifier=".cg")
-    tl.debug_barrier()  # every thread's store before the release
-    tl.atomic_xchg(flag + slot, k + 1, sem="release")
+    if MODE == 3:
+        tl.store(ptr, p)
+    else:
+        if MODE != 1:
+            while tl.atomic_add(flag + slot * FSTRIDE, 0, sem="acquire") < k:  # block t - S has not added yet
+                pass
+        if MODE != 2:
+            cur = tl.load(ptr, mask=(cols < V) & (k > 0), other=0.0, cache_modifier=".cg")  # L2: another SM wrote it
+            tl.store(ptr, cur + p, cache_modifier=".cg")
+        tl.debug_barrier()  # every thread's store before the release
+        tl.atomic_xchg(flag + slot * FSTRIDE, k + 1, sem="release")
 
 
 @triton.jit
@@ -161,7 +169,46 @@ def r3w2_pf_kernel(h, g, dy, dx, dg, n, n_blk, BLOCK: tl.constexpr, PERSIST: tl.
         a, b, d, offs, m = a_n, b_n, d_n, offs_n, m_n
 
 
-def main(path: str) -> None:
+def slot_diag(row, V, N):
+    """Where does the `_slots` tail's time go (H100, 2026-12-06: 2.65 ms at V = 256, where the plain
+    grid ran 1.78; 0.904 at V = 128 against 0.894)? The plain grid, then the slot kernel in each
+    diagnostic mode, with spaced flags, and on taller blocks (fewer tails)."""
+    from kernel_fun.bench.harness import median_ms
+
+    n = N * V
+    t = [torch.randn(N, V, dtype=torch.bfloat16, device="cuda") for _ in range(5)]
+    for block, warps in ((2048, 4), (8192, 8)):
+        row(f"r3w2_{block}_w{warps}", V, median_ms(lambda: r3w2_kernel[(triton.cdiv(n, block),)](
+            t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, block), BLOCK=block, PERSIST=False, num_warps=warps)),
+            10 * n)
+    S = 2048
+    part = torch.empty(S, V, dtype=torch.float32, device="cuda")
+    flag = torch.zeros(32 * S + 32, dtype=torch.int32, device="cuda")
+    for name, block, warps, mode, fs, ticket_ in (
+            ("slots", 2048, 4, 0, 1, False), ("slots_nowait", 2048, 4, 1, 1, False),
+            ("slots_noadd", 2048, 4, 2, 1, False), ("slots_storeonly", 2048, 4, 3, 1, False),
+            ("slots_fs32", 2048, 4, 0, 32, False), ("slots_fs32_ticket", 2048, 4, 0, 32, True),
+            ("slots_b4096w4", 4096, 4, 0, 1, False), ("slots_b8192w8", 8192, 8, 0, 1, False),
+            ("slots_b8192w8_fs32_ticket", 8192, 8, 0, 32, True)):
+        n_blk = triton.cdiv(n, block)
+
+        def run(block=block, warps=warps, mode=mode, fs=fs, ticket_=ticket_, n_blk=n_blk):
+            flag.zero_()
+            r3w2_slot_kernel[(n_blk,)](t[0], t[1], t[2], t[3], t[4], part, flag, n, V=V, BLOCK=block, S=S,
+                                       TICKET=ticket_, MODE=mode, FSTRIDE=fs, num_warps=warps)
+        run()
+        ok = ""
+        if mode == 0 and n_blk % S == 0:
+            want = (t[2].float() * t[1].float()).view(-1, block // V, V).sum(1).view(-1, S, V).sum(0)
+            ok = f" dw-check {float((part - want).abs().max() / want.abs().max()):.1e}"
+        row(f"r3w2_{name}", V, median_ms(run), 10 * n)
+        if ok:
+            print(" " + ok, flush=True)
+    del t
+    torch.cuda.empty_cache()
+
+
+def main(path: str, only_slots: bool = False) -> None:
     from kernel_fun.bench.harness import median_ms
     from kernel_fun.gnorm._kernels import bwd, fwd
 
@@ -180,6 +227,9 @@ def main(path: str) -> None:
     torch.cuda.empty_cache()
     for V, act in ((256, "sigmoid"), (128, "swish")):
         N = 2_097_152
+        if only_slots:
+            slot_diag(row, V, N)
+            continue
         n = N * V
         t = [torch.randn(N, V, dtype=torch.bfloat16, device="cuda") for _ in range(5)]
         src = torch.cat([x.view(-1) for x in t[:3]])[: n * 5 // 2]
@@ -245,4 +295,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "gnorm_streams.json")
+    main(sys.argv[1] if len(sys.argv) > 1 else "gnorm_streams.json", "--slots" in sys.argv[2:])
