@@ -17,7 +17,7 @@ _SPECS = textwrap.dedent("""
     FWD_PTR = dict(x="*bf16", g="*bf16", y="*bf16", res="*bf16", res_out="*fp32", w="*fp32", N="i32",
                    eps="fp32", s_x="i32:16", s_g="i32:16", s_r="i32:16")
     BWD_PTR = dict(h="*bf16", g="*bf16", dy="*bf16", dx="*bf16", dg="*bf16", dres="*bf16", dres_in="*fp32",
-                   w="*fp32", N="i32", s_h="i32:16", s_g="i32:16", s_dy="i32:16", s_dres="i32:16")
+                   w="*fp32", flag="*i32", N="i32", s_h="i32:16", s_g="i32:16", s_dy="i32:16", s_dres="i32:16")
 
     def fwd_specs(widths, flags, first=False):
         cfgs = (fwd.CONFIGS + fwd.CANDIDATES)[:1 if first else None]
@@ -33,7 +33,7 @@ _SPECS = textwrap.dedent("""
             BV = 1 << (V - 1).bit_length()
             c = dict(V=V, BV=BV, GATE=gate, HAS_W=f[0], HAS_B=f[1], HAS_DRES=f[2], STORE_DRES=f[3], N_BUCKET=2,
                      TILE=cfg.kwargs["TILE"], PPS=cfg.kwargs["PPS"], NS=cfg.kwargs["NS"],
-                     BR=rows_per_tile(cfg.kwargs["TILE"], BV), FAST=True)
+                     SLOTS=cfg.kwargs.get("SLOTS", 0), BR=rows_per_tile(cfg.kwargs["TILE"], BV), FAST=True)
             yield f"bwd V={V} gate={gate} flags={f} {lowering.cfg_label(cfg)}", bwd.gnorm_bwd_kernel.fn.fn, BWD_PTR, c, cfg
 """)
 

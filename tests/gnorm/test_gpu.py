@@ -182,6 +182,31 @@ def test_bitwise_deterministic_grads(V, act):
             assert torch.equal(a, e)
 
 
+@pytest.mark.parametrize("V,act", [(256, "sigmoid"), (128, "swish")])
+def test_slot_layout_candidates_against_the_reference_and_bitwise(V, act):
+    """Every slot-layout candidate of the backward (one tile a program, dw/db partial rows added in
+    tile order behind acquire/release flags): over 3 tiles a slot, so the flags' chains run across
+    the grid; dg bitwise (elementwise math), dx, dw, db against the persistent layout's (the
+    autotuner's) within the reorder of their fp32 sums, and the same bits on a second run (no race,
+    no lost add)."""
+    from kernel_fun.gnorm._kernels import bwd, fwd
+
+    for cfg in [c for c in bwd.CANDIDATES if bwd.slots_of(c)]:
+        rows = 3 * bwd.slots_of(cfg) * max(1, cfg.kwargs["TILE"] // V) + 5
+        gen = torch.Generator(device="cuda").manual_seed(V)
+        x, g, dy = (torch.randn(rows, V, device="cuda", generator=gen).bfloat16() for _ in range(3))
+        w, b = (torch.randn(V, device="cuda", generator=gen) for _ in range(2))
+        _, rstd, _ = fwd.gnorm_fwd(x, g, w, b, None, None, 1e-5, act)
+        want = bwd.gnorm_bwd(x, g, w, b, rstd, dy, None, act, x.dtype, None, True, True)
+        got = bwd.gnorm_bwd(x, g, w, b, rstd, dy, None, act, x.dtype, None, True, True, config=cfg)
+        again = bwd.gnorm_bwd(x, g, w, b, rstd, dy, None, act, x.dtype, None, True, True, config=cfg)
+        for name, a, e in zip(("dx", "dg", "dw", "db"), got[:4], want[:4]):
+            # dx: its row sum's tree follows the tile's shape, a bf16 ulp flips here and there
+            assert torch.equal(a, e) if name == "dg" else rel_rms(a, e) < (2e-3 if name == "dx" else 1e-5), (cfg, name)
+        for a, e in zip(got[:4], again[:4]):
+            assert torch.equal(a, e), cfg
+
+
 def test_more_than_2_31_elements():
     N, V = (1 << 23) + 3, 256  # 2.15e9 elements
     x = torch.randn(N, V, device="cuda", dtype=torch.bfloat16)

@@ -190,3 +190,48 @@ def test_config_pruning_keeps_what_fits_and_never_nothing():
     wide = prune(bwd_mod.CONFIGS, {}, BV=8192)
     assert [c.num_warps for c in wide] == [16]  # only the wide-row config fits
     assert prune_by_registers(1)(fwd_mod.CONFIGS, {"BV": 64}) == [max(fwd_mod.CONFIGS, key=lambda c: c.num_warps)]
+
+
+# the slot layout at a size the interpreter runs: 4-row tiles (V = 16), 3 slots, 40 tiles, so
+# each slot takes 13-14 tiles' sums in order
+_SLOT_CFG = triton.Config({"TILE": 64, "PPS": 1, "NS": 1, "SLOTS": 3}, num_warps=1)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_slot_layout_backward_matches_the_reference_and_repeats_bitwise(bias, monkeypatch):
+    """One tile a program, each tile's dw/db row sums added into partial row t % S in tile order
+    behind the slot's flag (bwd's module docstring): dx, dg, dw, db of the reference, the same bits
+    on a second run, and the flags left at each slot's tile count (every tile added exactly once)."""
+    from kernel_fun._common.numerics import rel_rms
+    from kernel_fun.gnorm.reference import rms_norm_gated_ref_grads
+
+    V, S = 16, _SLOT_CFG.kwargs["SLOTS"]
+    rows = 40 * (_SLOT_CFG.kwargs["TILE"] // V) - 3  # the last tile partial
+    inp = make_inputs((rows, V), torch.float32, bias=bias)
+    x, g, w = (inp[k].detach() for k in ("x", "g", "weight"))
+    b = inp["bias"].detach() if bias else None
+    y, rstd, h = fwd_mod.gnorm_fwd(x, g, w, b, None, None, 1e-6, "sigmoid")
+    dy = torch.randn_like(y)
+    seen = {}
+    real_zeros = torch.zeros
+
+    def spy_zeros(*a, **k):  # the launcher's flags: kept to read back after the launch
+        t = real_zeros(*a, **k)
+        if k.get("dtype") == torch.int32:
+            seen["flag"] = t
+        return t
+
+    with monkeypatch.context() as m:
+        m.setattr(bwd_mod.torch, "zeros", spy_zeros)
+        first = bwd_mod.gnorm_bwd(h if h is not None else x, g, w, b, rstd, dy, None, "sigmoid", x.dtype, None,
+                                  True, bias, config=_SLOT_CFG)
+    n_tiles = 40
+    assert seen["flag"].tolist() == [len(range(s, n_tiles, S)) for s in range(S)]
+    ref = rms_norm_gated_ref_grads(x, g, w, b, dy, "sigmoid", eps=1e-6)
+    for name, got in (("x", first[0]), ("g", first[1]), ("weight", first[2])) + ((("bias", first[3]),) if bias else ()):
+        assert rel_rms(got, ref[name]) < 1e-5, name
+    second = bwd_mod.gnorm_bwd(h if h is not None else x, g, w, b, rstd, dy, None, "sigmoid", x.dtype, None,
+                               True, bias, config=_SLOT_CFG)
+    for a, c in zip(first, second):
+        assert (a is None and c is None) or torch.equal(a, c)
+

@@ -470,7 +470,7 @@ def gnorm(full):
     fwd_ptr = dict(x="*bf16", g="*bf16", y="*bf16", res="*bf16", res_out="*fp32", w="*fp32", b="*fp32",
                    rstd="*fp32", N="i32", eps="fp32", s_x="i32:16", s_g="i32:16", s_r="i32:16")
     bwd_ptr = dict(h="*bf16", g="*bf16", dy="*bf16", dres="*bf16", dx="*bf16", dg="*bf16", dres_in="*fp32",
-                   w="*fp32", b="*fp32", rstd="*fp32", part="*fp32", N="i32", s_h="i32:16", s_g="i32:16",
+                   w="*fp32", b="*fp32", rstd="*fp32", part="*fp32", flag="*i32", N="i32", s_h="i32:16", s_g="i32:16",
                    s_dy="i32:16", s_dres="i32:16")
     layer_fwd = dict(HAS_W=True, HAS_B=False, HAS_RES=False, STORE_RES=False)
     layer_bwd = dict(HAS_W=True, HAS_B=False, HAS_DRES=False, STORE_DRES=False)

@@ -18,6 +18,16 @@ program's rows and land, summed over the tile's rows, in an fp32 partial buffer
 [programs, 2, V] that `dw_reduce` sums in a fixed order: deterministic, no atomics, and few
 partials (~500 rows at 4 programs per SM on 132 SMs, 0.5 MB at V = 256).
 
+Slot layout (configs with SLOTS = S > 0; candidates until timed): a plain grid, one tile a
+program, the layout whose byte stream alone runs at the copy ceiling (a program that walks
+tiles loses ~1.5% a doubling of its trip count, docs/gnorm.md). Tile t's dw/db row sums are
+added into partial row t % S in the order t, t + S, t + 2S, ...: the program waits (acquire)
+until flag[t % S] says tile t - S has added its own, adds, and releases the flag to t // S + 1.
+The S partial rows then go through `dw_reduce` as above, so dw/db are bitwise the same every
+run. Progress relies on the hardware starting a 1-D grid's programs in index order (tile t - S
+then runs, or has run, whenever tile t waits on it), which CUB's decoupled look-back scans
+rely on too (NVIDIA/cub#245). The flags are zeroed before each launch.
+
 Floor (H200, bf16): h, g, dy in, dx, dg out = 10 B per element; N = 2,097,152 rows at V = 256
 is 5.37 GB = 1.27 ms at the 4.24 TB/s copy ceiling (fla: 1.424 ms, 88% of copy, with one
 program per SM). Issue is ~25 SASS instructions per element (~0.4 ms on 132 SMs) and 2 MUFU
@@ -65,28 +75,56 @@ CONFIGS = [
 # grid of 8-32 tiles a program, register caps of 72-96 for 5-7 programs an SM) and none beat the
 # autotuner's pick (1.332-1.342 ms at V = 256, 0.668-0.677 at V = 128; the candidates 1.343-1.575
 # and 0.686-0.794): docs/gnorm.md.
-CANDIDATES: list = []
+# The slot layout (module docstring): one tile a program, S = 2048 partial rows (4 MB at
+# V = 256). Its stream with the slot tail and no math (tools/gnorm_streams.py --slots, H100,
+# 2026-12-06) ran 1.3% (V = 128) to 2.3% (V = 256) over the plain grid on 8192-element
+# tiles, where the persistent backward runs ~5% over it. PPS is unused (1). sm_90a, bf16, the
+# layers' flags: 112-120 registers uncapped on 2048-8192-element tiles; the caps below (96, 72: 5
+# and 7 programs an SM on 4 warps) and the 1024-element tile on 2 warps (64 registers, 16 an SM)
+# compile without a spill at V = 128 and 256 (tests/gnorm/test_compile.py).
+CANDIDATES: list = [
+    triton.Config({"TILE": 8192, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=16, maxnreg=128),
+    triton.Config({"TILE": 4096, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=8, maxnreg=128),
+    triton.Config({"TILE": 4096, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=8, maxnreg=96),
+    triton.Config({"TILE": 2048, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=4, maxnreg=128),
+    triton.Config({"TILE": 2048, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=4, maxnreg=96),
+    triton.Config({"TILE": 2048, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=4, maxnreg=72),
+    triton.Config({"TILE": 1024, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=2, maxnreg=128),
+]
 MAX_PPS = max(c.kwargs["PPS"] for c in CONFIGS)  # of the autotuner's configs (the partials' size)
+MAX_SLOTS = max(c.kwargs.get("SLOTS", 0) for c in CONFIGS)  # 0: no autotuned config takes the slot layout
+
+
+def slots_of(config) -> int:
+    """S of a config in the slot layout, 0 in the persistent one."""
+    return config.kwargs.get("SLOTS", 0)
 
 
 @triton.autotune(
     configs=autotune_configs(CONFIGS), **autotune_cache(),
+    # a slot config's flags start at 0 on every timed run too
+    **({"reset_to_zero": ["flag"]} if MAX_SLOTS else {}),
     key=["V", "N_BUCKET", "GATE", "HAS_W", "HAS_B", "HAS_DRES", "STORE_DRES"],
     prune_configs_by={"early_config_prune": prune_by_registers(16)},
 )
 @triton.heuristics({"BR": lambda a: rows_per_tile(a["TILE"], a["BV"])})
 @triton.jit
 def gnorm_bwd_kernel(
-    h, g, w, b, rstd, dy, dres, dx, dg, dres_in, part,
+    h, g, w, b, rstd, dy, dres, dx, dg, dres_in, part, flag,
     N, s_h, s_g, s_dy, s_dres,
     V: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DRES: tl.constexpr, STORE_DRES: tl.constexpr,
     N_BUCKET: tl.constexpr,  # autotune key only (common.n_bucket)
     TILE: tl.constexpr, PPS: tl.constexpr, NS: tl.constexpr, BR: tl.constexpr,
-    FAST: tl.constexpr = False,
+    FAST: tl.constexpr = False, SLOTS: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
-    n_prog = tl.num_programs(0)
+    if SLOTS == 0:  # persistent: tiles pid, pid + grid, ...
+        t_stop = tl.cdiv(N, BR)
+        t_step = tl.num_programs(0)
+    else:  # slot layout: tile pid alone
+        t_stop = pid + 1
+        t_step = 1
     cols = tl.arange(0, BV)
     cmask = cols < V
     if HAS_W:
@@ -96,7 +134,7 @@ def gnorm_bwd_kernel(
     acc_w = tl.zeros((BR, BV), dtype=tl.float32)
     acc_b = tl.zeros((BR, BV), dtype=tl.float32)
 
-    for t in tl.range(pid, tl.cdiv(N, BR), n_prog, num_stages=NS):
+    for t in tl.range(pid, t_stop, t_step, num_stages=NS):
         rows = t * BR + tl.arange(0, BR)
         rmask = rows < N
         m = rmask[:, None] & cmask[None, :]
@@ -134,12 +172,33 @@ def gnorm_bwd_kernel(
         if STORE_DRES:
             tl.store(dres_in + r64 * V + cols[None, :], dxv.to(dres_in.dtype.element_ty), mask=m)
 
-    # partials [programs, 2, V]: row 0 dw (with a weight), row 1 db (with a bias)
-    pp = part + pid.to(tl.int64) * (2 * V) + cols
-    if HAS_W:
-        tl.store(pp, tl.sum(acc_w, axis=0), mask=cmask)
-    if HAS_B:
-        tl.store(pp + V, tl.sum(acc_b, axis=0), mask=cmask)
+    # partials [programs or SLOTS, 2, V]: row 0 dw (with a weight), row 1 db (with a bias)
+    if SLOTS == 0:
+        pp = part + pid.to(tl.int64) * (2 * V) + cols
+        if HAS_W:
+            tl.store(pp, tl.sum(acc_w, axis=0), mask=cmask)
+        if HAS_B:
+            tl.store(pp + V, tl.sum(acc_b, axis=0), mask=cmask)
+    else:
+        slot = pid % SLOTS
+        k = pid // SLOTS  # this tile is the slot's k-th
+        if HAS_W:
+            pw = tl.sum(acc_w, axis=0)
+        if HAS_B:
+            pb = tl.sum(acc_b, axis=0)
+        while tl.atomic_add(flag + slot, 0, sem="acquire") < k:  # tile t - S has not added yet
+            pass
+        pp = part + slot.to(tl.int64) * (2 * V) + cols
+        # the slot's first tile writes, the later ones add: read from L2 (another SM wrote it)
+        old = cmask & (cols * 0 + k > 0)  # a tensor comparison: Triton 3.9's interpreter takes no scalar mask term
+        if HAS_W:
+            tl.store(pp, tl.load(pp, mask=old, other=0.0, cache_modifier=".cg") + pw, mask=cmask,
+                     cache_modifier=".cg")
+        if HAS_B:
+            tl.store(pp + V, tl.load(pp + V, mask=old, other=0.0, cache_modifier=".cg") + pb, mask=cmask,
+                     cache_modifier=".cg")
+        tl.debug_barrier()  # every thread's add before the release
+        tl.atomic_xchg(flag + slot, k + 1, sem="release")
 
 
 def gnorm_bwd(h, g, weight, bias, rstd, dy, dres, activation: str, x_dtype, res_dtype, need_dw: bool, need_db: bool,
@@ -169,17 +228,19 @@ def gnorm_bwd(h, g, weight, bias, rstd, dy, dres, activation: str, x_dtype, res_
         return dx, dg, dw if need_dw else None, db if need_db else None, dres_in
     BV = block_v(V)
     n_sm = sm_count(dev)
-    # one partial row pair per program: the autotuner's configs have at most MAX_PPS programs per
-    # SM; a forced config (a candidate may have more) its own
-    part = alloc((n_sm * (config.kwargs["PPS"] if config is not None else MAX_PPS), 2, V),
-                 dtype=torch.float32, device=dev)
+    # one partial row pair per program (persistent layout: the autotuner's configs have at most
+    # MAX_PPS programs per SM, a forced config its own PPS) or per slot (slot layout)
+    pps, n_slots = (config.kwargs["PPS"], slots_of(config)) if config is not None else (MAX_PPS, MAX_SLOTS)
+    part = alloc((max(n_sm * pps, n_slots), 2, V), dtype=torch.float32, device=dev)
+    flag = torch.zeros(n_slots, dtype=torch.int32, device=dev) if n_slots else part  # part: never read
 
     def grid(meta):
-        return (min(cdiv(N, meta["BR"]), n_sm * meta["PPS"]),)
+        n_tiles = cdiv(N, meta["BR"])
+        return (n_tiles,) if meta.get("SLOTS", 0) else (min(n_tiles, n_sm * meta["PPS"]),)
 
     launch(gnorm_bwd_kernel, grid, config,
         h, g, weight if weight is not None else h, bias if bias is not None else h, rstd, dy,
-        dres if dres is not None else dy, dx, dg, dres_in if store_dres else dx, part,
+        dres if dres is not None else dy, dx, dg, dres_in if store_dres else dx, part, flag,
         N, h.stride(0), g.stride(0), dy.stride(0), dres.stride(0) if dres is not None else 0,
         V=V, BV=BV, GATE=GATES[activation], HAS_W=weight is not None,
         HAS_B=bias is not None, HAS_DRES=dres is not None, STORE_DRES=store_dres,
@@ -188,6 +249,6 @@ def gnorm_bwd(h, g, weight, bias, rstd, dy, dres, activation: str, x_dtype, res_
     record_launch("gnorm.bwd")
     if dw is not None or db is not None:
         cfg = (config or gnorm_bwd_kernel.best_config).kwargs
-        n_part = min(cdiv(N, rows_per_tile(cfg["TILE"], BV)), n_sm * cfg["PPS"])
+        n_part = min(cdiv(N, rows_per_tile(cfg["TILE"], BV)), cfg.get("SLOTS", 0) or n_sm * cfg["PPS"])
         dw_reduce(part, n_part, dw, db)
     return dx, dg, dw if need_dw else None, db if need_db else None, dres_in
