@@ -197,15 +197,16 @@ def test_config_pruning_keeps_what_fits_and_never_nothing():
 _SLOT_CFG = triton.Config({"TILE": 64, "PPS": 1, "NS": 1, "SLOTS": 3}, num_warps=1)
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_slot_layout_backward_matches_the_reference_and_repeats_bitwise(bias, monkeypatch):
+@pytest.mark.parametrize("bias,tail_first", [(False, True), (True, True), (True, False)])
+def test_slot_layout_backward_matches_the_reference_and_repeats_bitwise(bias, tail_first, monkeypatch):
     """One tile a program, each tile's dw/db row sums added into partial row t % S in tile order
     behind the slot's flag (bwd's module docstring): dx, dg, dw, db of the reference, the same bits
     on a second run, and the flags left at each slot's tile count (every tile added exactly once)."""
     from kernel_fun._common.numerics import rel_rms
     from kernel_fun.gnorm.reference import rms_norm_gated_ref_grads
 
-    V, S = 16, _SLOT_CFG.kwargs["SLOTS"]
+    cfg = triton.Config({**_SLOT_CFG.kwargs, "TAIL_FIRST": tail_first}, num_warps=_SLOT_CFG.num_warps)
+    V, S = 16, cfg.kwargs["SLOTS"]
     rows = 40 * (_SLOT_CFG.kwargs["TILE"] // V) - 3  # the last tile partial
     inp = make_inputs((rows, V), torch.float32, bias=bias)
     x, g, w = (inp[k].detach() for k in ("x", "g", "weight"))
@@ -224,14 +225,14 @@ def test_slot_layout_backward_matches_the_reference_and_repeats_bitwise(bias, mo
     with monkeypatch.context() as m:
         m.setattr(bwd_mod.torch, "zeros", spy_zeros)
         first = bwd_mod.gnorm_bwd(h if h is not None else x, g, w, b, rstd, dy, None, "sigmoid", x.dtype, None,
-                                  True, bias, config=_SLOT_CFG)
+                                  True, bias, config=cfg)
     n_tiles = 40
     assert seen["flag"].tolist() == [len(range(s, n_tiles, S)) for s in range(S)]
     ref = rms_norm_gated_ref_grads(x, g, w, b, dy, "sigmoid", eps=1e-6)
     for name, got in (("x", first[0]), ("g", first[1]), ("weight", first[2])) + ((("bias", first[3]),) if bias else ()):
         assert rel_rms(got, ref[name]) < 1e-5, name
     second = bwd_mod.gnorm_bwd(h if h is not None else x, g, w, b, rstd, dy, None, "sigmoid", x.dtype, None,
-                               True, bias, config=_SLOT_CFG)
+                               True, bias, config=cfg)
     for a, c in zip(first, second):
         assert (a is None and c is None) or torch.equal(a, c)
 

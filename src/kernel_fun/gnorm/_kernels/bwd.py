@@ -24,7 +24,8 @@ tiles loses ~1.5% a doubling of its trip count, docs/gnorm.md). Tile t's dw/db r
 added into partial row t % S in the order t, t + S, t + 2S, ...: the program waits (acquire)
 until flag[t % S] says tile t - S has added its own, adds, and releases the flag to t // S + 1.
 The S partial rows then go through `dw_reduce` as above, so dw/db are bitwise the same every
-run. Progress relies on the hardware starting a 1-D grid's programs in index order (tile t - S
+run. The add comes before dx's store (TAIL_FIRST), so that the release's fence waits on the
+earlier dg store only; TAIL_FIRST=False adds after it. Progress relies on the hardware starting a 1-D grid's programs in index order (tile t - S
 then runs, or has run, whenever tile t waits on it), which CUB's decoupled look-back scans
 rely on too (NVIDIA/cub#245). The flags are zeroed before each launch.
 
@@ -79,17 +80,22 @@ CONFIGS = [
 # V = 256). Its stream with the slot tail and no math (tools/gnorm_streams.py --slots, H100,
 # 2026-12-06) ran 1.3% (V = 128) to 2.3% (V = 256) over the plain grid on 8192-element
 # tiles, where the persistent backward runs ~5% over it. PPS is unused (1). sm_90a, bf16, the
-# layers' flags: 112-120 registers uncapped on 2048-8192-element tiles; the caps below (96, 72: 5
-# and 7 programs an SM on 4 warps) and the 1024-element tile on 2 warps (64 registers, 16 an SM)
-# compile without a spill at V = 128 and 256 (tests/gnorm/test_compile.py).
+# layers' flags: no accumulator tile, so 80-113 registers uncapped; capped at 64-72, 2 to 14
+# programs an SM (the stream's 40-register programs had 12). A cap of 64 spilled at V = 512 on the
+# 4096- and 1024-element tiles, so those take 72. tests/gnorm/test_compile.py holds every one to no
+# spill at V = 128, 256 and 512.
 CANDIDATES: list = [
     triton.Config({"TILE": 8192, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=16, maxnreg=128),
+    triton.Config({"TILE": 8192, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=16, maxnreg=64),
     triton.Config({"TILE": 4096, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=8, maxnreg=128),
-    triton.Config({"TILE": 4096, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=8, maxnreg=96),
+    triton.Config({"TILE": 4096, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=8, maxnreg=72),
     triton.Config({"TILE": 2048, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=4, maxnreg=128),
     triton.Config({"TILE": 2048, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=4, maxnreg=96),
-    triton.Config({"TILE": 2048, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=4, maxnreg=72),
-    triton.Config({"TILE": 1024, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=2, maxnreg=128),
+    triton.Config({"TILE": 2048, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=4, maxnreg=64),
+    triton.Config({"TILE": 1024, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=2, maxnreg=72),
+    # the add after dx's store (its release then also waits on dx's store): the stream's order
+    triton.Config({"TILE": 8192, "PPS": 1, "NS": 1, "SLOTS": 2048, "TAIL_FIRST": False}, num_warps=16, maxnreg=128),
+    triton.Config({"TILE": 2048, "PPS": 1, "NS": 1, "SLOTS": 2048, "TAIL_FIRST": False}, num_warps=4, maxnreg=64),
 ]
 MAX_PPS = max(c.kwargs["PPS"] for c in CONFIGS)  # of the autotuner's configs (the partials' size)
 MAX_SLOTS = max(c.kwargs.get("SLOTS", 0) for c in CONFIGS)  # 0: no autotuned config takes the slot layout
@@ -98,6 +104,31 @@ MAX_SLOTS = max(c.kwargs.get("SLOTS", 0) for c in CONFIGS)  # 0: no autotuned co
 def slots_of(config) -> int:
     """S of a config in the slot layout, 0 in the persistent one."""
     return config.kwargs.get("SLOTS", 0)
+
+
+@triton.jit
+def _slot_add(part, flag, t, cw, cb, cols, cmask, V: tl.constexpr, SLOTS: tl.constexpr,
+              HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    """Tile t's dw/db row sums (cw, cb: its [BR, BV] terms) added into partial row t % SLOTS
+    after tile t - SLOTS added its own (the slot's flag reads t // SLOTS), then the flag released."""
+    slot = t % SLOTS
+    k = t // SLOTS  # this tile is the slot's k-th
+    if HAS_W:
+        pw = tl.sum(cw, axis=0)
+    if HAS_B:
+        pb = tl.sum(cb, axis=0)
+    while tl.atomic_add(flag + slot, 0, sem="acquire") < k:  # tile t - S has not added yet
+        pass
+    pp = part + slot.to(tl.int64) * (2 * V) + cols
+    # the slot's first tile writes, the later ones add: read from L2 (another SM wrote it)
+    old = cmask & (cols * 0 + k > 0)  # a tensor comparison: Triton 3.9's interpreter takes no scalar mask term
+    if HAS_W:
+        tl.store(pp, tl.load(pp, mask=old, other=0.0, cache_modifier=".cg") + pw, mask=cmask, cache_modifier=".cg")
+    if HAS_B:
+        tl.store(pp + V, tl.load(pp + V, mask=old, other=0.0, cache_modifier=".cg") + pb, mask=cmask,
+                 cache_modifier=".cg")
+    tl.debug_barrier()  # every thread's add before the release
+    tl.atomic_xchg(flag + slot, k + 1, sem="release")
 
 
 @triton.autotune(
@@ -116,7 +147,7 @@ def gnorm_bwd_kernel(
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DRES: tl.constexpr, STORE_DRES: tl.constexpr,
     N_BUCKET: tl.constexpr,  # autotune key only (common.n_bucket)
     TILE: tl.constexpr, PPS: tl.constexpr, NS: tl.constexpr, BR: tl.constexpr,
-    FAST: tl.constexpr = False, SLOTS: tl.constexpr = 0,
+    FAST: tl.constexpr = False, SLOTS: tl.constexpr = 0, TAIL_FIRST: tl.constexpr = True,
 ):
     pid = tl.program_id(0)
     if SLOTS == 0:  # persistent: tiles pid, pid + grid, ...
@@ -156,10 +187,11 @@ def gnorm_bwd_kernel(
         # pressure: the swish backward spilled under the 128-register cap with dg stored last)
         tl.store(dg + r64 * V + cols[None, :], (dyv * p * da).to(dg.dtype.element_ty), mask=m)
         dyg = dyv * a
-        if HAS_W:
-            acc_w += dyg * xh
-        if HAS_B:
-            acc_b += dyg
+        if SLOTS == 0:
+            if HAS_W:
+                acc_w += dyg * xh
+            if HAS_B:
+                acc_b += dyg
         wdy = dyg
         if HAS_W:
             wdy = dyg * wv
@@ -167,38 +199,25 @@ def gnorm_bwd_kernel(
         dxv = (wdy - xh * c1[:, None]) * r
         if HAS_DRES:
             dxv += tl.load(dres + r64 * s_dres + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        # slot layout (one tile a program): the partial's add before dx's store (TAIL_FIRST), so
+        # that the release waits on the dg store alone, or after it
+        if SLOTS > 0 and TAIL_FIRST:
+            _slot_add(part, flag, t, dyg * xh, dyg, cols, cmask, V, SLOTS, HAS_W, HAS_B)
         # dx, dres_in (and dg above): contiguous [N, V]
         tl.store(dx + r64 * V + cols[None, :], dxv.to(dx.dtype.element_ty), mask=m)
         if STORE_DRES:
             tl.store(dres_in + r64 * V + cols[None, :], dxv.to(dres_in.dtype.element_ty), mask=m)
+        if SLOTS > 0 and not TAIL_FIRST:
+            _slot_add(part, flag, t, dyg * xh, dyg, cols, cmask, V, SLOTS, HAS_W, HAS_B)
 
-    # partials [programs or SLOTS, 2, V]: row 0 dw (with a weight), row 1 db (with a bias)
+    # partials [programs, 2, V] (the slot layout added its own above): row 0 dw (with a weight),
+    # row 1 db (with a bias)
     if SLOTS == 0:
         pp = part + pid.to(tl.int64) * (2 * V) + cols
         if HAS_W:
             tl.store(pp, tl.sum(acc_w, axis=0), mask=cmask)
         if HAS_B:
             tl.store(pp + V, tl.sum(acc_b, axis=0), mask=cmask)
-    else:
-        slot = pid % SLOTS
-        k = pid // SLOTS  # this tile is the slot's k-th
-        if HAS_W:
-            pw = tl.sum(acc_w, axis=0)
-        if HAS_B:
-            pb = tl.sum(acc_b, axis=0)
-        while tl.atomic_add(flag + slot, 0, sem="acquire") < k:  # tile t - S has not added yet
-            pass
-        pp = part + slot.to(tl.int64) * (2 * V) + cols
-        # the slot's first tile writes, the later ones add: read from L2 (another SM wrote it)
-        old = cmask & (cols * 0 + k > 0)  # a tensor comparison: Triton 3.9's interpreter takes no scalar mask term
-        if HAS_W:
-            tl.store(pp, tl.load(pp, mask=old, other=0.0, cache_modifier=".cg") + pw, mask=cmask,
-                     cache_modifier=".cg")
-        if HAS_B:
-            tl.store(pp + V, tl.load(pp + V, mask=old, other=0.0, cache_modifier=".cg") + pb, mask=cmask,
-                     cache_modifier=".cg")
-        tl.debug_barrier()  # every thread's add before the release
-        tl.atomic_xchg(flag + slot, k + 1, sem="release")
 
 
 def gnorm_bwd(h, g, weight, bias, rstd, dy, dres, activation: str, x_dtype, res_dtype, need_dw: bool, need_db: bool,
