@@ -169,41 +169,51 @@ def r3w2_pf_kernel(h, g, dy, dx, dg, n, n_blk, BLOCK: tl.constexpr, PERSIST: tl.
         a, b, d, offs, m = a_n, b_n, d_n, offs_n, m_n
 
 
+def _plain_row(row, t, n, V, block, warps):
+    """The backward's pattern on the plain grid, one block a program."""
+    from kernel_fun.bench.harness import median_ms
+
+    row(f"r3w2_{block}_w{warps}", V, median_ms(lambda: r3w2_kernel[(triton.cdiv(n, block),)](
+        t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, block), BLOCK=block, PERSIST=False, num_warps=warps)), 10 * n)
+
+
+def _slot_row(row, t, n, V, name, block=2048, warps=4, S=2048, mode=0, fs=1, ticket=False):
+    """r3w2_slot_kernel timed (its S flags, spaced fs apart, and the ticket reset inside the timed call: a
+    memset of a few KB), and for the full tail (mode 0) its slots checked against torch's sums."""
+    from kernel_fun.bench.harness import median_ms
+
+    n_blk = triton.cdiv(n, block)
+    part = torch.empty(S, V, dtype=torch.float32, device="cuda")
+    flag = torch.zeros(fs * S + 1, dtype=torch.int32, device="cuda")
+
+    def run():
+        flag.zero_()
+        r3w2_slot_kernel[(n_blk,)](t[0], t[1], t[2], t[3], t[4], part, flag, n, V=V, BLOCK=block, S=S,
+                                   TICKET=ticket, MODE=mode, FSTRIDE=fs, num_warps=warps)
+    run()
+    ok = ""
+    if mode == 0 and n_blk % S == 0:
+        want = (t[2].float() * t[1].float()).view(-1, block // V, V).sum(1).view(-1, S, V).sum(0)
+        ok = f" dw-check {float((part - want).abs().max() / want.abs().max()):.1e}"
+    row(name, V, median_ms(run), 10 * n)
+    if ok:
+        print(f"  {name}:{ok}", flush=True)
+
+
 def slot_diag(row, V, N):
     """Where does the `_slots` tail's time go (H100, 2026-12-06: 2.65 ms at V = 256, where the plain
     grid ran 1.78; 0.904 at V = 128 against 0.894)? The plain grid, then the slot kernel in each
     diagnostic mode, with spaced flags, and on taller blocks (fewer tails)."""
-    from kernel_fun.bench.harness import median_ms
-
     n = N * V
     t = [torch.randn(N, V, dtype=torch.bfloat16, device="cuda") for _ in range(5)]
     for block, warps in ((2048, 4), (8192, 8)):
-        row(f"r3w2_{block}_w{warps}", V, median_ms(lambda: r3w2_kernel[(triton.cdiv(n, block),)](
-            t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, block), BLOCK=block, PERSIST=False, num_warps=warps)),
-            10 * n)
-    S = 2048
-    part = torch.empty(S, V, dtype=torch.float32, device="cuda")
-    flag = torch.zeros(32 * S + 32, dtype=torch.int32, device="cuda")
-    for name, block, warps, mode, fs, ticket_ in (
-            ("slots", 2048, 4, 0, 1, False), ("slots_nowait", 2048, 4, 1, 1, False),
-            ("slots_noadd", 2048, 4, 2, 1, False), ("slots_storeonly", 2048, 4, 3, 1, False),
-            ("slots_fs32", 2048, 4, 0, 32, False), ("slots_fs32_ticket", 2048, 4, 0, 32, True),
-            ("slots_b4096w4", 4096, 4, 0, 1, False), ("slots_b8192w8", 8192, 8, 0, 1, False),
-            ("slots_b8192w8_fs32_ticket", 8192, 8, 0, 32, True)):
-        n_blk = triton.cdiv(n, block)
-
-        def run(block=block, warps=warps, mode=mode, fs=fs, ticket_=ticket_, n_blk=n_blk):
-            flag.zero_()
-            r3w2_slot_kernel[(n_blk,)](t[0], t[1], t[2], t[3], t[4], part, flag, n, V=V, BLOCK=block, S=S,
-                                       TICKET=ticket_, MODE=mode, FSTRIDE=fs, num_warps=warps)
-        run()
-        ok = ""
-        if mode == 0 and n_blk % S == 0:
-            want = (t[2].float() * t[1].float()).view(-1, block // V, V).sum(1).view(-1, S, V).sum(0)
-            ok = f" dw-check {float((part - want).abs().max() / want.abs().max()):.1e}"
-        row(f"r3w2_{name}", V, median_ms(run), 10 * n)
-        if ok:
-            print(" " + ok, flush=True)
+        _plain_row(row, t, n, V, block, warps)
+    for name, kw in (("slots", {}), ("slots_nowait", dict(mode=1)), ("slots_noadd", dict(mode=2)),
+                     ("slots_storeonly", dict(mode=3)), ("slots_fs32", dict(fs=32)),
+                     ("slots_fs32_ticket", dict(fs=32, ticket=True)), ("slots_b4096w4", dict(block=4096)),
+                     ("slots_b8192w8", dict(block=8192, warps=8)),
+                     ("slots_b8192w8_fs32_ticket", dict(block=8192, warps=8, fs=32, ticket=True))):
+        _slot_row(row, t, n, V, f"r3w2_{name}", **kw)
     del t
     torch.cuda.empty_cache()
 
@@ -241,8 +251,7 @@ def main(path: str, only_slots: bool = False) -> None:
             row(f"r2w1_{block}_w{warps}", V, median_ms(lambda: r2w1_kernel[(triton.cdiv(n, block),)](
                 t[0], t[1], t[2], n, BLOCK=block, num_warps=warps)), 6 * n)
         for block, warps in ((2048, 4), (4096, 8), (1024, 4)):
-            row(f"r3w2_{block}_w{warps}", V, median_ms(lambda: r3w2_kernel[(triton.cdiv(n, block),)](
-                t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, block), BLOCK=block, PERSIST=False, num_warps=warps)), 10 * n)
+            _plain_row(row, t, n, V, block, warps)
         row("r3w2_2048_w4_hint", V, median_ms(lambda: r3w2_kernel[(triton.cdiv(n, 2048),)](
             t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), BLOCK=2048, PERSIST=False, HINT=True,
             num_warps=4)), 10 * n)
@@ -265,25 +274,10 @@ def main(path: str, only_slots: bool = False) -> None:
                 r3w2_ticket_kernel[(n_sm * pps,)](t[0], t[1], t[2], t[3], t[4], n, triton.cdiv(n, 2048), ticket,
                                                   BLOCK=2048, num_warps=4)
             row(f"r3w2_2048_ticket{pps}", V, median_ms(run_ticket), 10 * n)
-        # the plain grid with a deterministic dw's tail (r3w2_slot_kernel): S slots of V fp32, S + 1 flags,
-        # reset inside the timed call (a memset of a few KB)
-        n_blk = triton.cdiv(n, 2048)
-        # the ticket first: its blocks never wait on a block no program has started
+        # the plain grid with a deterministic dw's tail (r3w2_slot_kernel); the ticket first: its blocks
+        # never wait on a block no program has started
         for S, ticket_ in ((2048, True), (2048, False), (512, False)):
-            part = torch.empty(S, V, dtype=torch.float32, device="cuda")
-            flag = torch.zeros(S + 1, dtype=torch.int32, device="cuda")
-
-            def run_slots(S=S, ticket_=ticket_, part=part, flag=flag):
-                flag.zero_()
-                r3w2_slot_kernel[(n_blk,)](t[0], t[1], t[2], t[3], t[4], part, flag, n, V=V, BLOCK=2048, S=S,
-                                           TICKET=ticket_, num_warps=4)
-            run_slots()
-            want = (t[2].float() * t[1].float()).view(-1, 2048 // V, V).sum(1).view(-1, S, V).sum(0) \
-                if n_blk % S == 0 else None
-            ok = "" if want is None else f" dw-check {float((part - want).abs().max() / want.abs().max()):.1e}"
-            row(f"r3w2_2048_slots{S}{'_ticket' if ticket_ else ''}", V, median_ms(run_slots), 10 * n)
-            print(f"  slots{S}{' ticket' if ticket_ else ''}:{ok}", flush=True)
-            del part, flag
+            _slot_row(row, t, n, V, f"r3w2_2048_slots{S}{'_ticket' if ticket_ else ''}", S=S, ticket=ticket_)
         w = torch.randn(V, device="cuda")
         _, rstd, _ = fwd.gnorm_fwd(t[0], t[1], w, None, None, None, 1e-5, act)
         row("bwd", V, median_ms(lambda: bwd.gnorm_bwd(t[0], t[1], w, None, rstd, t[2], None, act, t[0].dtype,

@@ -33,7 +33,8 @@ _SPECS = textwrap.dedent("""
             BV = 1 << (V - 1).bit_length()
             c = dict(V=V, BV=BV, GATE=gate, HAS_W=f[0], HAS_B=f[1], HAS_DRES=f[2], STORE_DRES=f[3], N_BUCKET=2,
                      TILE=cfg.kwargs["TILE"], PPS=cfg.kwargs["PPS"], NS=cfg.kwargs["NS"],
-                     SLOTS=cfg.kwargs.get("SLOTS", 0), TAIL_FIRST=cfg.kwargs.get("TAIL_FIRST", True), BR=rows_per_tile(cfg.kwargs["TILE"], BV), FAST=True)
+                     SLOTS=bwd.slots_of(cfg), TAIL_FIRST=cfg.kwargs.get("TAIL_FIRST", True),
+                     BR=rows_per_tile(cfg.kwargs["TILE"], BV), FAST=True)
             yield f"bwd V={V} gate={gate} flags={f} {lowering.cfg_label(cfg)}", bwd.gnorm_bwd_kernel.fn.fn, BWD_PTR, c, cfg
 """)
 

@@ -25,9 +25,10 @@ added into partial row t % S in the order t, t + S, t + 2S, ...: the program wai
 until flag[t % S] says tile t - S has added its own, adds, and releases the flag to t // S + 1.
 The S partial rows then go through `dw_reduce` as above, so dw/db are bitwise the same every
 run. The add comes before dx's store (TAIL_FIRST), so that the release's fence waits on the
-earlier dg store only; TAIL_FIRST=False adds after it. Progress relies on the hardware starting a 1-D grid's programs in index order (tile t - S
-then runs, or has run, whenever tile t waits on it), which CUB's decoupled look-back scans
-rely on too (NVIDIA/cub#245). The flags are zeroed before each launch.
+earlier dg store only; TAIL_FIRST=False adds after it. Progress relies on the hardware starting
+a 1-D grid's programs in index order (tile t - S then runs, or has run, whenever tile t waits
+on it), which CUB's decoupled look-back scans rely on too (NVIDIA/cub#245). The flags are
+zeroed before each launch.
 
 Floor (H200, bf16): h, g, dy in, dx, dg out = 10 B per element; N = 2,097,152 rows at V = 256
 is 5.37 GB = 1.27 ms at the 4.24 TB/s copy ceiling (fla: 1.424 ms, 88% of copy, with one
@@ -71,11 +72,11 @@ CONFIGS = [
     triton.Config({"TILE": 4096, "PPS": 2, "NS": 2}, num_warps=8, maxnreg=128),
     triton.Config({"TILE": 8192, "PPS": 1, "NS": 1}, num_warps=16, maxnreg=128),  # V up to MAX_V
 ]
-# Extra configs `kernel-fun bench --stages gnorm` may force: none now. Twelve were timed on the H200
-# on 2026-12-02 at the bar's shape (deeper cp.async pipelines, 16 one-warp programs an SM, a plain
-# grid of 8-32 tiles a program, register caps of 72-96 for 5-7 programs an SM) and none beat the
-# autotuner's pick (1.332-1.342 ms at V = 256, 0.668-0.677 at V = 128; the candidates 1.343-1.575
-# and 0.686-0.794): docs/gnorm.md.
+# Extra configs `kernel-fun bench --stages gnorm` may force: the slot layout's below. Twelve others
+# were timed on the H200 on 2026-12-02 at the bar's shape (deeper cp.async pipelines, 16 one-warp
+# programs an SM, a plain grid of 8-32 tiles a program, register caps of 72-96 for 5-7 programs an
+# SM) and none beat the autotuner's pick (1.332-1.342 ms at V = 256, 0.668-0.677 at V = 128; the candidates 1.343-1.575
+# and 0.686-0.794; no longer kept): docs/gnorm.md.
 # The slot layout (module docstring): one tile a program, S = 2048 partial rows (4 MB at
 # V = 256). Its stream with the slot tail and no math (tools/gnorm_streams.py --slots, H100,
 # 2026-12-06) ran 1.3% (V = 128) to 2.3% (V = 256) over the plain grid on 8192-element
@@ -92,16 +93,20 @@ CANDIDATES: list = [
     triton.Config({"TILE": 1024, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=2, maxnreg=128),
     triton.Config({"TILE": 1024, "PPS": 1, "NS": 1, "SLOTS": 2048}, num_warps=2, maxnreg=96),
     # the add after dx's store (its release then also waits on dx's store): the stream's order
-    triton.Config({"TILE": 8192, "PPS": 1, "NS": 1, "SLOTS": 2048, "TAIL_FIRST": False}, num_warps=16, maxnreg=128),
-    triton.Config({"TILE": 2048, "PPS": 1, "NS": 1, "SLOTS": 2048, "TAIL_FIRST": False}, num_warps=4, maxnreg=96),
+    triton.Config({"TILE": 8192, "PPS": 1, "NS": 1, "SLOTS": 2048, "TAIL_FIRST": False},
+                  num_warps=16, maxnreg=128),
+    triton.Config({"TILE": 2048, "PPS": 1, "NS": 1, "SLOTS": 2048, "TAIL_FIRST": False},
+                  num_warps=4, maxnreg=96),
 ]
-MAX_PPS = max(c.kwargs["PPS"] for c in CONFIGS)  # of the autotuner's configs (the partials' size)
-MAX_SLOTS = max(c.kwargs.get("SLOTS", 0) for c in CONFIGS)  # 0: no autotuned config takes the slot layout
 
 
 def slots_of(config) -> int:
     """S of a config in the slot layout, 0 in the persistent one."""
     return config.kwargs.get("SLOTS", 0)
+
+
+MAX_PPS = max(c.kwargs["PPS"] for c in CONFIGS)  # of the autotuner's configs (the partials' size)
+MAX_SLOTS = max(map(slots_of, CONFIGS))  # 0: no autotuned config takes the slot layout
 
 
 @triton.jit
@@ -119,9 +124,10 @@ def _slot_add(part, flag, t, cw, cb, cols, cmask, V: tl.constexpr, SLOTS: tl.con
         pass
     pp = part + slot.to(tl.int64) * (2 * V) + cols
     # the slot's first tile writes, the later ones add: read from L2 (another SM wrote it)
-    old = cmask & (cols * 0 + k > 0)  # a tensor comparison: Triton 3.9's interpreter takes no scalar mask term
+    old = cmask & (cols * 0 + k > 0)  # a tensor term: Triton 3.9's interpreter takes no scalar in a mask
     if HAS_W:
-        tl.store(pp, tl.load(pp, mask=old, other=0.0, cache_modifier=".cg") + pw, mask=cmask, cache_modifier=".cg")
+        tl.store(pp, tl.load(pp, mask=old, other=0.0, cache_modifier=".cg") + pw, mask=cmask,
+                 cache_modifier=".cg")
     if HAS_B:
         tl.store(pp + V, tl.load(pp + V, mask=old, other=0.0, cache_modifier=".cg") + pb, mask=cmask,
                  cache_modifier=".cg")
@@ -265,7 +271,7 @@ def gnorm_bwd(h, g, weight, bias, rstd, dy, dres, activation: str, x_dtype, res_
     )
     record_launch("gnorm.bwd")
     if dw is not None or db is not None:
-        cfg = (config or gnorm_bwd_kernel.best_config).kwargs
-        n_part = min(cdiv(N, rows_per_tile(cfg["TILE"], BV)), cfg.get("SLOTS", 0) or n_sm * cfg["PPS"])
+        cfg = config or gnorm_bwd_kernel.best_config
+        n_part = min(cdiv(N, rows_per_tile(cfg.kwargs["TILE"], BV)), slots_of(cfg) or n_sm * cfg.kwargs["PPS"])
         dw_reduce(part, n_part, dw, db)
     return dx, dg, dw if need_dw else None, db if need_db else None, dres_in
